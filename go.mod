@@ -1,6 +1,6 @@
 module github.com/tandem-inference/tandem
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/nats-io/nats-server/v2 v2.15.2
