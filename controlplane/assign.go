@@ -1,0 +1,238 @@
+package controlplane
+
+import (
+	"fmt"
+	"time"
+)
+
+// Role is the part a worker plays in a job.
+type Role string
+
+const (
+	RolePrefill Role = "prefill" // prefill the prompt, ship each layer's state to its rank
+	RoleDecode  Role = "decode"  // one rank of the decode group
+)
+
+// LayerPlacement is one decode rank's share of a job: the layers it holds,
+// where to reach it, and the transfer session that carries its layers' state.
+type LayerPlacement struct {
+	Rank     int        `msgpack:"rank" json:"rank"`
+	WorkerID string     `msgpack:"worker_id" json:"worker_id"`
+	Layers   LayerRange `msgpack:"layers" json:"layers"`
+	Transfer string     `msgpack:"transfer,omitempty" json:"transfer,omitempty"` // kvtransfer endpoint host:port
+	Pipeline string     `msgpack:"pipeline,omitempty" json:"pipeline,omitempty"` // rank-to-rank endpoint host:port
+	// SessionID and Secret authenticate the transfer of this rank's state.
+	// Only the two sides of that transfer get the secret (see ForWorker).
+	SessionID string `msgpack:"session_id,omitempty" json:"session_id,omitempty"`
+	Secret    []byte `msgpack:"secret,omitempty" json:"secret,omitempty"`
+}
+
+// Assignment gives a worker its part of a job (request on WorkerAssign(worker
+// id), answered by an AssignReply). A prefill worker gets the prompt minus
+// its last token and every rank's placement with its session; a decode rank
+// gets its own session only. For a remote job the decode ranks get the last
+// prompt token and CachedTokens = len(prompt)-1; for a local one, the whole
+// prompt and CachedTokens = 0.
+type Assignment struct {
+	JobID        string   `msgpack:"job_id" json:"job_id"`
+	Role         Role     `msgpack:"role" json:"role"`
+	WorkerID     string   `msgpack:"worker_id" json:"worker_id"` // the addressee, checked by the worker
+	TokenIDs     []int32  `msgpack:"token_ids" json:"token_ids"`
+	CachedTokens int      `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
+	Sampling     Sampling `msgpack:"sampling" json:"sampling"`
+	// Placement lists the decode group's ranks in order; their layer ranges
+	// tile [0, layers) without gaps.
+	Placement []LayerPlacement `msgpack:"placement" json:"placement"`
+	GroupID   string           `msgpack:"group_id" json:"group_id"`
+	// Deadline is when the worker gives up and reports the job failed;
+	// zero means no deadline.
+	Deadline time.Time `msgpack:"deadline,omitempty" json:"deadline,omitzero"`
+}
+
+// Validate checks the assignment, including that the placement tiles the
+// layers and that this worker appears in it in the right role.
+func (a *Assignment) Validate() error {
+	const msg = "Assignment"
+	if err := CheckID(a.JobID); err != nil {
+		return fieldErr(msg, "job_id", "%v", err)
+	}
+	if err := CheckID(a.WorkerID); err != nil {
+		return fieldErr(msg, "worker_id", "%v", err)
+	}
+	if err := CheckID(a.GroupID); err != nil {
+		return fieldErr(msg, "group_id", "%v", err)
+	}
+	if a.Role != RolePrefill && a.Role != RoleDecode {
+		return fieldErr(msg, "role", "is %q, must be prefill or decode", a.Role)
+	}
+	if len(a.TokenIDs) == 0 {
+		return fieldErr(msg, "token_ids", "is empty")
+	}
+	if len(a.TokenIDs) > MaxPromptTokens {
+		return fieldErr(msg, "token_ids", "has %d tokens, at most %d allowed", len(a.TokenIDs), MaxPromptTokens)
+	}
+	for i, id := range a.TokenIDs {
+		if id < 0 {
+			return fieldErr(msg, fmt.Sprintf("token_ids[%d]", i), "is %d, token ids are >= 0", id)
+		}
+	}
+	if a.CachedTokens < 0 || a.CachedTokens > MaxPromptTokens {
+		return fieldErr(msg, "cached_tokens", "is %d, want 0 to %d", a.CachedTokens, MaxPromptTokens)
+	}
+	if err := a.Sampling.validate(msg + ".sampling"); err != nil {
+		return err
+	}
+	if len(a.Placement) == 0 {
+		return fieldErr(msg, "placement", "is empty: a job needs a decode group")
+	}
+	mine := false
+	for i := range a.Placement {
+		p := &a.Placement[i]
+		field := fmt.Sprintf("placement[%d]", i)
+		if p.Rank != i {
+			return fieldErr(msg, field+".rank", "is %d, ranks are listed in order from 0", p.Rank)
+		}
+		if err := CheckID(p.WorkerID); err != nil {
+			return fieldErr(msg, field+".worker_id", "%v", err)
+		}
+		if err := p.Layers.validate(msg, field+".layers"); err != nil {
+			return err
+		}
+		if i == 0 && p.Layers.First != 0 {
+			return fieldErr(msg, field+".layers", "is %v, the first rank starts at layer 0", p.Layers)
+		}
+		if i > 0 && p.Layers.First != a.Placement[i-1].Layers.End {
+			return fieldErr(msg, field+".layers", "is %v but rank %d ends at %d: ranks must tile the layers", p.Layers, i-1, a.Placement[i-1].Layers.End)
+		}
+		if err := checkAddr(msg, field+".transfer", p.Transfer); err != nil {
+			return err
+		}
+		if err := checkAddr(msg, field+".pipeline", p.Pipeline); err != nil {
+			return err
+		}
+		if err := checkOptionalID(msg, field+".session_id", p.SessionID); err != nil {
+			return err
+		}
+		if len(p.Secret) != 0 && len(p.Secret) != SecretSize {
+			return fieldErr(msg, field+".secret", "is %d bytes, want %d", len(p.Secret), SecretSize)
+		}
+		if a.Role == RolePrefill && (p.SessionID == "" || len(p.Secret) == 0 || p.Transfer == "") {
+			return fieldErr(msg, field, "lacks transfer, session_id or secret, which the prefill worker needs for every rank")
+		}
+		if p.WorkerID == a.WorkerID {
+			mine = true
+		}
+	}
+	if a.Role == RoleDecode && !mine {
+		return fieldErr(msg, "placement", "does not include worker %q, the addressee", a.WorkerID)
+	}
+	return nil
+}
+
+// ForWorker returns a copy of a addressed to the decode rank workerID, with
+// every other rank's transfer secret removed: a secret goes only to the two
+// sides of its transfer (the prefill worker gets a itself).
+func (a *Assignment) ForWorker(workerID string) Assignment {
+	b := *a
+	b.Role, b.WorkerID = RoleDecode, workerID
+	b.Placement = make([]LayerPlacement, len(a.Placement))
+	for i, p := range a.Placement {
+		if p.WorkerID != workerID {
+			p.Secret = nil
+		} else {
+			p.Secret = append([]byte(nil), p.Secret...)
+		}
+		b.Placement[i] = p
+	}
+	return b
+}
+
+// AssignReply answers an Assignment: accepted (memory reserved), or refused
+// with a reason.
+type AssignReply struct {
+	JobID         string    `msgpack:"job_id" json:"job_id"`
+	WorkerID      string    `msgpack:"worker_id" json:"worker_id"`
+	Accepted      bool      `msgpack:"accepted" json:"accepted"`
+	ReservedBytes uint64    `msgpack:"reserved_bytes,omitempty" json:"reserved_bytes,omitempty"`
+	Error         string    `msgpack:"error,omitempty" json:"error,omitempty"`
+	Code          ErrorCode `msgpack:"code,omitempty" json:"code,omitempty"`
+}
+
+// Validate checks that a refusal says why.
+func (r *AssignReply) Validate() error {
+	const msg = "AssignReply"
+	if err := checkReply(msg, r.Error, r.Code); err != nil {
+		return err
+	}
+	if r.Accepted == (r.Error != "") {
+		return fieldErr(msg, "error", "accepted is %v with error %q: a refusal, and only it, says why", r.Accepted, r.Error)
+	}
+	if err := CheckID(r.JobID); err != nil {
+		return fieldErr(msg, "job_id", "%v", err)
+	}
+	if err := CheckID(r.WorkerID); err != nil {
+		return fieldErr(msg, "worker_id", "%v", err)
+	}
+	return nil
+}
+
+// Err returns the refusal as a *RemoteError, or nil when accepted.
+func (r *AssignReply) Err() error { return replyErr(r.Error, r.Code) }
+
+// Progress is a worker's report on a job, published on JobProgress(job id)
+// for the coordinator: layers done, bytes shipped, tokens made, a failure,
+// and the figures it measured (for the cost model).
+type Progress struct {
+	JobID    string    `msgpack:"job_id" json:"job_id"`
+	WorkerID string    `msgpack:"worker_id" json:"worker_id"`
+	Stage    JobState  `msgpack:"stage" json:"stage"` // prefilling, transferring, decoding, or a final state
+	Time     time.Time `msgpack:"time" json:"time"`
+	// Layers: prefill or transfer progress; nil when not layer-bound.
+	Layers *LayerProgress `msgpack:"layers,omitempty" json:"layers,omitempty"`
+	Tokens int            `msgpack:"tokens,omitempty" json:"tokens,omitempty"` // prompt tokens processed or tokens generated
+	Bytes  uint64         `msgpack:"bytes,omitempty" json:"bytes,omitempty"`   // state bytes sent or received
+	// Elapsed is the stage's duration so far (final for a final stage).
+	Elapsed  time.Duration `msgpack:"elapsed_ns,omitempty" json:"elapsed_ns,omitempty"`
+	Measured *Rates        `msgpack:"measured,omitempty" json:"measured,omitempty"`
+	Error    *JobError     `msgpack:"error,omitempty" json:"error,omitempty"` // stage failed
+}
+
+// Validate checks the report and that a failure says why.
+func (p *Progress) Validate() error {
+	const msg = "Progress"
+	if err := CheckID(p.JobID); err != nil {
+		return fieldErr(msg, "job_id", "%v", err)
+	}
+	if err := CheckID(p.WorkerID); err != nil {
+		return fieldErr(msg, "worker_id", "%v", err)
+	}
+	switch p.Stage {
+	case StatePrefilling, StateTransferring, StateDecoding, StateDone, StateFailed, StateCancelled:
+	default:
+		return fieldErr(msg, "stage", "is %q, want prefilling, transferring, decoding, done, failed or cancelled", p.Stage)
+	}
+	switch {
+	case p.Time.IsZero():
+		return fieldErr(msg, "time", "is missing")
+	case p.Tokens < 0:
+		return fieldErr(msg, "tokens", "is %d, must be >= 0", p.Tokens)
+	case p.Elapsed < 0:
+		return fieldErr(msg, "elapsed_ns", "is %d, must be >= 0", p.Elapsed)
+	case p.Stage == StateFailed && p.Error == nil:
+		return fieldErr(msg, "error", "is missing from a failed report")
+	}
+	if p.Layers != nil {
+		if err := p.Layers.validate(msg, "layers"); err != nil {
+			return err
+		}
+	}
+	if p.Measured != nil {
+		if err := p.Measured.validate(msg, "measured"); err != nil {
+			return err
+		}
+	}
+	if p.Error != nil {
+		return p.Error.validate(msg, "error")
+	}
+	return nil
+}

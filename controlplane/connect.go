@@ -1,0 +1,213 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+)
+
+// Options says how to reach a NATS deployment. Every field is optional: the
+// zero value connects to nats://127.0.0.1:4222 without authentication.
+type Options struct {
+	// URL is one server URL or a comma-separated list (nats://, tls://).
+	URL  string
+	Name string // connection name shown by the server's monitoring
+
+	// Authentication: at most one of User/Password, Token, NKeySeedFile and
+	// CredsFile (a JWT + nkey seed file for operator-mode deployments).
+	User         string
+	Password     string
+	Token        string
+	NKeySeedFile string
+	CredsFile    string
+
+	// TLS, when set, turns TLS on: CA verifies the server (system roots
+	// when empty); Cert and Key are a client certificate.
+	TLS *TLSFiles
+
+	// ConnectTimeout bounds each dial and handshake; default 5 s.
+	ConnectTimeout time.Duration
+	// ReconnectWait is the pause between reconnect attempts; default 1 s.
+	ReconnectWait time.Duration
+	// MaxReconnects: 0 means the default (60); negative means forever.
+	MaxReconnects int
+
+	// Logger gets disconnects, reconnects and asynchronous errors; nil
+	// discards them.
+	Logger *zap.Logger
+}
+
+func (o *Options) natsOptions() ([]nats.Option, error) {
+	auths := 0
+	for _, set := range []bool{o.User != "" || o.Password != "", o.Token != "", o.NKeySeedFile != "", o.CredsFile != ""} {
+		if set {
+			auths++
+		}
+	}
+	if auths > 1 {
+		return nil, errors.New("nats connect: give only one of user/password, token, nkey seed file and creds file")
+	}
+	if (o.User == "") != (o.Password == "") {
+		return nil, errors.New("nats connect: user and password must be set together")
+	}
+	connectTimeout := o.ConnectTimeout
+	if connectTimeout <= 0 {
+		connectTimeout = 5 * time.Second
+	}
+	reconnectWait := o.ReconnectWait
+	if reconnectWait <= 0 {
+		reconnectWait = time.Second
+	}
+	maxReconnects := o.MaxReconnects
+	if maxReconnects == 0 {
+		maxReconnects = nats.DefaultMaxReconnect
+	}
+	log := o.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	opts := []nats.Option{
+		nats.Name(o.Name),
+		nats.Timeout(connectTimeout),
+		nats.ReconnectWait(reconnectWait),
+		nats.MaxReconnects(maxReconnects),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", zap.String("server", redactURL(nc.ConnectedUrl())), zap.Error(err))
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
+		}),
+		nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+			fields := []zap.Field{zap.Error(err)}
+			if sub != nil {
+				fields = append(fields, zap.String("subject", sub.Subject))
+			}
+			log.Error("nats asynchronous error", fields...)
+		}),
+	}
+	switch {
+	case o.User != "":
+		opts = append(opts, nats.UserInfo(o.User, o.Password))
+	case o.Token != "":
+		opts = append(opts, nats.Token(o.Token))
+	case o.NKeySeedFile != "":
+		if err := readable(o.NKeySeedFile, "nkey seed file"); err != nil {
+			return nil, err
+		}
+		opt, err := nats.NkeyOptionFromSeed(o.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats connect: nkey seed file %s: %w", o.NKeySeedFile, err)
+		}
+		opts = append(opts, opt)
+	case o.CredsFile != "":
+		if err := readable(o.CredsFile, "creds file"); err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.UserCredentials(o.CredsFile))
+	}
+	if o.TLS != nil {
+		tc, err := clientTLS(o.TLS)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	return opts, nil
+}
+
+func clientTLS(f *TLSFiles) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.CA != "" {
+		pem, err := os.ReadFile(f.CA)
+		if err != nil {
+			return nil, fmt.Errorf("nats connect: TLS CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("nats connect: TLS CA file %s holds no PEM certificate", f.CA)
+		}
+		tc.RootCAs = pool
+	}
+	if (f.Cert == "") != (f.Key == "") {
+		return nil, errors.New("nats connect: TLS client cert and key must be given together")
+	}
+	if f.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+		if err != nil {
+			return nil, fmt.Errorf("nats connect: TLS client certificate (cert %s, key %s): %w", f.Cert, f.Key, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+func readable(path, what string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("nats connect: %s: %w", what, err)
+	}
+	return f.Close()
+}
+
+// Connect connects to NATS. It fails fast on bad options (unreadable key
+// files, conflicting credentials) and returns when connected, when the
+// server refuses (e.g. wrong credentials), or when ctx ends.
+func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
+	opts, err := o.natsOptions()
+	if err != nil {
+		return nil, err
+	}
+	servers := o.URL
+	if servers == "" {
+		servers = nats.DefaultURL
+	}
+	type result struct {
+		nc  *nats.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		nc, err := nats.Connect(servers, opts...)
+		ch <- result{nc, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), r.err)
+		}
+		return r.nc, nil
+	case <-ctx.Done():
+		// The dial is bounded by ConnectTimeout; close whatever it yields.
+		go func() {
+			if r := <-ch; r.nc != nil {
+				r.nc.Close()
+			}
+		}()
+		return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), ctx.Err())
+	}
+}
+
+// redactURL hides passwords and tokens in server URLs before they are logged.
+func redactURL(servers string) string {
+	parts := strings.Split(servers, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		u.User = url.User("redacted")
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}

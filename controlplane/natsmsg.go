@@ -1,0 +1,121 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// DefaultRequestTimeout bounds a request whose context has no deadline.
+const DefaultRequestTimeout = 10 * time.Second
+
+// EncodingOf returns the encoding a NATS message's Content-Type header names
+// (msgpack when absent).
+func EncodingOf(m *nats.Msg) (Encoding, error) {
+	return ParseContentType(m.Header.Get(HeaderContentType))
+}
+
+// DecodeMsg decodes and validates m's payload into v, in the encoding its
+// header names, and returns that encoding so the reply can use it. On error
+// the encoding is still the one to answer in (msgpack when the header itself
+// is unusable).
+func DecodeMsg(m *nats.Msg, v Message) (Encoding, error) {
+	enc, err := EncodingOf(m)
+	if err != nil {
+		return enc, err
+	}
+	return enc, Unmarshal(enc, m.Data, v)
+}
+
+// NewMsg builds a message on subject carrying v in encoding enc, with the
+// Content-Type header set. It validates v first: a bad message is a bug on
+// the sending side and is caught there.
+func NewMsg(subject string, enc Encoding, v Message) (*nats.Msg, error) {
+	if err := v.Validate(); err != nil {
+		return nil, fmt.Errorf("send %s on %s: %w", typeName(v), subject, err)
+	}
+	data, err := Marshal(enc, v)
+	if err != nil {
+		return nil, err
+	}
+	m := nats.NewMsg(subject)
+	m.Header.Set(HeaderContentType, enc.ContentType())
+	m.Data = data
+	return m, nil
+}
+
+// Publish sends v (msgpack) on subject.
+func Publish(nc *nats.Conn, subject string, v Message) error {
+	m, err := NewMsg(subject, MsgPack, v)
+	if err != nil {
+		return err
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		return fmt.Errorf("publish %s on %s: %w", typeName(v), subject, err)
+	}
+	return nil
+}
+
+// Respond answers request req with v in encoding enc (the request's, from
+// DecodeMsg).
+func Respond(req *nats.Msg, enc Encoding, v Message) error {
+	if req.Reply == "" {
+		return fmt.Errorf("answer %s on %s: the request has no reply subject", typeName(v), req.Subject)
+	}
+	m, err := NewMsg(req.Reply, enc, v)
+	if err != nil {
+		return err
+	}
+	if err := req.RespondMsg(m); err != nil {
+		return fmt.Errorf("answer %s on %s: %w", typeName(v), req.Subject, err)
+	}
+	return nil
+}
+
+// Request sends req (msgpack) to subject and decodes the reply into rep. It
+// waits until ctx is done, or DefaultRequestTimeout when ctx has no deadline.
+// An error reply is not an error here: check rep's Err method.
+func Request(ctx context.Context, nc *nats.Conn, subject string, req, rep Message) error {
+	m, err := NewMsg(subject, MsgPack, req)
+	if err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultRequestTimeout)
+		defer cancel()
+	}
+	r, err := nc.RequestMsgWithContext(ctx, m)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("%s request on %s: nobody serves this subject (is the coordinator or worker running?): %w", typeName(req), subject, err)
+		}
+		return fmt.Errorf("%s request on %s: %w", typeName(req), subject, err)
+	}
+	if _, err := DecodeMsg(r, rep); err != nil {
+		return fmt.Errorf("%s reply on %s: %w", typeName(req), subject, err)
+	}
+	return nil
+}
+
+// Submit submits a job and returns the reply; a refusal is returned as a
+// *RemoteError along with the reply.
+func Submit(ctx context.Context, nc *nats.Conn, req *SubmitRequest) (*SubmitReply, error) {
+	var rep SubmitReply
+	if err := Request(ctx, nc, SubjectSubmit, req, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, rep.Err()
+}
+
+// Cancel asks the coordinator to cancel job id.
+func Cancel(ctx context.Context, nc *nats.Conn, jobID, reason string) (*CancelReply, error) {
+	var rep CancelReply
+	if err := Request(ctx, nc, SubjectCancel, &CancelRequest{JobID: jobID, Reason: reason}, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, rep.Err()
+}

@@ -1,0 +1,240 @@
+package controlplane
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"unicode/utf8"
+)
+
+// Protocol-level limits. They bound what a decoder accepts from anyone; the
+// coordinator's admission control applies its own, usually smaller, limits
+// (configured maximum prompt, what a decode group can hold).
+const (
+	MaxPromptTokens      = 1 << 20 // K3's max_position_embeddings
+	MaxPromptBytes       = 8 << 20 // prompt text or chat content, in total
+	MaxOutputTokens      = 1 << 20
+	MaxChatMessages      = 4096
+	MaxStops             = 32
+	MaxStopTextBytes     = 256
+	MaxIdempotencyKeyLen = 256
+	MaxTemperature       = 100
+)
+
+// Policy says how the coordinator routes a job.
+type Policy string
+
+const (
+	PolicyAuto   Policy = "auto"   // pick the smaller predicted time to first token (the default)
+	PolicyLocal  Policy = "local"  // the decode group prefills the prompt itself
+	PolicyRemote Policy = "remote" // the prefill worker prefills, the state is transferred
+)
+
+func (p Policy) valid() bool { return p == "" || p == PolicyAuto || p == PolicyLocal || p == PolicyRemote }
+
+// Sampling holds the generation parameters shared by a submission and the
+// assignment the decode group gets. Zero values mean: max_tokens 0 = the
+// coordinator's default; temperature 0 = greedy; top_p 0 or 1 and top_k 0 =
+// no truncation.
+type Sampling struct {
+	MaxTokens   int     `msgpack:"max_tokens,omitempty" json:"max_tokens,omitempty"`
+	Temperature float64 `msgpack:"temperature,omitempty" json:"temperature,omitempty"`
+	TopP        float64 `msgpack:"top_p,omitempty" json:"top_p,omitempty"`
+	TopK        int     `msgpack:"top_k,omitempty" json:"top_k,omitempty"`
+	// Seed seeds the sampler: same seed and prompt, same tokens.
+	Seed uint64 `msgpack:"seed,omitempty" json:"seed,omitempty"`
+	Stop Stop   `msgpack:"stop,omitempty" json:"stop,omitzero"`
+}
+
+func (s *Sampling) validate(msg string) error {
+	switch {
+	case s.MaxTokens < 0:
+		return fieldErr(msg, "max_tokens", "is %d, must be >= 0 (0 means the coordinator's default)", s.MaxTokens)
+	case s.MaxTokens > MaxOutputTokens:
+		return fieldErr(msg, "max_tokens", "is %d, at most %d allowed", s.MaxTokens, MaxOutputTokens)
+	case math.IsNaN(s.Temperature) || math.IsInf(s.Temperature, 0):
+		return fieldErr(msg, "temperature", "is %v, must be a finite number", s.Temperature)
+	case s.Temperature < 0 || s.Temperature > MaxTemperature:
+		return fieldErr(msg, "temperature", "is %v, must be in [0, %d] (0 means greedy)", s.Temperature, MaxTemperature)
+	case math.IsNaN(s.TopP) || s.TopP < 0 || s.TopP > 1:
+		return fieldErr(msg, "top_p", "is %v, must be in [0, 1]", s.TopP)
+	case s.TopK < 0:
+		return fieldErr(msg, "top_k", "is %d, must be >= 0 (0 means no limit)", s.TopK)
+	}
+	return s.Stop.validate(msg)
+}
+
+// ChatMessage is one turn of a chat-form prompt; the coordinator frames the
+// turns with the model's chat template.
+type ChatMessage struct {
+	Role    string `msgpack:"role" json:"role"`
+	Content string `msgpack:"content" json:"content"`
+	Name    string `msgpack:"name,omitempty" json:"name,omitempty"`
+}
+
+var chatRoles = map[string]bool{"system": true, "user": true, "assistant": true, "tool": true}
+
+// SubmitRequest asks for one generation. Exactly one of TokenIDs, Prompt and
+// Messages gives the prompt.
+type SubmitRequest struct {
+	TokenIDs []int32      `msgpack:"token_ids,omitempty" json:"token_ids,omitempty"`
+	Prompt   string        `msgpack:"prompt,omitempty" json:"prompt,omitempty"`
+	Messages []ChatMessage `msgpack:"messages,omitempty" json:"messages,omitempty"`
+	Sampling `msgpack:",inline"`
+	// IdempotencyKey makes a submission safe to retry: every submission
+	// with the same key within the queue's duplicate window runs once and
+	// is answered with the same job id.
+	IdempotencyKey string `msgpack:"idempotency_key,omitempty" json:"idempotency_key,omitempty"`
+	Policy         Policy `msgpack:"policy,omitempty" json:"policy,omitempty"`
+}
+
+// Validate checks the request on its own (not against a model or the
+// coordinator's limits) and says which field is wrong.
+func (r *SubmitRequest) Validate() error {
+	const msg = "SubmitRequest"
+	given := 0
+	if len(r.TokenIDs) > 0 {
+		given++
+	}
+	if r.Prompt != "" {
+		given++
+	}
+	if len(r.Messages) > 0 {
+		given++
+	}
+	switch {
+	case given == 0:
+		return fieldErr(msg, "", "empty prompt: give token_ids, prompt or messages")
+	case given > 1:
+		return fieldErr(msg, "", "give only one of token_ids, prompt and messages")
+	}
+	if len(r.TokenIDs) > MaxPromptTokens {
+		return fieldErr(msg, "token_ids", "has %d tokens, at most %d allowed", len(r.TokenIDs), MaxPromptTokens)
+	}
+	for i, id := range r.TokenIDs {
+		if id < 0 {
+			return fieldErr(msg, fmt.Sprintf("token_ids[%d]", i), "is %d, token ids are >= 0", id)
+		}
+	}
+	if err := checkText(msg, "prompt", r.Prompt, MaxPromptBytes); err != nil {
+		return err
+	}
+	if err := validateChat(msg, r.Messages); err != nil {
+		return err
+	}
+	if err := r.Sampling.validate(msg); err != nil {
+		return err
+	}
+	if err := checkIdempotencyKey(msg, r.IdempotencyKey); err != nil {
+		return err
+	}
+	if !r.Policy.valid() {
+		return fieldErr(msg, "policy", "is %q, must be auto, local or remote", r.Policy)
+	}
+	return nil
+}
+
+func validateChat(msg string, turns []ChatMessage) error {
+	if len(turns) > MaxChatMessages {
+		return fieldErr(msg, "messages", "has %d turns, at most %d allowed", len(turns), MaxChatMessages)
+	}
+	total, content := 0, false
+	for i, m := range turns {
+		field := fmt.Sprintf("messages[%d]", i)
+		if !chatRoles[m.Role] {
+			return fieldErr(msg, field+".role", "is %q, must be system, user, assistant or tool", m.Role)
+		}
+		if !utf8.ValidString(m.Content) {
+			return fieldErr(msg, field+".content", "is not valid UTF-8")
+		}
+		if len(m.Name) > 256 || !utf8.ValidString(m.Name) {
+			return fieldErr(msg, field+".name", "must be valid UTF-8 of at most 256 bytes")
+		}
+		total += len(m.Content)
+		content = content || strings.TrimSpace(m.Content) != ""
+	}
+	if total > MaxPromptBytes {
+		return fieldErr(msg, "messages", "hold %d bytes of content, at most %d allowed", total, MaxPromptBytes)
+	}
+	if len(turns) > 0 && !content {
+		return fieldErr(msg, "messages", "empty prompt: every turn's content is empty")
+	}
+	return nil
+}
+
+func checkText(msg, field, s string, max int) error {
+	if len(s) > max {
+		return fieldErr(msg, field, "is %d bytes, at most %d allowed", len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return fieldErr(msg, field, "is not valid UTF-8")
+	}
+	return nil
+}
+
+// checkIdempotencyKey keeps keys printable: the key travels as the
+// Nats-Msg-Id header, where a control character would break the header block.
+func checkIdempotencyKey(msg, key string) error {
+	if len(key) > MaxIdempotencyKeyLen {
+		return fieldErr(msg, "idempotency_key", "is %d bytes, at most %d allowed", len(key), MaxIdempotencyKeyLen)
+	}
+	if !utf8.ValidString(key) {
+		return fieldErr(msg, "idempotency_key", "is not valid UTF-8")
+	}
+	for i, c := range key {
+		if c < 0x20 || c == 0x7f {
+			return fieldErr(msg, "idempotency_key", "has control character %U at byte %d", c, i)
+		}
+	}
+	return nil
+}
+
+// SubmitReply answers a SubmitRequest: JobID on success, Error (and Code)
+// otherwise.
+type SubmitReply struct {
+	JobID string `msgpack:"job_id,omitempty" json:"job_id,omitempty"`
+	// Duplicate is set when the idempotency key matched an earlier
+	// submission: JobID is that job, and nothing new was queued.
+	Duplicate bool      `msgpack:"duplicate,omitempty" json:"duplicate,omitempty"`
+	Error     string    `msgpack:"error,omitempty" json:"error,omitempty"`
+	Code      ErrorCode `msgpack:"code,omitempty" json:"code,omitempty"`
+}
+
+// Validate checks that the reply carries exactly one of a job id and an error.
+func (r *SubmitReply) Validate() error {
+	const msg = "SubmitReply"
+	if err := checkReply(msg, r.Error, r.Code); err != nil {
+		return err
+	}
+	switch {
+	case r.JobID == "" && r.Error == "":
+		return fieldErr(msg, "", "has neither job_id nor error")
+	case r.JobID != "" && r.Error != "":
+		return fieldErr(msg, "", "has both job_id and error")
+	case r.JobID != "":
+		if err := CheckID(r.JobID); err != nil {
+			return fieldErr(msg, "job_id", "%v", err)
+		}
+	}
+	return nil
+}
+
+// Err returns the reply's error as a *RemoteError, or nil.
+func (r *SubmitReply) Err() error { return replyErr(r.Error, r.Code) }
+
+func checkReply(msg, text string, code ErrorCode) error {
+	if !code.valid() {
+		return fieldErr(msg, "code", "is %q, not a known error code", code)
+	}
+	if code != "" && text == "" {
+		return fieldErr(msg, "error", "is empty but code is %q", code)
+	}
+	return nil
+}
+
+func replyErr(text string, code ErrorCode) error {
+	if text == "" {
+		return nil
+	}
+	return &RemoteError{Code: code, Message: text}
+}

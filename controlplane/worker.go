@@ -1,0 +1,178 @@
+package controlplane
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+)
+
+// WorkerKind is what a worker does.
+type WorkerKind string
+
+const (
+	KindPrefill WorkerKind = "prefill" // streams weights, prefills prompts, ships state
+	KindDecode  WorkerKind = "decode"  // one rank of a decode group
+)
+
+// LayerRange is the half-open layer interval [First, End).
+type LayerRange struct {
+	First int `msgpack:"first" json:"first"`
+	End   int `msgpack:"end" json:"end"`
+}
+
+// IsZero reports whether the range is unset (it drives omitempty).
+func (r LayerRange) IsZero() bool { return r == LayerRange{} }
+
+// Len is the number of layers in the range.
+func (r LayerRange) Len() int { return r.End - r.First }
+
+// Contains reports whether layer is in the range.
+func (r LayerRange) Contains(layer int) bool { return layer >= r.First && layer < r.End }
+
+func (r LayerRange) String() string { return fmt.Sprintf("[%d,%d)", r.First, r.End) }
+
+func (r LayerRange) validate(msg, field string) error {
+	if r.First < 0 || r.End <= r.First {
+		return fieldErr(msg, field, "is %v, want 0 <= first < end", r)
+	}
+	return nil
+}
+
+// Rates are a worker's measured figures, which the coordinator's cost model
+// folds into its estimates.
+type Rates struct {
+	// PrefillTokensPerSec: prompt tokens per second of prefill compute
+	// (a prefill worker, or a decode group prefilling locally).
+	PrefillTokensPerSec float64 `msgpack:"prefill_tok_s,omitempty" json:"prefill_tok_s,omitempty"`
+	// DecodeTokensPerSec: tokens per second of one decoded sequence.
+	DecodeTokensPerSec float64 `msgpack:"decode_tok_s,omitempty" json:"decode_tok_s,omitempty"`
+	// PassFloor: the time of one weight pass with nothing to compute, the
+	// floor of a layer-streamed prefill (prefill workers).
+	PassFloor time.Duration `msgpack:"pass_floor_ns,omitempty" json:"pass_floor_ns,omitempty"`
+	// LinkBytesPerSec: measured state-transfer bandwidth towards decode ranks.
+	LinkBytesPerSec float64 `msgpack:"link_bytes_s,omitempty" json:"link_bytes_s,omitempty"`
+}
+
+func (r *Rates) validate(msg, field string) error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"prefill_tok_s", r.PrefillTokensPerSec}, {"decode_tok_s", r.DecodeTokensPerSec}, {"link_bytes_s", r.LinkBytesPerSec}} {
+		if err := checkRate(msg, field+"."+f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if r.PassFloor < 0 {
+		return fieldErr(msg, field+".pass_floor_ns", "is %d, must be >= 0", r.PassFloor)
+	}
+	return nil
+}
+
+// Endpoints are the network addresses (host:port) a worker serves.
+type Endpoints struct {
+	Transfer string `msgpack:"transfer,omitempty" json:"transfer,omitempty"` // kvtransfer receiver (decode ranks)
+	Pipeline string `msgpack:"pipeline,omitempty" json:"pipeline,omitempty"` // rank-to-rank activations (decode ranks)
+	Metrics  string `msgpack:"metrics,omitempty" json:"metrics,omitempty"`   // Prometheus /metrics
+}
+
+func (e *Endpoints) validate(msg, field string) error {
+	for _, f := range []struct{ name, addr string }{{"transfer", e.Transfer}, {"pipeline", e.Pipeline}, {"metrics", e.Metrics}} {
+		if err := checkAddr(msg, field+"."+f.name, f.addr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkAddr(msg, field, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fieldErr(msg, field, "%q is not host:port: %v", addr, err)
+	}
+	if host == "" {
+		return fieldErr(msg, field, "%q has no host: give an address other workers can reach", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return fieldErr(msg, field, "%q has port %q, want 1-65535", addr, port)
+	}
+	return nil
+}
+
+// WorkerInfo describes a worker and its current load. It is the heartbeat:
+// each worker puts its WorkerInfo into the registry every heartbeat interval.
+type WorkerInfo struct {
+	ID      string     `msgpack:"id" json:"id"`
+	Kind    WorkerKind `msgpack:"kind" json:"kind"`
+	Backend string     `msgpack:"backend" json:"backend"`                 // cpu, cuda, metal
+	Model   string     `msgpack:"model,omitempty" json:"model,omitempty"` // model identity; workers of one job must agree
+	Version string     `msgpack:"version,omitempty" json:"version,omitempty"`
+
+	// Decode ranks only: the group, this rank, the group size and the layers
+	// this rank holds.
+	GroupID   string     `msgpack:"group_id,omitempty" json:"group_id,omitempty"`
+	Rank      int        `msgpack:"rank,omitempty" json:"rank,omitempty"`
+	GroupSize int        `msgpack:"group_size,omitempty" json:"group_size,omitempty"`
+	Layers    LayerRange `msgpack:"layers,omitempty" json:"layers,omitzero"`
+
+	MemoryTotal uint64 `msgpack:"memory_total" json:"memory_total"` // bytes
+	MemoryFree  uint64 `msgpack:"memory_free" json:"memory_free"`   // bytes
+	// MaxSeqTokens is the longest sequence this worker can take now
+	// (decode ranks: what the free KV memory holds).
+	MaxSeqTokens int `msgpack:"max_seq_tokens,omitempty" json:"max_seq_tokens,omitempty"`
+	QueueDepth   int `msgpack:"queue_depth" json:"queue_depth"` // jobs waiting
+	Active       int `msgpack:"active" json:"active"`           // jobs running
+
+	Rates     Rates     `msgpack:"rates" json:"rates"`
+	Endpoints Endpoints `msgpack:"endpoints" json:"endpoints"`
+
+	Started  time.Time `msgpack:"started" json:"started"`
+	Time     time.Time `msgpack:"time" json:"time"`                           // when this heartbeat was sent
+	Draining bool      `msgpack:"draining,omitempty" json:"draining,omitempty"` // takes no new jobs
+}
+
+// Validate checks the worker description.
+func (w *WorkerInfo) Validate() error {
+	const msg = "WorkerInfo"
+	if err := CheckID(w.ID); err != nil {
+		return fieldErr(msg, "id", "%v", err)
+	}
+	if w.Backend == "" || len(w.Backend) > 32 {
+		return fieldErr(msg, "backend", "must be 1 to 32 bytes (cpu, cuda, metal)")
+	}
+	switch w.Kind {
+	case KindPrefill:
+		if w.GroupID != "" || w.GroupSize != 0 || w.Rank != 0 {
+			return fieldErr(msg, "group_id", "a prefill worker belongs to no decode group")
+		}
+	case KindDecode:
+		if err := CheckID(w.GroupID); err != nil {
+			return fieldErr(msg, "group_id", "%v", err)
+		}
+		if w.GroupSize <= 0 || w.Rank < 0 || w.Rank >= w.GroupSize {
+			return fieldErr(msg, "rank", "is %d in a group of %d, want 0 <= rank < group_size", w.Rank, w.GroupSize)
+		}
+		if err := w.Layers.validate(msg, "layers"); err != nil {
+			return err
+		}
+	default:
+		return fieldErr(msg, "kind", "is %q, must be prefill or decode", w.Kind)
+	}
+	switch {
+	case w.MemoryFree > w.MemoryTotal:
+		return fieldErr(msg, "memory_free", "is %d, more than memory_total %d", w.MemoryFree, w.MemoryTotal)
+	case w.MaxSeqTokens < 0:
+		return fieldErr(msg, "max_seq_tokens", "is %d, must be >= 0", w.MaxSeqTokens)
+	case w.QueueDepth < 0 || w.Active < 0:
+		return fieldErr(msg, "queue_depth", "queue_depth %d and active %d must be >= 0", w.QueueDepth, w.Active)
+	case w.Time.IsZero():
+		return fieldErr(msg, "time", "is missing")
+	}
+	if err := w.Rates.validate(msg, "rates"); err != nil {
+		return err
+	}
+	return w.Endpoints.validate(msg, "endpoints")
+}
