@@ -1,0 +1,114 @@
+package cpu
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/tandem-inference/tandem/kernels"
+)
+
+// RouterTopK is Stable LatentMoE's sigmoid router (spec §3.6): selection by
+// σ(logit) + bias, weights from the unbiased scores. Ties go to the lower
+// expert id so that routing is deterministic.
+func (b *Backend) RouterTopK(logits *kernels.Tensor, bias []float32, k int, renorm bool, scale float32, ids []int32, weights []float32) {
+	E := logits.Cols
+	if len(bias) != E || len(ids) != logits.Rows*k || len(weights) != logits.Rows*k || k > E {
+		panic(fmt.Sprintf("cpu.RouterTopK: logits %v, %d biases, k %d, %d ids, %d weights", logits, len(bias), k, len(ids), len(weights)))
+	}
+	b.parallel(logits.Rows, max(1, b.grainFor(logits.Rows)), func(lo, hi int) {
+		s := make([]float32, E)
+		order := make([]int32, E)
+		for r := lo; r < hi; r++ {
+			row := logits.Row(r)
+			for e, x := range row {
+				s[e] = sigmoid(x)
+				order[e] = int32(e)
+			}
+			sort.Slice(order, func(i, j int) bool {
+				ci, cj := s[order[i]]+bias[order[i]], s[order[j]]+bias[order[j]]
+				if ci != cj {
+					return ci > cj
+				}
+				return order[i] < order[j]
+			})
+			var sum float64
+			for j := 0; j < k; j++ {
+				sum += float64(s[order[j]])
+			}
+			for j := 0; j < k; j++ {
+				e := order[j]
+				ids[r*k+j] = e
+				w := float64(s[e])
+				if renorm {
+					w /= sum + 1e-20
+				}
+				weights[r*k+j] = float32(w * float64(scale))
+			}
+		}
+	})
+}
+
+// RoutedExperts runs each selected expert over all rows routed to it (one
+// expert per worker task), writes each (row, slot) result separately, then
+// combines every row's slots in slot order.
+func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []float32, k int, experts []kernels.Expert, beta1, beta2 float32) {
+	T, lat := z.Rows, z.Cols
+	if u.Rows != T || u.Cols != lat || len(ids) != T*k || len(weights) != T*k {
+		panic(fmt.Sprintf("cpu.RoutedExperts: u %v z %v, %d ids, %d weights, k %d", u, z, len(ids), len(weights), k))
+	}
+	// Slots per expert, in (row, slot) order.
+	byExpert := make(map[int32][]int32)
+	for slot, e := range ids {
+		if e < 0 || int(e) >= len(experts) {
+			panic(fmt.Sprintf("cpu.RoutedExperts: expert id %d of %d", e, len(experts)))
+		}
+		byExpert[e] = append(byExpert[e], int32(slot))
+	}
+	active := make([]int32, 0, len(byExpert))
+	for e := range byExpert {
+		active = append(active, e)
+	}
+	// Largest groups first for better balance.
+	sort.Slice(active, func(i, j int) bool {
+		if len(byExpert[active[i]]) != len(byExpert[active[j]]) {
+			return len(byExpert[active[i]]) > len(byExpert[active[j]])
+		}
+		return active[i] < active[j]
+	})
+	out := make([]float64, T*k*lat)
+	b.parallel(len(active), 1, func(lo, hi int) {
+		s := newGemmScratch(max(lat, experts[0].W1.Rows))
+		for a := lo; a < hi; a++ {
+			e := active[a]
+			slots := byExpert[e]
+			n := len(slots)
+			x := make([]float32, n*lat)
+			for i, slot := range slots {
+				copy(x[i*lat:(i+1)*lat], z.Row(int(slot)/k))
+			}
+			y := make([]float64, n*lat)
+			situMLPSerial(y, x, n, experts[e], beta1, beta2, s)
+			for i, slot := range slots {
+				copy(out[int(slot)*lat:(int(slot)+1)*lat], y[i*lat:(i+1)*lat])
+			}
+		}
+	})
+	// Each row's mixture in fp64, in slot order, rounded once.
+	b.parallel(T, max(1, b.grainFor(T)), func(lo, hi int) {
+		acc := make([]float64, lat)
+		for r := lo; r < hi; r++ {
+			clear(acc)
+			for j := 0; j < k; j++ {
+				w := float64(weights[r*k+j])
+				src := out[(r*k+j)*lat : (r*k+j+1)*lat]
+				for i, v := range src {
+					acc[i] += w * v
+				}
+			}
+			dst := u.Row(r)
+			for i, v := range acc {
+				dst[i] = float32(v)
+			}
+		}
+	})
+}

@@ -1,0 +1,47 @@
+package model
+
+import "github.com/tandem-inference/tandem/kernels"
+
+// forward runs decoder layer l over the batch (spec §3.2): AttnRes mix into
+// the attention, a block push at block starts, KDA or MLA, AttnRes mix into
+// the FFN (dense or LatentMoE), each added to the block's partial sum.
+func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
+	be, c := m.Backend, m.Cfg
+	L := l.Index
+	inAttn := b.Partial
+	if len(b.Stack) > 0 {
+		inAttn = m.attnResMix(b.Partial, b.Stack, l.attnProj)
+	}
+	var partial *kernels.Tensor
+	if c.IsBlockStart(L) {
+		b.Stack = append(b.Stack, b.Partial) // the finished block; a new one starts
+	} else {
+		partial = b.Partial
+	}
+
+	x := be.NewTensor(inAttn.Rows, inAttn.Cols)
+	be.RMSNorm(x, inAttn, l.InputNorm, 0, float32(c.RMSNormEps))
+	var a *kernels.Tensor
+	switch l.Kind {
+	case KDA:
+		a = m.kdaForward(L, l.KDA, x, b, phase)
+	case MLA:
+		a = m.mlaForward(L, l.MLA, x, b, phase)
+	}
+	if partial == nil {
+		partial = a
+	} else {
+		be.Add(partial, partial, a)
+	}
+
+	inMLP := m.attnResMix(partial, b.Stack, l.mlpProj)
+	be.RMSNorm(inMLP, inMLP, l.PostAttnNorm, 0, float32(c.RMSNormEps))
+	var f *kernels.Tensor
+	if l.Dense != nil {
+		f = m.ffnForward(l.Dense, inMLP)
+	} else {
+		f = m.moeForward(l.MoE, inMLP)
+	}
+	be.Add(partial, partial, f)
+	b.Partial = partial
+}
