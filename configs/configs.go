@@ -1,0 +1,42 @@
+// Package configs holds tandem's configuration files, embedded so that the
+// binaries work from any directory: synthetic model presets (models/*.json,
+// each a config.json in the released nested shape), cluster layouts
+// (*.yaml) and hardware profiles (hardware/*.yaml).
+package configs
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+)
+
+//go:embed models
+var files embed.FS
+
+// FS exposes the embedded files.
+func FS() fs.FS { return files }
+
+// ModelPreset returns the config.json of a synthetic model preset.
+func ModelPreset(name string) ([]byte, error) {
+	b, err := files.ReadFile(path.Join("models", name+".json"))
+	if err != nil {
+		return nil, fmt.Errorf("no model preset %q (have %s)", name, strings.Join(ModelPresets(), ", "))
+	}
+	return b, nil
+}
+
+// ModelPresets lists the preset names.
+func ModelPresets() []string {
+	ents, _ := files.ReadDir("models")
+	var out []string
+	for _, e := range ents {
+		if n, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,162 @@
+package model
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/model/safetensors"
+)
+
+// CheckpointSource adapts an open safetensors checkpoint (mmapped) to
+// TensorSource.
+type CheckpointSource struct{ C *safetensors.Checkpoint }
+
+func (s CheckpointSource) Meta(name string) (TensorMeta, bool) {
+	t, ok := s.C.Tensor(name)
+	if !ok {
+		return TensorMeta{}, false
+	}
+	return TensorMeta{DType: string(t.DType), Shape: t.Shape}, true
+}
+
+func (s CheckpointSource) Data(name string) ([]byte, error) { return s.C.Bytes(name) }
+
+// LoadOptions choose what a holder keeps resident.
+type LoadOptions struct {
+	// Layers [Lo, Hi) to bind; Hi 0 means every layer.
+	Lo, Hi int
+	// Embed and Head bind the embedding and the final mix/norm/lm_head.
+	Embed, Head bool
+	// LatentNormEps overrides the MLA latent norm eps (0 keeps the config's).
+	LatentNormEps float64
+}
+
+// Loaded is a model bound to an open checkpoint; Close releases the
+// mappings (the model must not be used afterwards).
+type Loaded struct {
+	*Model
+	Checkpoint *safetensors.Checkpoint
+}
+
+// Close unmaps the checkpoint.
+func (l *Loaded) Close() error { return l.Checkpoint.Close() }
+
+// Load opens the checkpoint in dir (config.json + shards) and binds the
+// requested layers on the backend; weights are used in place from the mapped
+// files.
+func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
+	cfg, err := LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	if opt.LatentNormEps > 0 {
+		cfg.LatentNormEps = opt.LatentNormEps
+	}
+	if opt.Hi == 0 {
+		opt.Hi = cfg.NumLayers
+	}
+	if opt.Lo < 0 || opt.Lo > opt.Hi || opt.Hi > cfg.NumLayers {
+		return nil, fmt.Errorf("layer range [%d, %d) is outside the model's %d layers", opt.Lo, opt.Hi, cfg.NumLayers)
+	}
+	ck, err := safetensors.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	m := New(cfg, be)
+	src := CheckpointSource{ck}
+	fail := func(err error) (*Loaded, error) {
+		ck.Close()
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	if opt.Embed || opt.Head {
+		g, err := BindGlobals(cfg, src)
+		if err != nil {
+			return fail(err)
+		}
+		m.Globals = g
+	}
+	for L := opt.Lo; L < opt.Hi; L++ {
+		l, err := BindLayer(cfg, L, src)
+		if err != nil {
+			return fail(err)
+		}
+		if err := bindAll(be, l); err != nil {
+			return fail(err)
+		}
+		m.Layers[L] = l
+	}
+	if m.Globals != nil {
+		for _, w := range []*kernels.Matrix{m.Globals.Embed, m.Globals.LMHead} {
+			if err := be.Bind(w); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	return &Loaded{Model: m, Checkpoint: ck}, nil
+}
+
+// bindAll hands every matrix of a layer to the backend.
+func bindAll(be kernels.Backend, l *Layer) error {
+	for _, w := range l.Matrices() {
+		if err := be.Bind(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Matrices lists every weight matrix of the layer.
+func (l *Layer) Matrices() []*kernels.Matrix {
+	var out []*kernels.Matrix
+	if w := l.KDA; w != nil {
+		out = append(out, w.QProj, w.KProj, w.VProj, w.GProj, w.OProj, w.FAProj, w.FBProj, w.BProj)
+	}
+	if w := l.MLA; w != nil {
+		out = append(out, w.QAProj, w.QBProj, w.KVAProj, w.KVBProj, w.OProj, w.GProj)
+	}
+	ffn := func(f *FFNWeights) {
+		if f != nil {
+			out = append(out, f.GateProj, f.UpProj, f.DownProj)
+		}
+	}
+	ffn(l.Dense)
+	if w := l.MoE; w != nil {
+		out = append(out, w.Router, w.LatentDown, w.LatentUp)
+		ffn(w.Shared)
+		for _, e := range w.Experts {
+			out = append(out, e.W1, e.W3, e.W2)
+		}
+	}
+	return out
+}
+
+// GlobalsGroup is the LayerOf group of the model-level tensors.
+const GlobalsGroup = -1
+
+// LayerOf maps a text tensor name to its layer (or GlobalsGroup for the
+// embedding, final norm, output mix and lm_head); ok is false for other
+// tensors (the vision tower).
+func LayerOf(name string) (int, bool) {
+	if rest, ok := strings.CutPrefix(name, "language_model.model.layers."); ok {
+		num, _, found := strings.Cut(rest, ".")
+		L, err := strconv.Atoi(num)
+		if !found || err != nil || L < 0 {
+			return 0, false
+		}
+		return L, true
+	}
+	if strings.HasPrefix(name, "language_model.") {
+		return GlobalsGroup, true
+	}
+	return 0, false
+}
+
+// LayerRuns is the per-layer byte-range index: for every layer (and
+// GlobalsGroup) the coalesced file byte runs that hold its tensors, in file
+// order. The prefill streamer reads layers by it.
+func LayerRuns(ck *safetensors.Checkpoint) map[int][]safetensors.Run {
+	return ck.GroupRuns(LayerOf)
+}

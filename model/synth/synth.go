@@ -1,0 +1,280 @@
+// Package synth writes synthetic Kimi K3 checkpoints in the released layout
+// (spec §5): config.json in the nested released shape, the released tensor
+// names, shapes and dtypes (BF16 trunk, F32 conv/A_log/dt_bias/o_norm/router
+// bias, MXFP4 routed experts), shards named model-NNNNN-of-NNNNNN with each
+// layer's trunk tensors in one contiguous run, and the index json.
+//
+// Weights are random but scaled so that the model exercises its features:
+// SiTU's gate and up caps saturate on part of the rows, the router bias
+// changes which experts are selected, AttnRes weights are not uniform, and
+// logits have a clear maximum (greedy decoding is stable). Every tensor's
+// values depend only on the seed and the tensor's name, so the same model
+// comes out whatever the shard layout.
+package synth
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/model/safetensors"
+)
+
+// Version changes whenever the generated weights for a given seed change;
+// caches key on it.
+const Version = 1
+
+// Options control a generation.
+type Options struct {
+	Seed uint64
+	// Shards is the number of safetensors files. 0 means the released
+	// layout: one shard per layer plus one for the model-level tensors.
+	Shards int
+	// Force allows writing into a non-empty directory.
+	Force bool
+	// Progress, if set, is called as bytes are written (done, total).
+	Progress func(done, total int64)
+}
+
+// ErrNotEmpty is returned when the output directory holds files and Force
+// is not set.
+var ErrNotEmpty = errors.New("output directory is not empty (use --force to overwrite)")
+
+// Write generates the model described by configJSON (a released-shape
+// config.json) into dir.
+func Write(ctx context.Context, configJSON []byte, dir string, opt Options) error {
+	cfg, err := model.ParseConfig(configJSON)
+	if err != nil {
+		return err
+	}
+	if err := prepareDir(dir, opt.Force); err != nil {
+		return err
+	}
+	plan := Plan(cfg)
+	shards := assignShards(cfg, plan, opt.Shards)
+	var total int64
+	for _, t := range plan.All() {
+		total += t.Bytes()
+	}
+	var done atomic.Int64
+	report := func(n int64) {
+		d := done.Add(n)
+		if opt.Progress != nil {
+			opt.Progress(d, total)
+		}
+	}
+
+	idx := &safetensors.Index{WeightMap: map[string]string{}}
+	for i, sh := range shards {
+		name := fmt.Sprintf("model-%05d-of-%06d.safetensors", i+1, len(shards))
+		shards[i].file = name
+		for _, t := range sh.tensors {
+			idx.WeightMap[t.Name] = name
+			idx.TotalSize += t.Bytes()
+		}
+	}
+	// Shards are independent: write several at once.
+	workers := min(runtime.GOMAXPROCS(0), 4, len(shards))
+	jobs := make(chan shard)
+	errs := make(chan error, len(shards))
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for sh := range jobs {
+				if err := ctx.Err(); err != nil {
+					errs <- err
+					continue
+				}
+				errs <- writeShard(filepath.Join(dir, sh.file), sh.tensors, opt.Seed, report)
+			}
+		}()
+	}
+	for _, sh := range shards {
+		jobs <- sh
+	}
+	close(jobs)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	if err := safetensors.WriteIndex(filepath.Join(dir, "model.safetensors.index.json"), idx); err != nil {
+		return err
+	}
+	var pretty any
+	if err := json.Unmarshal(configJSON, &pretty); err != nil {
+		return fmt.Errorf("config.json: %w", err)
+	}
+	out, err := json.MarshalIndent(pretty, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), append(out, '\n'), 0o644)
+}
+
+func prepareDir(dir string, force bool) error {
+	ents, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return os.MkdirAll(dir, 0o755)
+	case err != nil:
+		return err
+	case len(ents) > 0 && !force:
+		return fmt.Errorf("%s: %w", dir, ErrNotEmpty)
+	}
+	for _, e := range ents {
+		// Only remove what a previous generation wrote.
+		n := e.Name()
+		if filepath.Ext(n) == ".safetensors" || n == "model.safetensors.index.json" || n == "config.json" {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+type shard struct {
+	file    string
+	tensors []Tensor
+}
+
+// assignShards places tensors like the release: each layer's tensors
+// together (trunk first, then experts), layers in order over the shards,
+// the model-level tensors in the last shard.
+func assignShards(c *model.Config, p *TensorPlan, n int) []shard {
+	if n <= 0 {
+		n = c.NumLayers + 1
+	}
+	n = max(2, min(n, c.NumLayers+1))
+	out := make([]shard, n)
+	layerShards := n - 1
+	for L := 0; L < c.NumLayers; L++ {
+		i := L * layerShards / c.NumLayers
+		out[i].tensors = append(out[i].tensors, p.Layers[L]...)
+	}
+	out[n-1].tensors = append(out[n-1].tensors, p.Globals...)
+	return out
+}
+
+func writeShard(path string, ts []Tensor, seed uint64, report func(int64)) error {
+	wt := make([]safetensors.WriteTensor, len(ts))
+	for i, t := range ts {
+		t := t
+		wt[i] = safetensors.WriteTensor{Name: t.Name, DType: t.DType, Shape: t.Shape,
+			Fill: func(w io.Writer) error {
+				return t.fill(&countingWriter{w: w, report: report}, seed)
+			}}
+	}
+	return safetensors.WriteFile(path, wt, map[string]string{"format": "pt"})
+}
+
+type countingWriter struct {
+	w      io.Writer
+	report func(int64)
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.report(int64(n))
+	return n, err
+}
+
+// rngFor seeds a generator from the model seed and the tensor name, so a
+// tensor's values do not depend on generation order or shard layout.
+func rngFor(seed uint64, name string) *rand.ChaCha8 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[0:], seed)
+	binary.LittleEndian.PutUint64(key[8:], h.Sum64())
+	binary.LittleEndian.PutUint64(key[16:], Version)
+	return rand.NewChaCha8(key)
+}
+
+// chunk is the write granularity of generated data.
+const chunk = 1 << 20
+
+func (t Tensor) fill(w io.Writer, seed uint64) error {
+	rng := rngFor(seed, t.Name)
+	n := t.Elems()
+	buf := make([]byte, 0, chunk)
+	flush := func() error {
+		_, err := w.Write(buf)
+		buf = buf[:0]
+		return err
+	}
+	switch t.Kind {
+	case KindPacked: // MXFP4 nibbles: every code equally likely
+		left := t.Bytes()
+		for left > 0 {
+			m := min(left, chunk)
+			buf = buf[:m]
+			rng.Read(buf)
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			left -= m
+		}
+		return nil
+	case KindScale: // E8M0 exponents in [Lo, Hi]
+		span := uint64(t.Hi - t.Lo + 1)
+		for i := int64(0); i < n; i++ {
+			buf = append(buf, byte(t.Lo+int(rng.Uint64()%span)))
+			if len(buf) == chunk {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		return flush()
+	}
+	r := rand.New(rng)
+	for i := int64(0); i < n; i++ {
+		v := t.value(r, i)
+		switch t.DType {
+		case safetensors.BF16:
+			u := mxfp.F32ToBF16(v)
+			buf = append(buf, byte(u), byte(u>>8))
+		case safetensors.F32:
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		}
+		if len(buf) >= chunk-4 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// value draws element i: uniform with the tensor's mean and std (a uniform
+// of the right variance is as good as a normal for a synthetic model, and
+// much cheaper).
+func (t Tensor) value(r *rand.Rand, i int64) float32 {
+	switch t.Kind {
+	case KindALog:
+		if i >= int64(t.Heads) {
+			return 0 // the release pads A_log to head_dim with zeros
+		}
+		return float32(math.Log(1 + 15*r.Float64())) // exp(A_log) in [1, 16], as fla initialises it
+	}
+	return float32(t.Mean + t.Std*math.Sqrt(3)*(2*r.Float64()-1))
+}
