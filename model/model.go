@@ -136,28 +136,47 @@ func (m *Model) run(ctx context.Context, seqs []*SeqState, tokens [][]int32, pha
 	return m.Logits(b)
 }
 
-// Generate is the monolithic reference of the disaggregated flow: prefill
-// prompt[:-1], then decode from the last prompt token, greedily, n tokens.
-// The prefill worker + decode group must reproduce it exactly.
-func (m *Model) Generate(ctx context.Context, prompt []int32, n int) ([]int32, error) {
+// Start is the monolithic reference of the disaggregated flow: it prefills
+// prompt[:-1] into a fresh state (what the prefill worker does), then runs
+// the last prompt token as a decode step (what the decode group does first)
+// and returns the state and that step's logits.
+func (m *Model) Start(ctx context.Context, prompt []int32) (*SeqState, []float32, error) {
 	if len(prompt) == 0 {
-		return nil, fmt.Errorf("model: empty prompt")
+		return nil, nil, fmt.Errorf("model: empty prompt")
 	}
 	s := m.NewState(0, m.Cfg.NumLayers)
 	if len(prompt) > 1 {
 		if err := m.PrefillState(ctx, []*SeqState{s}, [][]int32{prompt[:len(prompt)-1]}); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
+	logits, err := m.Decode(ctx, []*SeqState{s}, prompt[len(prompt)-1:])
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, logits[0], nil
+}
+
+// Generate greedily generates n tokens after prompt, by Start and then one
+// decode step per token. The prefill worker + decode group must reproduce
+// it exactly.
+func (m *Model) Generate(ctx context.Context, prompt []int32, n int) ([]int32, error) {
+	s, logits, err := m.Start(ctx, prompt)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]int32, 0, n)
-	next := prompt[len(prompt)-1]
 	for len(out) < n {
-		logits, err := m.Decode(ctx, []*SeqState{s}, []int32{next})
+		next := int32(Argmax(logits))
+		out = append(out, next)
+		if len(out) == n {
+			break
+		}
+		l, err := m.Decode(ctx, []*SeqState{s}, []int32{next})
 		if err != nil {
 			return nil, err
 		}
-		next = int32(Argmax(logits[0]))
-		out = append(out, next)
+		logits = l[0]
 	}
 	return out, nil
 }
