@@ -77,6 +77,10 @@ func ParseContentType(ct string) (Encoding, error) {
 	return MsgPack, fmt.Errorf("%w: Content-Type %q is not supported: use %s or %s", ErrInvalid, ct, ContentTypeJSON, ContentTypeMsgPack)
 }
 
+// errDecoderPanic marks an error made from a decoder's panic, so tests and
+// fuzzing can tell a caught panic from an ordinary rejection.
+var errDecoderPanic = errors.New("decoder panic")
+
 // Marshal encodes v.
 func Marshal(enc Encoding, v any) ([]byte, error) {
 	if enc == JSON {
@@ -113,7 +117,7 @@ func Unmarshal(enc Encoding, data []byte, m Message) (err error) {
 		// The decoders are not ours; a panic on hostile input must still
 		// become an error, not a crash.
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: %s (%s): undecodable input: %v", ErrInvalid, name, enc, p)
+			err = fmt.Errorf("%w: %s (%s): undecodable input: %w: %v", ErrInvalid, name, enc, errDecoderPanic, p)
 		}
 	}()
 	if enc == JSON {
@@ -153,9 +157,22 @@ func explainJSON(err error) string {
 		if typ.Field == "" {
 			return fmt.Sprintf("got a JSON %s, want an object", typ.Value)
 		}
-		return fmt.Sprintf("field %q: got a JSON %s, want %s", typ.Field, typ.Value, typ.Type)
+		return fmt.Sprintf("field %q: got a JSON %s, want %s", wirePath(typ.Field), typ.Value, typ.Type)
 	}
 	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// wirePath drops Go names of embedded structs ("Sampling.max_tokens") from
+// a JSON field path: wire names are all lower case.
+func wirePath(p string) string {
+	parts := strings.Split(p, ".")
+	out := parts[:0]
+	for _, s := range parts {
+		if s != "" && !(s[0] >= 'A' && s[0] <= 'Z') {
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, ".")
 }
 
 func decodeMsgpack(data []byte, m Message, name string) error {
@@ -164,6 +181,9 @@ func decodeMsgpack(data []byte, m Message, name string) error {
 	}
 	if c := data[0]; !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
 		return fmt.Errorf("%w: %s (msgpack): got a %s, want a map (is the request JSON without Content-Type: application/json?)", ErrInvalid, name, msgpackKind(c))
+	}
+	if err := scanMsgpack(data); err != nil {
+		return fmt.Errorf("%w: %s (msgpack): %v", ErrInvalid, name, err)
 	}
 	r := bytes.NewReader(data)
 	dec := msgpack.NewDecoder(r)

@@ -35,12 +35,12 @@ func fieldErr(msg, field, format string, args ...any) error {
 type ErrorCode string
 
 const (
-	CodeBadRequest  ErrorCode = "bad_request"  // the request is malformed or invalid; do not retry it as is
-	CodeTooLarge    ErrorCode = "too_large"    // the prompt or output exceeds a configured limit (the limit is in the text)
-	CodeNotFound    ErrorCode = "not_found"    // no such job or worker
-	CodeUnavailable ErrorCode = "unavailable"  // no worker can take it now; retrying later may work
-	CodeConflict    ErrorCode = "conflict"     // the request contradicts the current state (e.g. cancelling a finished job)
-	CodeInternal    ErrorCode = "internal"     // the server failed; the text says where
+	CodeBadRequest  ErrorCode = "bad_request" // the request is malformed or invalid; do not retry it as is
+	CodeTooLarge    ErrorCode = "too_large"   // the prompt or output exceeds a configured limit (the limit is in the text)
+	CodeNotFound    ErrorCode = "not_found"   // no such job or worker
+	CodeUnavailable ErrorCode = "unavailable" // no worker can take it now; retrying later may work
+	CodeConflict    ErrorCode = "conflict"    // the request contradicts the current state (e.g. cancelling a finished job)
+	CodeInternal    ErrorCode = "internal"    // the server failed; the text says where
 )
 
 func (c ErrorCode) valid() bool {

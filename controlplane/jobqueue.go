@@ -208,12 +208,20 @@ func (q *JobQueue) Next(ctx context.Context) (*Delivery, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		if expired(ctx) {
+			return nil, context.DeadlineExceeded
+		}
 		pollCtx, cancel := context.WithTimeout(ctx, pollWait)
 		msg, err := q.consumer.Next(jetstream.FetchContext(pollCtx))
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if expired(ctx) {
+				// The deadline passed before its timer fired: the
+				// library refuses a pull that cannot be waited for.
+				return nil, context.DeadlineExceeded
 			}
 			if errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
 				continue
@@ -222,6 +230,12 @@ func (q *JobQueue) Next(ctx context.Context) (*Delivery, error) {
 		}
 		return q.delivery(msg)
 	}
+}
+
+// expired reports whether ctx's deadline is (all but) reached.
+func expired(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && time.Until(d) < time.Millisecond
 }
 
 func (q *JobQueue) delivery(msg jetstream.Msg) (*Delivery, error) {

@@ -30,7 +30,9 @@ const (
 	PolicyRemote Policy = "remote" // the prefill worker prefills, the state is transferred
 )
 
-func (p Policy) valid() bool { return p == "" || p == PolicyAuto || p == PolicyLocal || p == PolicyRemote }
+func (p Policy) valid() bool {
+	return p == "" || p == PolicyAuto || p == PolicyLocal || p == PolicyRemote
+}
 
 // Sampling holds the generation parameters shared by a submission and the
 // assignment the decode group gets. Zero values mean: max_tokens 0 = the
@@ -77,7 +79,7 @@ var chatRoles = map[string]bool{"system": true, "user": true, "assistant": true,
 // SubmitRequest asks for one generation. Exactly one of TokenIDs, Prompt and
 // Messages gives the prompt.
 type SubmitRequest struct {
-	TokenIDs []int32      `msgpack:"token_ids,omitempty" json:"token_ids,omitempty"`
+	TokenIDs []int32       `msgpack:"token_ids,omitempty" json:"token_ids,omitempty"`
 	Prompt   string        `msgpack:"prompt,omitempty" json:"prompt,omitempty"`
 	Messages []ChatMessage `msgpack:"messages,omitempty" json:"messages,omitempty"`
 	Sampling `msgpack:",inline"`

@@ -130,7 +130,7 @@ type WorkerInfo struct {
 	Endpoints Endpoints `msgpack:"endpoints" json:"endpoints"`
 
 	Started  time.Time `msgpack:"started" json:"started"`
-	Time     time.Time `msgpack:"time" json:"time"`                           // when this heartbeat was sent
+	Time     time.Time `msgpack:"time" json:"time"`                             // when this heartbeat was sent
 	Draining bool      `msgpack:"draining,omitempty" json:"draining,omitempty"` // takes no new jobs
 }
 

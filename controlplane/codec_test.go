@@ -1,0 +1,363 @@
+package controlplane
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+var when = time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+
+func layer(n int) *int { return &n }
+
+// sampleMessages holds one full example of every message type.
+func sampleMessages() []Message {
+	return []Message{
+		&SubmitRequest{TokenIDs: []int32{0, 5, 163583}, Sampling: Sampling{MaxTokens: 16, Temperature: 0.7, TopP: 0.9, TopK: 40, Seed: 7,
+			Stop: Stop{TokenIDs: []int32{163586}, Texts: []string{"\n\n"}}}, IdempotencyKey: "k1", Policy: PolicyRemote},
+		&SubmitRequest{Prompt: "Hello", Sampling: Sampling{Stop: Stop{Texts: []string{"."}}}},
+		&SubmitRequest{Messages: []ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi", Name: "ann"}}},
+		&SubmitReply{JobID: "j-abc", Duplicate: true},
+		&SubmitReply{Error: "prompt too long", Code: CodeTooLarge},
+		&JobEvent{JobID: "j-abc", Seq: 3, State: StatePrefilling, Time: when, Submitted: when.Add(-time.Second), Progress: &LayerProgress{Done: 4, Total: 13},
+			Route: &RouteDecision{Policy: PolicyAuto, Target: TargetRemote, PredictedLocal: 40 * time.Second, PredictedRemote: 31 * time.Second, PrefillWorker: "gpu-0", DecodeGroup: "macs", Reason: "remote is 9s faster"}},
+		&JobEvent{JobID: "j-abc", Seq: 9, State: StateFailed, Time: when, Submitted: when, Error: &JobError{Code: CodeUnavailable, Worker: "mac-2", Layer: layer(0), Message: "heartbeat expired"},
+			Timing: &Timing{Queue: time.Millisecond, Prefill: time.Second, FirstToken: 2 * time.Second, PromptTokens: 3000, OutputTokens: 2, DecodeTokensPerSec: 21.5}},
+		&TokenMsg{JobID: "j-abc", Index: 0, TokenID: 42, Text: "Hi"},
+		&TokenMsg{JobID: "j-abc", Index: 5, TokenID: -1, Final: true, FinishReason: FinishLength},
+		&CancelRequest{JobID: "j-abc", Reason: "user"},
+		&CancelReply{JobID: "j-abc", State: StateCancelled, FreedBytes: 1 << 30},
+		&ListJobsRequest{State: StateDecoding, Limit: 10},
+		&ListJobsReply{Jobs: []JobEvent{{JobID: "j-1", Seq: 1, State: StateQueued, Time: when, Submitted: when}}},
+		&WorkerInfo{ID: "mac-1", Kind: KindDecode, Backend: "metal", Model: "k3", GroupID: "macs", Rank: 1, GroupSize: 4, Layers: LayerRange{First: 24, End: 48},
+			MemoryTotal: 512 << 30, MemoryFree: 100 << 30, MaxSeqTokens: 300000, QueueDepth: 1, Active: 2,
+			Rates:     Rates{PrefillTokensPerSec: 120, DecodeTokensPerSec: 22, LinkBytesPerSec: 1.1e9},
+			Endpoints: Endpoints{Transfer: "10.0.0.2:7401", Pipeline: "10.0.0.2:7402", Metrics: "10.0.0.2:9100"}, Started: when, Time: when},
+		&WorkerInfo{ID: "gpu-0", Kind: KindPrefill, Backend: "cuda", MemoryTotal: 141 << 30, Rates: Rates{PassFloor: 28 * time.Second}, Time: when},
+		&Assignment{JobID: "j-abc", Role: RolePrefill, WorkerID: "gpu-0", GroupID: "macs", TokenIDs: []int32{1, 2}, Sampling: Sampling{MaxTokens: 3},
+			Placement: []LayerPlacement{
+				{Rank: 0, WorkerID: "mac-0", Layers: LayerRange{0, 30}, Transfer: "h0:1", SessionID: "s-0", Secret: make([]byte, SecretSize)},
+				{Rank: 1, WorkerID: "mac-1", Layers: LayerRange{30, 61}, Transfer: "h1:1", SessionID: "s-1", Secret: NewSecret()}},
+			Deadline: when},
+		&AssignReply{JobID: "j-abc", WorkerID: "gpu-0", Accepted: true, ReservedBytes: 1 << 20},
+		&AssignReply{JobID: "j-abc", WorkerID: "mac-1", Error: "not enough memory: need 8 GiB, 2 GiB free", Code: CodeUnavailable},
+		&Progress{JobID: "j-abc", WorkerID: "gpu-0", Stage: StatePrefilling, Time: when, Layers: &LayerProgress{Done: 1, Total: 61}, Tokens: 300000, Bytes: 1 << 27,
+			Elapsed: time.Second, Measured: &Rates{PrefillTokensPerSec: 2500}},
+		&QueuedJob{JobID: "j-abc", Submitted: when, Request: SubmitRequest{TokenIDs: []int32{1}}},
+	}
+}
+
+func TestRoundTripEveryMessage(t *testing.T) {
+	for _, enc := range []Encoding{MsgPack, JSON} {
+		for _, m := range sampleMessages() {
+			if err := m.Validate(); err != nil {
+				t.Fatalf("sample %T does not validate: %v", m, err)
+			}
+			data, err := Marshal(enc, m)
+			if err != nil {
+				t.Fatalf("%s %T: %v", enc, m, err)
+			}
+			back := reflect.New(reflect.TypeOf(m).Elem()).Interface().(Message)
+			if err := Unmarshal(enc, data, back); err != nil {
+				t.Fatalf("%s %T: %v\n%s", enc, m, err, data)
+			}
+			normTimes(reflect.ValueOf(back))
+			if !reflect.DeepEqual(m, back) {
+				t.Errorf("%s %T round trip:\n got %#v\nwant %#v", enc, m, back, m)
+			}
+		}
+	}
+}
+
+// normTimes sets every time.Time reachable from v to UTC: msgpack decodes
+// times in the local zone, and DeepEqual compares zones, not instants.
+func normTimes(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			normTimes(v.Elem())
+		}
+	case reflect.Slice:
+		for i := 0; i < v.Len(); i++ {
+			normTimes(v.Index(i))
+		}
+	case reflect.Struct:
+		if t, ok := v.Interface().(time.Time); ok {
+			if v.CanSet() {
+				v.Set(reflect.ValueOf(t.UTC()))
+			}
+			return
+		}
+		for i := 0; i < v.NumField(); i++ {
+			if v.Type().Field(i).IsExported() {
+				normTimes(v.Field(i))
+			}
+		}
+	}
+}
+
+// The wire names are the protocol: a JSON client writes exactly these.
+func TestJSONWireNames(t *testing.T) {
+	var r SubmitRequest
+	in := `{"token_ids":[1,2],"max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":3,"seed":9,"stop":["END",7],"idempotency_key":"x","policy":"local"}`
+	if err := Unmarshal(JSON, []byte(in), &r); err != nil {
+		t.Fatal(err)
+	}
+	want := SubmitRequest{TokenIDs: []int32{1, 2}, Sampling: Sampling{MaxTokens: 5, Temperature: 0.5, TopP: 0.9, TopK: 3, Seed: 9,
+		Stop: Stop{TokenIDs: []int32{7}, Texts: []string{"END"}}}, IdempotencyKey: "x", Policy: PolicyLocal}
+	if !reflect.DeepEqual(r, want) {
+		t.Fatalf("got %+v\nwant %+v", r, want)
+	}
+	out, _ := Marshal(JSON, &SubmitReply{JobID: "j-1"})
+	if string(out) != `{"job_id":"j-1"}` {
+		t.Fatalf("reply JSON %s", out)
+	}
+	// The msgpack names are the same.
+	mp, _ := Marshal(MsgPack, &r)
+	var m map[string]any
+	if err := msgpack.Unmarshal(mp, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "idempotency_key", "policy"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("msgpack encoding lacks %q: %v", k, m)
+		}
+	}
+}
+
+func TestStopForms(t *testing.T) {
+	for in, want := range map[string]Stop{
+		`"END"`:             {Texts: []string{"END"}},
+		`163586`:            {TokenIDs: []int32{163586}},
+		`["a", 1, "b", 2]`:  {TokenIDs: []int32{1, 2}, Texts: []string{"a", "b"}},
+		`null`:              {},
+		`[]`:                {},
+		` [ "sp ace" , 0 ]`: {TokenIDs: []int32{0}, Texts: []string{"sp ace"}},
+	} {
+		var r SubmitRequest
+		if err := Unmarshal(JSON, []byte(`{"prompt":"p","stop":`+in+`}`), &r); err != nil {
+			t.Errorf("stop %s: %v", in, err)
+			continue
+		}
+		if !reflect.DeepEqual(r.Stop.TokenIDs, want.TokenIDs) && len(r.Stop.TokenIDs)+len(want.TokenIDs) > 0 ||
+			!reflect.DeepEqual(r.Stop.Texts, want.Texts) && len(r.Stop.Texts)+len(want.Texts) > 0 {
+			t.Errorf("stop %s: got %+v, want %+v", in, r.Stop, want)
+		}
+	}
+	// msgpack: a bare string and a bare integer too.
+	for _, v := range []any{"END", 12, []any{"x", 3}} {
+		data, _ := msgpack.Marshal(map[string]any{"prompt": "p", "stop": v})
+		var r SubmitRequest
+		if err := Unmarshal(MsgPack, data, &r); err != nil || r.Stop.IsZero() {
+			t.Errorf("msgpack stop %v: %+v, %v", v, r.Stop, err)
+		}
+	}
+}
+
+// Every malformed submission named in issue #6 gets an error that wraps
+// ErrInvalid and says what is wrong and where.
+func TestMalformedSubmissions(t *testing.T) {
+	mp := func(v any) []byte {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		enc  Encoding
+		data []byte
+		want string
+	}{
+		{"empty json", JSON, nil, "empty input"},
+		{"bad json", JSON, []byte(`{"prompt": "x",}`), "malformed JSON at byte"},
+		{"truncated json", JSON, []byte(`{"prompt": "x"`), "ends in the middle"},
+		{"json array", JSON, []byte(`[1,2]`), "want an object"},
+		{"trailing json", JSON, []byte(`{"prompt":"x"} {"prompt":"y"}`), "trailing data"},
+		{"unknown json field", JSON, []byte(`{"prompt":"x","max_tokenz":3}`), `unknown field "max_tokenz"`},
+		{"wrong type json", JSON, []byte(`{"prompt":"x","max_tokens":"ten"}`), `"max_tokens": got a JSON string, want int`},
+		{"token id overflow", JSON, []byte(`{"token_ids":[1, 3000000000]}`), "token_ids"},
+		{"stop of wrong type", JSON, []byte(`{"prompt":"x","stop":[true]}`), "stop[0]"},
+		{"empty prompt", JSON, []byte(`{"prompt":""}`), "empty prompt"},
+		{"no prompt", JSON, []byte(`{"max_tokens":3}`), "empty prompt"},
+		{"null", JSON, []byte(`null`), "empty prompt"},
+		{"two prompts", JSON, []byte(`{"prompt":"x","token_ids":[1]}`), "only one of"},
+		{"negative max_tokens", JSON, []byte(`{"prompt":"x","max_tokens":-1}`), "SubmitRequest.max_tokens: is -1, must be >= 0"},
+		{"negative token id", JSON, []byte(`{"token_ids":[4,-2]}`), "token_ids[1]: is -2"},
+		{"temperature too high", JSON, []byte(`{"prompt":"x","temperature":1e9}`), "temperature"},
+		{"top_p out of range", JSON, []byte(`{"prompt":"x","top_p":1.5}`), "top_p"},
+		{"bad policy", JSON, []byte(`{"prompt":"x","policy":"fastest"}`), `policy: is "fastest"`},
+		{"bad chat role", JSON, []byte(`{"messages":[{"role":"wizard","content":"x"}]}`), "messages[0].role"},
+		{"blank chat", JSON, []byte(`{"messages":[{"role":"user","content":"  "}]}`), "empty prompt"},
+		{"newline in key", JSON, []byte(`{"prompt":"x","idempotency_key":"a\nb"}`), "control character"},
+		{"empty msgpack", MsgPack, nil, "empty input"},
+		{"json sent as msgpack", MsgPack, []byte(`{"prompt":"x"}`), "without Content-Type: application/json"},
+		{"msgpack array", MsgPack, mp([]int{1}), "got a array, want a map"},
+		{"truncated msgpack", MsgPack, mp(map[string]any{"prompt": "hello"})[:5], "SubmitRequest"},
+		{"trailing msgpack", MsgPack, append(mp(map[string]any{"prompt": "x"}), 0xc0), "trailing bytes"},
+		{"unknown msgpack field", MsgPack, mp(map[string]any{"prompt": "x", "bogus": 1}), `"bogus": unknown field`},
+		{"wrong type msgpack", MsgPack, mp(map[string]any{"prompt": "x", "max_tokens": "ten"}), "max_tokens: got a msgpack string, want int"},
+		{"wrong nested type msgpack", MsgPack, mp(map[string]any{"messages": []any{map[string]any{"role": 5, "content": "x"}}}), "messages[0].role: got a msgpack integer"},
+		{"NaN temperature", MsgPack, mp(map[string]any{"prompt": "x", "temperature": math.NaN()}), "temperature: is NaN"},
+		{"infinite temperature", MsgPack, mp(map[string]any{"prompt": "x", "temperature": math.Inf(1)}), "temperature"},
+		{"invalid utf-8", MsgPack, mp(map[string]any{"prompt": "\xff\xfe"}), "UTF-8"},
+		{"huge array header", MsgPack, []byte("\x81\xa9token_ids\xdd\xff\xff\xff\xff\x01"), "overruns"},
+		{"huge map header", MsgPack, []byte("\x81\xa8messages\x91\xdf\x7f\xff\xff\xff"), "overruns"},
+		{"deep nesting", MsgPack, append([]byte("\x81\xa4stop"), bytes.Repeat([]byte{0x91}, 100)...), "nested deeper"},
+		{"unused code", MsgPack, []byte("\x81\xa6prompt\xc1"), "not msgpack"},
+		{"oversized", MsgPack, make([]byte, MaxMessageSize+1), "at most"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r SubmitRequest
+			err := Unmarshal(tc.enc, tc.data, &r)
+			if err == nil {
+				t.Fatalf("accepted: %+v", r)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %q does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q\nwant it to mention %q", err, tc.want)
+			}
+			if errors.Is(err, errDecoderPanic) {
+				t.Errorf("the decoder panicked: %v", err)
+			}
+		})
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	ok := sampleMessages()
+	for _, tc := range []struct {
+		name string
+		m    Message
+		want string
+	}{
+		{"reply with both", &SubmitReply{JobID: "j-1", Error: "x"}, "both"},
+		{"reply with neither", &SubmitReply{}, "neither"},
+		{"reply with bad code", &SubmitReply{Error: "x", Code: "oops"}, "code"},
+		{"event without time", &JobEvent{JobID: "j", Seq: 1, State: StateQueued}, "time"},
+		{"failed event without error", &JobEvent{JobID: "j", Seq: 1, State: StateFailed, Time: when}, "error"},
+		{"event with wildcard id", &JobEvent{JobID: "j.*", Seq: 1, State: StateQueued, Time: when}, "only letters"},
+		{"token without reason", &TokenMsg{JobID: "j", Index: 1, TokenID: 1, Final: true}, "finish_reason"},
+		{"decode worker without layers", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Time: when}, "layers"},
+		{"worker with more free than total", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", MemoryTotal: 1, MemoryFree: 2, Time: when}, "memory_free"},
+		{"worker with bad endpoint", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Endpoints: Endpoints{Metrics: "nohost"}}, "endpoints.metrics"},
+		{"worker with NaN rate", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Rates: Rates{DecodeTokensPerSec: math.NaN()}}, "decode_tok_s"},
+		{"placement with a gap", func() Message {
+			a := *ok[15].(*Assignment)
+			a.Placement = append([]LayerPlacement(nil), a.Placement...)
+			a.Placement[1].Layers.First = 31
+			return &a
+		}(), "tile"},
+		{"prefill without secrets", func() Message {
+			a := ok[15].(*Assignment).ForWorker("mac-0")
+			a.Role, a.WorkerID = RolePrefill, "gpu-0"
+			return &a
+		}(), "secret"},
+		{"short secret", func() Message {
+			a := *ok[15].(*Assignment)
+			a.Placement = append([]LayerPlacement(nil), a.Placement...)
+			a.Placement[0].Secret = []byte{1}
+			return &a
+		}(), "secret"},
+		{"refusal without reason", &AssignReply{JobID: "j", WorkerID: "w"}, "error"},
+		{"failed progress without error", &Progress{JobID: "j", WorkerID: "w", Stage: StateFailed, Time: when}, "error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.m.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Validate: %v; want an ErrInvalid error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A decode rank gets only its own transfer secret.
+func TestAssignmentForWorker(t *testing.T) {
+	a := sampleMessages()[15].(*Assignment)
+	b := a.ForWorker("mac-1")
+	if err := b.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Role != RoleDecode || b.WorkerID != "mac-1" {
+		t.Fatalf("role %s worker %s", b.Role, b.WorkerID)
+	}
+	if b.Placement[0].Secret != nil || !reflect.DeepEqual(b.Placement[1].Secret, a.Placement[1].Secret) {
+		t.Fatalf("secrets: rank 0 %x, rank 1 %x; want none and rank 1's own", b.Placement[0].Secret, b.Placement[1].Secret)
+	}
+	if a.Placement[0].Secret == nil {
+		t.Fatal("ForWorker changed the original")
+	}
+	if c := a.ForWorker("stranger"); c.Validate() == nil {
+		t.Fatal("an assignment for a worker outside the placement validated")
+	}
+}
+
+func TestParseContentType(t *testing.T) {
+	for ct, want := range map[string]Encoding{
+		"": MsgPack, "application/msgpack": MsgPack, "application/json": JSON,
+		"application/json; charset=utf-8": JSON, "Application/JSON": JSON, "application/x-msgpack": MsgPack,
+	} {
+		got, err := ParseContentType(ct)
+		if err != nil || got != want {
+			t.Errorf("%q: %v, %v; want %v", ct, got, err, want)
+		}
+	}
+	for _, ct := range []string{"text/plain", "application/xml", ";;"} {
+		if _, err := ParseContentType(ct); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q: %v, want ErrInvalid", ct, err)
+		}
+	}
+}
+
+func TestIDs(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := NewJobID()
+		if err := CheckID(id); err != nil || seen[id] {
+			t.Fatalf("NewJobID %q: %v (repeat %v)", id, err, seen[id])
+		}
+		seen[id] = true
+	}
+	if JobIDForKey("a") != JobIDForKey("a") || JobIDForKey("a") == JobIDForKey("b") {
+		t.Fatal("JobIDForKey is not a function of the key")
+	}
+	if err := CheckID(JobIDForKey("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckID(NewSessionID()); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "a.b", "a*", ">", "a b", strings.Repeat("a", MaxIDLen+1), "é"} {
+		if CheckID(bad) == nil {
+			t.Errorf("CheckID(%q) accepted", bad)
+		}
+	}
+	if s := NewSecret(); len(s) != SecretSize || reflect.DeepEqual(s, NewSecret()) {
+		t.Fatal("NewSecret: wrong size or not random")
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	for got, want := range map[string]string{
+		JobEvents("j-1"):        "tandem.v1.jobs.j-1.events",
+		JobTokens("j-1"):        "tandem.v1.jobs.j-1.tokens",
+		JobProgress("j-1"):      "tandem.v1.jobs.j-1.progress",
+		WorkerAssign("w-1"):     "tandem.v1.workers.w-1.assign",
+		WorkerCancel("w-1"):     "tandem.v1.workers.w-1.cancel",
+		HeartbeatSubject("w-1"): "$KV.tandem-v1-workers.w-1",
+		SubjectSubmit:           "tandem.v1.jobs.submit",
+	} {
+		if got != want {
+			t.Errorf("subject %s, want %s", got, want)
+		}
+	}
+}
