@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -22,9 +23,11 @@ type Channel struct {
 	id string
 	io time.Duration
 
-	smu, rmu sync.Mutex
-	emu      sync.Mutex
-	err      error // sticky
+	smu, rmu  sync.Mutex
+	emu       sync.Mutex
+	err       error // sticky
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // ChannelConfig says where and how to dial a channel.
@@ -114,10 +117,9 @@ func (ch *Channel) Send(ctx context.Context, hdr any, payload []byte) error {
 	ch.c.SetWriteDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { ch.c.SetWriteDeadline(time.Unix(1, 0)) })
 	err = ch.c.WriteFrame(b, payload)
-	if !stop() && ctx.Err() != nil {
-		err = ctx.Err()
-	}
+	stop()
 	if err != nil {
+		err = ctxCause(ctx, err)
 		return ch.fail("send", err)
 	}
 	return nil
@@ -156,11 +158,9 @@ func (ch *Channel) Recv(ctx context.Context, hdr any, buf []byte) ([]byte, error
 		}
 		return out, nil
 	})
-	if !stop() && ctx.Err() != nil {
-		err = ctx.Err()
-	}
+	stop()
 	if err != nil {
-		return nil, ch.fail("recv", err)
+		return nil, ch.fail("recv", ctxCause(ctx, err))
 	}
 	if h.Type == frameError {
 		return nil, ch.fail("recv", &remoteError{code: h.Code, msg: h.Msg})
@@ -173,6 +173,20 @@ func (ch *Channel) Recv(ctx context.Context, hdr any, buf []byte) ([]byte, error
 	return out, nil
 }
 
+// ctxCause reports an I/O error caused by ctx (canceled, or its deadline
+// reached, which may show as the connection's timeout an instant before the
+// context notices) as ctx's error.
+func ctxCause(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var ne net.Error
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) && errors.As(err, &ne) && ne.Timeout() {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
 // Close closes the channel; the peer's Recv then returns io.EOF.
 func (ch *Channel) Close() error {
 	ch.emu.Lock()
@@ -180,9 +194,6 @@ func (ch *Channel) Close() error {
 		ch.err = fmt.Errorf("kvtransfer: channel %q: %w", ch.id, ErrClosed)
 	}
 	ch.emu.Unlock()
-	err := ch.c.Close()
-	if errors.Is(err, ErrClosed) {
-		return nil
-	}
-	return err
+	ch.closeOnce.Do(func() { ch.closeErr = ch.c.Close() })
+	return ch.closeErr
 }

@@ -357,19 +357,18 @@ func (s *rsession) end(h *header) error {
 	if s.state != rReceiving {
 		return nil
 	}
-	if h.Tokens != s.spec.Tokens || h.Layers != len(s.layers) || h.Parts != s.nParts || h.Bytes != s.wantBytes {
-		var incomplete []int
-		for _, rl := range s.layers {
-			if rl.missing > 0 {
-				incomplete = append(incomplete, rl.L)
-			}
+	var missing []int
+	for _, L := range s.spec.Layers {
+		if !slices.Contains(h.Sent, L) {
+			missing = append(missing, L)
 		}
-		first := -1
-		if len(incomplete) > 0 {
-			first = incomplete[0]
-		}
-		return s.errorf(first, "%w: sender finished with %d layers, %d parts, %d bytes for %d tokens; this rank expects layers %v (%d parts, %d bytes) for %d tokens; incomplete layers %v",
-			ErrProtocol, h.Layers, h.Parts, h.Bytes, h.Tokens, s.spec.Layers, s.nParts, s.wantBytes, s.spec.Tokens, incomplete)
+	}
+	switch {
+	case len(missing) > 0:
+		return s.errorf(missing[0], "%w: sender finished without layers %v (sent %v)", ErrProtocol, missing, h.Sent)
+	case h.Tokens != s.spec.Tokens || h.Layers != len(s.layers) || h.Parts != s.nParts || h.Bytes != s.wantBytes:
+		return s.errorf(-1, "%w: sender finished with %d layers, %d parts, %d bytes for %d tokens; this rank expects %d layers, %d parts, %d bytes for %d tokens",
+			ErrProtocol, h.Layers, h.Parts, h.Bytes, h.Tokens, len(s.layers), s.nParts, s.wantBytes, s.spec.Tokens)
 	}
 	s.ended = true
 	if s.missing == 0 {

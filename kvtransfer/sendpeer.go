@@ -88,6 +88,16 @@ func (p *peer) add(op *outPart) {
 	p.nBytes += int64(len(op.data))
 }
 
+// sentLayers lists the layers routed to p, sorted.
+func (p *peer) sentLayers() []int {
+	out := make([]int, 0, len(p.layers))
+	for L := range p.layers {
+		out = append(out, L)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // release drops every reference to state data (the sender is finished).
 func (p *peer) release() {
 	for _, op := range p.order {
@@ -391,7 +401,7 @@ func (s *Sender) writeLoop(p *peer, cs *sconn) {
 			}
 			if s.closing && !p.ended && !p.unsent() {
 				p.ended = true
-				ctl = &header{Type: frameEnd, Tokens: s.tokens, Layers: len(p.layers), Parts: p.nParts, Bytes: p.nBytes}
+				ctl = &header{Type: frameEnd, Tokens: s.tokens, Layers: len(p.layers), Parts: p.nParts, Bytes: p.nBytes, Sent: p.sentLayers()}
 				break
 			}
 			wait := s.to.KeepAlive - now.Sub(cs.lastWrite)

@@ -90,7 +90,11 @@ func (t *TCP) wrap(c *net.TCPConn) *tcpConn {
 		_ = c.SetReadBuffer(t.SocketBuffer) // best effort: the OS may clamp it
 		_ = c.SetWriteBuffer(t.SocketBuffer)
 	}
-	return &tcpConn{c: c, r: bufio.NewReaderSize(c, 64<<10), maxPayload: t.maxPayload()}
+	return newTCPConn(c, t.maxPayload())
+}
+
+func newTCPConn(c net.Conn, maxPayload int) *tcpConn {
+	return &tcpConn{c: c, r: bufio.NewReaderSize(c, 64<<10), maxPayload: maxPayload}
 }
 
 type tcpListener struct {
@@ -110,7 +114,7 @@ func (l *tcpListener) Close() error { return l.l.Close() }
 func (l *tcpListener) Addr() string { return l.l.Addr().String() }
 
 type tcpConn struct {
-	c          *net.TCPConn
+	c          net.Conn
 	r          *bufio.Reader
 	maxPayload int
 
@@ -131,12 +135,7 @@ func (c *tcpConn) WriteFrame(hdr, payload []byte) error {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	b := append(c.wbuf[:0], make([]byte, tcpPrefix)...)
-	b = append(b, hdr...)
-	binary.LittleEndian.PutUint32(b[0:], uint32(len(hdr)))
-	binary.LittleEndian.PutUint32(b[4:], uint32(len(payload)))
-	sum := crc32.Update(crc32.Checksum(b[:8], castagnoli), castagnoli, hdr)
-	binary.LittleEndian.PutUint32(b[8:], sum)
+	b := appendFrameHead(c.wbuf[:0], hdr, len(payload))
 	c.wbuf = b
 	if len(payload) == 0 {
 		_, err := c.c.Write(b)
@@ -149,6 +148,19 @@ func (c *tcpConn) WriteFrame(hdr, payload []byte) error {
 	_, err := bufs.WriteTo(c.c)
 	c.bufs = [2][]byte{}
 	return err
+}
+
+// appendFrameHead appends a frame's prefix and header, for a payload of n
+// bytes, to b.
+func appendFrameHead(b, hdr []byte, n int) []byte {
+	start := len(b)
+	b = append(b, make([]byte, tcpPrefix)...)
+	b = append(b, hdr...)
+	p := b[start:]
+	binary.LittleEndian.PutUint32(p[0:], uint32(len(hdr)))
+	binary.LittleEndian.PutUint32(p[4:], uint32(n))
+	binary.LittleEndian.PutUint32(p[8:], crc32.Update(crc32.Checksum(p[:8], castagnoli), castagnoli, hdr))
+	return b
 }
 
 func (c *tcpConn) ReadFrame(place PlaceFunc) error {

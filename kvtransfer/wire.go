@@ -80,7 +80,8 @@ type header struct {
 	Bad  []uint64 `msgpack:"bad,omitempty"`
 	Busy []uint64 `msgpack:"busy,omitempty"`
 
-	// END totals for this receiver.
+	// END totals for this receiver, and the layers it was sent.
+	Sent   []int `msgpack:"sent,omitempty"`
 	Tokens int   `msgpack:"tok,omitempty"`
 	Layers int   `msgpack:"nl,omitempty"`
 	Parts  int   `msgpack:"np,omitempty"`
