@@ -46,25 +46,26 @@ func (e *encoder) ordinary(s string) {
 
 // piece appends the ids of one pre-split piece.
 func (e *encoder) piece(p string) {
-	// A piece that is a token is that token, even when merging would not
-	// reach it: tiktoken looks the whole piece up first.
-	if r, ok := e.t.v.rank[p]; ok {
-		e.out = append(e.out, r)
-		return
-	}
-	if len(p) <= cachePiece {
+	// Repeated pieces are answered from the small per-call cache, which
+	// stays in the CPU caches where the rank map does not.
+	cacheable := len(p) <= cachePiece
+	if cacheable {
 		if sp, ok := e.cache[p]; ok {
 			e.out = append(e.out, e.arena[sp.off:sp.off+sp.n]...)
 			return
 		}
 	}
 	start := len(e.out)
-	if len(p) <= shortPiece {
+	// A piece that is a token is that token, even when merging would not
+	// reach it: tiktoken looks the whole piece up first.
+	if r, ok := e.t.v.rank[p]; ok {
+		e.out = append(e.out, r)
+	} else if len(p) <= shortPiece {
 		e.out = e.mergeShort(e.out, p)
 	} else {
 		e.out = e.mergeLong(e.out, p)
 	}
-	if len(p) <= cachePiece {
+	if cacheable {
 		if len(e.cache) >= cacheEntries {
 			clear(e.cache)
 			e.arena = e.arena[:0]

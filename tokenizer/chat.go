@@ -99,5 +99,6 @@ func (t *Tokenizer) EndOfMessageID() int {
 
 // IsStop reports whether id ends generation (<|end_of_msg|>).
 func (t *Tokenizer) IsStop(id int) bool {
-	return id == t.EndOfMessageID()
+	eom := t.EndOfMessageID()
+	return eom >= 0 && id == eom
 }
