@@ -2,10 +2,12 @@ package mxfp
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -26,37 +28,54 @@ type mxfp4Fixture struct {
 	} `json:"expected_swapped_nibbles"`
 }
 
-// loadMXFP4 reads the released-bytes fixture and returns rows of packed
-// bytes, scales and expected float32 values.
-func loadMXFP4(t testing.TB) (fx mxfp4Fixture, packed, scales [][]byte, want [][]float32) {
-	t.Helper()
+type mxfp4Rows struct {
+	fx             mxfp4Fixture
+	packed, scales [][]byte
+	want           [][]float32
+}
+
+// fixtureRows parses the 2.8 MB fixture once for all tests.
+var fixtureRows = sync.OnceValues(func() (*mxfp4Rows, error) {
 	b, err := os.ReadFile("testdata/mxfp4.json")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	if err := json.Unmarshal(b, &fx); err != nil {
-		t.Fatalf("testdata/mxfp4.json: %v", err)
+	r := &mxfp4Rows{}
+	fx := &r.fx
+	if err := json.Unmarshal(b, fx); err != nil {
+		return nil, fmt.Errorf("testdata/mxfp4.json: %w", err)
 	}
 	if fx.GroupSize != BlockSize || len(fx.Packed.Shape) != 2 || fx.Packed.Shape[0] != fx.Rows {
-		t.Fatalf("unexpected fixture layout: group %d, packed shape %v", fx.GroupSize, fx.Packed.Shape)
+		return nil, fmt.Errorf("unexpected fixture layout: group %d, packed shape %v", fx.GroupSize, fx.Packed.Shape)
 	}
 	rows, pc, sc := fx.Rows, fx.Packed.Shape[1], fx.Scales.Shape[1]
-	for r := range rows {
+	for i := range rows {
 		p := make([]byte, pc)
 		for j := range p {
-			p[j] = byte(fx.Packed.Data[r*pc+j])
+			p[j] = byte(fx.Packed.Data[i*pc+j])
 		}
 		s := make([]byte, sc)
 		for j := range s {
-			s[j] = byte(fx.Scales.Data[r*sc+j])
+			s[j] = byte(fx.Scales.Data[i*sc+j])
 		}
 		w := make([]float32, 2*pc)
 		for j := range w {
-			w[j] = float32(fx.Expected.Data[r*2*pc+j])
+			w[j] = float32(fx.Expected.Data[i*2*pc+j])
 		}
-		packed, scales, want = append(packed, p), append(scales, s), append(want, w)
+		r.packed, r.scales, r.want = append(r.packed, p), append(r.scales, s), append(r.want, w)
 	}
-	return fx, packed, scales, want
+	return r, nil
+})
+
+// loadMXFP4 returns the released-bytes fixture: rows of packed bytes,
+// scales and expected float32 values.
+func loadMXFP4(t testing.TB) (fx mxfp4Fixture, packed, scales [][]byte, want [][]float32) {
+	t.Helper()
+	r, err := fixtureRows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.fx, r.packed, r.scales, r.want
 }
 
 func TestE2M1MatchesSpecTable(t *testing.T) {
