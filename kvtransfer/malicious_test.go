@@ -43,11 +43,15 @@ func TestMaliciousHeaders(t *testing.T) {
 		n     int
 		wants string
 	}{
-		{"unowned layer", func(p []byte) *header { return dataHeader(1, 0, model.PartKDAState, model.F32, []int{2, 32, 32}, 0, 64, p) }, 64, "not owned"},
+		{"unowned layer", func(p []byte) *header {
+			return dataHeader(1, 0, model.PartKDAState, model.F32, []int{2, 32, 32}, 0, 64, p)
+		}, 64, "not owned"},
 		{"layer out of range", func(p []byte) *header { return dataHeader(1, 1<<40, model.PartLatent, model.BF16, lat, 0, 64, p) }, 64, "not owned"},
 		{"unknown part", func(p []byte) *header { return dataHeader(1, 3, model.PartKDAState, model.F32, lat, 0, 64, p) }, 64, "has no part"},
 		{"wrong dtype", func(p []byte) *header { return dataHeader(1, 3, model.PartLatent, model.F32, lat, 0, 64, p) }, 64, "expected BF16"},
-		{"wrong shape", func(p []byte) *header { return dataHeader(1, 3, model.PartLatent, model.BF16, []int{T + 1, 40}, 0, 64, p) }, 64, "expected BF16 [10 40]"},
+		{"wrong shape", func(p []byte) *header {
+			return dataHeader(1, 3, model.PartLatent, model.BF16, []int{T + 1, 40}, 0, 64, p)
+		}, 64, "expected BF16 [10 40]"},
 		{"offset outside", func(p []byte) *header { return dataHeader(1, 3, model.PartLatent, model.BF16, lat, 832, 64, p) }, 64, "outside"},
 		{"negative offset", func(p []byte) *header { return dataHeader(1, 3, model.PartLatent, model.BF16, lat, -64, 64, p) }, 64, "outside"},
 		{"off the grid", func(p []byte) *header { return dataHeader(1, 3, model.PartLatent, model.BF16, lat, 1, 64, p) }, 64, "chunk grid"},

@@ -113,6 +113,9 @@ func encodeHeader(h *header) ([]byte, error) {
 
 func decodeHeader(b []byte, h *header) error {
 	*h = header{}
+	if err := scanMsgpack(b); err != nil {
+		return fmt.Errorf("%w: frame header: %v", ErrProtocol, err)
+	}
 	if err := msgpack.Unmarshal(b, h); err != nil {
 		return fmt.Errorf("%w: undecodable frame header: %v", ErrProtocol, err)
 	}
