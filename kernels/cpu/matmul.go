@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/tandem-inference/tandem/kernels"
 )
@@ -20,8 +21,10 @@ const (
 //
 // Weight rows are decoded four at a time into a small per-worker scratch
 // (never the whole matrix) and each decoded tile serves a block of 64 rows
-// of x. Products are accumulated in fp64, one accumulator per output,
-// sequentially over k, whatever T is and wherever the row falls in a tile:
+// of x. Every output is one fp64 accumulator updated with a fused
+// multiply-add, acc = fma(x[k], w[k], acc), sequentially over k, whatever T
+// is and wherever the row falls in a tile (explicit FMA also makes amd64 and
+// arm64 agree bit for bit, where Go would otherwise fuse only on arm64):
 // a sequence's results do not depend on which other sequences share the
 // batch. Batched passes, super-chunks and decode steps rely on that for
 // bit-identical states, and fp64 accumulation keeps the reference within
@@ -130,25 +133,25 @@ func gemmTile4[Y float](dst []Y, x []float64, n int, w []float64, o0, I, O int) 
 		for k := range x0 {
 			v0, v1, v2, v3 := w0[k], w1[k], w2[k], w3[k]
 			u := x0[k]
-			a00 += u * v0
-			a01 += u * v1
-			a02 += u * v2
-			a03 += u * v3
+			a00 = math.FMA(u, v0, a00)
+			a01 = math.FMA(u, v1, a01)
+			a02 = math.FMA(u, v2, a02)
+			a03 = math.FMA(u, v3, a03)
 			u = x1[k]
-			a10 += u * v0
-			a11 += u * v1
-			a12 += u * v2
-			a13 += u * v3
+			a10 = math.FMA(u, v0, a10)
+			a11 = math.FMA(u, v1, a11)
+			a12 = math.FMA(u, v2, a12)
+			a13 = math.FMA(u, v3, a13)
 			u = x2[k]
-			a20 += u * v0
-			a21 += u * v1
-			a22 += u * v2
-			a23 += u * v3
+			a20 = math.FMA(u, v0, a20)
+			a21 = math.FMA(u, v1, a21)
+			a22 = math.FMA(u, v2, a22)
+			a23 = math.FMA(u, v3, a23)
 			u = x3[k]
-			a30 += u * v0
-			a31 += u * v1
-			a32 += u * v2
-			a33 += u * v3
+			a30 = math.FMA(u, v0, a30)
+			a31 = math.FMA(u, v1, a31)
+			a32 = math.FMA(u, v2, a32)
+			a33 = math.FMA(u, v3, a33)
 		}
 		r := dst[t*O+o0 : t*O+o0+4]
 		r[0], r[1], r[2], r[3] = Y(a00), Y(a01), Y(a02), Y(a03)
@@ -163,10 +166,10 @@ func gemmTile4[Y float](dst []Y, x []float64, n int, w []float64, o0, I, O int) 
 		xr := x[t*I : t*I+I]
 		var a0, a1, a2, a3 float64
 		for k, u := range xr {
-			a0 += u * w0[k]
-			a1 += u * w1[k]
-			a2 += u * w2[k]
-			a3 += u * w3[k]
+			a0 = math.FMA(u, w0[k], a0)
+			a1 = math.FMA(u, w1[k], a1)
+			a2 = math.FMA(u, w2[k], a2)
+			a3 = math.FMA(u, w3[k], a3)
 		}
 		r := dst[t*O+o0 : t*O+o0+4]
 		r[0], r[1], r[2], r[3] = Y(a0), Y(a1), Y(a2), Y(a3)
@@ -178,7 +181,7 @@ func dotSeq(a, b []float64) float64 {
 	b = b[:len(a)]
 	var s float64
 	for i, v := range a {
-		s += v * b[i]
+		s = math.FMA(v, b[i], s)
 	}
 	return s
 }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command (README.md): set-up on a fresh machine, then formatting,
+# vet, the cross-builds users need (macOS decode workers, Linux prefill), and
+# the whole test suite with the race detector on the concurrent packages.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+"$root/scripts/setup.sh"
+export PATH="$root/bin:$PATH"
+
+echo "== gofmt"
+unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== cross-builds (darwin/arm64, linux/amd64, windows/amd64; no cgo)"
+for target in darwin/arm64 linux/amd64 windows/amd64; do
+	CGO_ENABLED=0 GOOS="${target%/*}" GOARCH="${target#*/}" go build ./...
+done
+
+echo "== go test"
+# Synthetic test models are generated once into this cache and shared by
+# every package.
+export TANDEM_TEST_CACHE="${TANDEM_TEST_CACHE:-$root/.cache/test-models}"
+go test -timeout 20m ./...
+
+echo "== go test -race (concurrent packages)"
+go test -race -short -timeout 20m $(go list ./... | grep -E '/(kvtransfer|controlplane|prefill-worker|decode-worker|coordinator)(/|$)' || true)
