@@ -87,7 +87,8 @@ func BenchmarkDot(b *testing.B) {
 // BenchmarkDotRatio times the fused kernels, decode-then-dot and a plain
 // float32 dot of the same length in the same run, interleaved, and reports
 // time ratios: fused/f32 is the cost of reading 4-bit weights instead of
-// float32 ones, fused/dequant the gain of not materializing the row.
+// float32 ones, fused/dequant the gain of not materializing the row. The
+// fused kernels failing to beat decode-then-dot is an error.
 func BenchmarkDotRatio(b *testing.B) {
 	const n, batch = 7168, 64
 	r := newBenchRow(n)
@@ -110,6 +111,9 @@ func BenchmarkDotRatio(b *testing.B) {
 	b.ReportMetric(float64(t4)/float64(t4d), "mxfp4/dequant")
 	b.ReportMetric(float64(t8)/float64(tf), "mxfp8/f32")
 	b.ReportMetric(float64(t8)/float64(t8d), "mxfp8/dequant")
+	if t4 >= t4d || t8 >= t8d {
+		b.Errorf("fused dot no faster than decode-then-dot: MXFP4 %v vs %v, MXFP8 %v vs %v", t4, t4d, t8, t8d)
+	}
 }
 
 func itoa(n int) string {

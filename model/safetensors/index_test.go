@@ -186,3 +186,13 @@ func TestReadIndexNames(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkReadReleasedIndex(b *testing.B) {
+	for b.Loop() {
+		idx, err := ReadIndex("testdata/k3-release/model.safetensors.index.json.gz")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(len(idx.WeightMap)), "names")
+	}
+}
