@@ -11,9 +11,13 @@
 // reference tokenizer) by golden files under testdata/golden.
 //
 // Character classes come from Go's unicode tables (Unicode 15.0.0). The
-// reference regex engine uses newer tables, so characters first assigned in
-// Unicode 15.1 or later (CJK Extension I, for example) may pre-split
-// differently; no other difference is known.
+// reference regex engine in npm tiktoken 1.0.22 has Unicode 16.0 tables (it
+// knows U+1C89, new in 16.0, and not U+323B0, new in 17.0), so characters
+// first assigned in Unicode 15.1 or 16.0 (CJK Extension I, for example) may
+// pre-split differently; no other difference is known.
+//
+// Ill-formed UTF-8 input is replaced by U+FFFD per maximal subpart before
+// encoding, as Python's errors="replace" and JavaScript's TextDecoder do.
 //
 // A Tokenizer is safe for concurrent use.
 package tokenizer
