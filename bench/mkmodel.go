@@ -71,9 +71,7 @@ larger than 24 GiB of RAM (streaming benchmarks only).
 	if err := synth.Write(ctx, cfgJSON, *out, synth.Options{Seed: *seed, Shards: *shards, Force: *force, Progress: p.Update}); err != nil {
 		return err
 	}
-	if err := writeTokenizer(*out, cfg.VocabSize); err != nil {
-		return err
-	}
+	reportTokenizer(cfg.VocabSize)
 	fmt.Fprintf(os.Stderr, "mkmodel: done in %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -7,7 +7,9 @@
 // Weights are random but scaled so that the model exercises its features:
 // SiTU's gate and up caps saturate on part of the rows, the router bias
 // changes which experts are selected, AttnRes weights are not uniform, and
-// logits have a clear maximum (greedy decoding is stable). Every tensor's
+// logits have a clear maximum (greedy decoding is stable). Presets whose
+// vocabulary can hold one also get a synthetic tokenizer (tiktoken.model and
+// tokenizer_config.json). Every tensor's
 // values depend only on the seed and the tensor's name, so the same model
 // comes out whatever the shard layout.
 package synth
@@ -31,11 +33,12 @@ import (
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/mxfp"
 	"github.com/tandem-inference/tandem/model/safetensors"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // Version changes whenever the generated weights for a given seed change;
 // caches key on it.
-const Version = 1
+const Version = 2
 
 // Options control a generation.
 type Options struct {
@@ -126,6 +129,12 @@ func Write(ctx context.Context, configJSON []byte, dir string, opt Options) erro
 	if err != nil {
 		return err
 	}
+	if cfg.VocabSize >= tokenizer.MinSyntheticVocab {
+		if err := tokenizer.WriteSynthetic(dir, cfg.VocabSize, tokenizer.DefaultCorpus()); err != nil {
+			return fmt.Errorf("synthetic tokenizer: %w", err)
+		}
+	}
+	// config.json last: its presence marks a complete model.
 	return os.WriteFile(filepath.Join(dir, "config.json"), append(out, '\n'), 0o644)
 }
 
@@ -142,7 +151,9 @@ func prepareDir(dir string, force bool) error {
 	for _, e := range ents {
 		// Only remove what a previous generation wrote.
 		n := e.Name()
-		if filepath.Ext(n) == ".safetensors" || n == "model.safetensors.index.json" || n == "config.json" {
+		switch {
+		case filepath.Ext(n) == ".safetensors", n == "model.safetensors.index.json", n == "config.json",
+			n == "tiktoken.model", n == "tokenizer_config.json":
 			if err := os.Remove(filepath.Join(dir, n)); err != nil {
 				return err
 			}
