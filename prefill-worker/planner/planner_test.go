@@ -1,0 +1,316 @@
+package planner
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+const MiB = 1 << 20
+
+// costs is a small model: 8 layers of 10 MiB slots, 4 KiB of activations
+// and 2 KiB of MLA cache per token, 1 MiB of fixed state, 20 KiB of
+// temporaries per row.
+func costs() Costs {
+	return Costs{Layers: 8, SlotBytes: 10 * MiB, ActPerToken: 4096, StateFixed: MiB, StatePerToken: 2048,
+		TempFixed: 2 * MiB, TempPerRow: 20 << 10, TempPerSeq: 256 << 10}
+}
+
+func TestMakeFitsEverything(t *testing.T) {
+	p, err := Make(Input{Costs: costs(), Budget: 1 << 30, Depth: -1,
+		Jobs: []Job{{ID: "a", Total: 100}, {ID: "b", Total: 3}, {ID: "c", Total: 1000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Depth != DefaultMaxDepth {
+		t.Errorf("depth %d, want %d with a budget that holds it easily", p.Depth, DefaultMaxDepth)
+	}
+	if len(p.Pieces) != 3 || p.Tokens != 1103 {
+		t.Fatalf("pieces %+v, want all three jobs whole", p.Pieces)
+	}
+	for _, pc := range p.Pieces {
+		if pc.Lo != 0 || !pc.Final {
+			t.Errorf("piece %+v: want the whole prompt, final", pc)
+		}
+	}
+	if p.Tile != 1152 { // the pass's 1103 tokens rounded up to 64
+		t.Errorf("tile %d, want 1152", p.Tile)
+	}
+	if p.Mem.Total > p.Mem.Budget {
+		t.Errorf("plan uses %d of %d bytes", p.Mem.Total, p.Mem.Budget)
+	}
+	s := p.String()
+	for _, want := range []string{"depth 2", "1103 tokens of 3 jobs", "a [0,100) final", "of 1.0 GiB budget"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("plan line %q lacks %q", s, want)
+		}
+	}
+}
+
+// TestMakeSuperChunks runs passes until every job is done, as the scheduler
+// does, and checks every pass: within budget, pieces aligned to the KDA
+// chunk from the prompt start, in-progress jobs served first, and every
+// token prefilled exactly once.
+func TestMakeSuperChunks(t *testing.T) {
+	c := costs()
+	// A depth-2 ring and 20 MiB of room: "long" alone takes 10.8 MiB of state
+	// and leaves room for about 1400 tokens of activations per pass.
+	budget := int64(3*10*MiB) + 20*MiB
+	jobs := []Job{{ID: "long", Total: 5000}, {ID: "mid", Total: 700}, {ID: "short", Total: 10}}
+	passes := 0
+	for {
+		var queue []Job
+		for _, j := range jobs {
+			if j.Done < j.Total && j.Done > 0 {
+				queue = append(queue, j)
+			}
+		}
+		for _, j := range jobs {
+			if j.Done == 0 {
+				queue = append(queue, j)
+			}
+		}
+		if len(queue) == 0 {
+			break
+		}
+		p, err := Make(Input{Costs: c, Budget: budget, Depth: 2, Jobs: queue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		passes++
+		if passes > 100 || len(p.Pieces) == 0 {
+			t.Fatalf("pass %d makes no progress: %s", passes, p)
+		}
+		if p.Mem.Total > budget {
+			t.Fatalf("pass %d uses %d bytes of a %d budget: %s", passes, p.Mem.Total, budget, p)
+		}
+		for _, pc := range p.Pieces {
+			j := &jobs[indexOf(jobs, pc.ID)]
+			if pc.Lo != j.Done || pc.Lo%Align != 0 || (!pc.Final && pc.Hi%Align != 0) || pc.Final != (pc.Hi == j.Total) {
+				t.Fatalf("pass %d: piece %+v of job %+v is misaligned", passes, pc, *j)
+			}
+			j.Done = pc.Hi
+		}
+		t.Logf("pass %d: %s", passes, p)
+		jobs = slicesDeleteDone(jobs)
+	}
+	if passes < 5 {
+		t.Errorf("%d passes for 5710 tokens with room for ~1400 per pass; super-chunking did not happen", passes)
+	}
+}
+
+func indexOf(jobs []Job, id string) int {
+	for i, j := range jobs {
+		if j.ID == id {
+			return i
+		}
+	}
+	panic(id)
+}
+
+func slicesDeleteDone(jobs []Job) []Job {
+	out := jobs[:0]
+	for _, j := range jobs {
+		if j.Done < j.Total {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+func TestMakeRandomStaysInBudget(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 2000; i++ {
+		c := costs()
+		c.SlotBytes = int64(1+r.IntN(64)) * MiB
+		c.StatePerToken = int64(r.IntN(8192))
+		budget := int64(r.IntN(1<<30)) + 1
+		var jobs []Job
+		for k := r.IntN(6); k >= 0; k-- {
+			total := 1 + r.IntN(20000)
+			done := 0
+			if k%3 == 0 {
+				done = r.IntN(total/Align+1) * Align
+				if done == total {
+					done = 0
+				}
+			}
+			jobs = append(jobs, Job{ID: string(rune('a' + k)), Total: total, Done: done})
+		}
+		// In-progress jobs first, as the contract asks.
+		var in []Job
+		for _, j := range jobs {
+			if j.Done > 0 {
+				in = append(in, j)
+			}
+		}
+		for _, j := range jobs {
+			if j.Done == 0 {
+				in = append(in, j)
+			}
+		}
+		p, err := Make(Input{Costs: c, Budget: budget, Depth: -1, Jobs: in})
+		if err != nil {
+			if !errors.Is(err, ErrBudget) {
+				t.Fatalf("case %d: %v", i, err)
+			}
+			continue
+		}
+		if p.Mem.Total > budget {
+			t.Fatalf("case %d: plan uses %d of %d: %s", i, p.Mem.Total, budget, p)
+		}
+		if got := int64(p.Depth+1) * c.SlotBytes; got != p.Mem.Ring {
+			t.Fatalf("case %d: ring %d, want %d", i, p.Mem.Ring, got)
+		}
+		if p.Tile%Align != 0 || p.Tile < Align {
+			t.Fatalf("case %d: tile %d", i, p.Tile)
+		}
+		seen := map[string]bool{}
+		for _, pc := range p.Pieces {
+			j := in[pc.Job]
+			if seen[pc.ID] || pc.Lo != j.Done || pc.Hi > j.Total || pc.Len() <= 0 || (!pc.Final && pc.Hi%Align != 0) {
+				t.Fatalf("case %d: bad piece %+v for %+v", i, pc, j)
+			}
+			seen[pc.ID] = true
+		}
+		if len(p.Pieces)+len(p.Waiting)+len(p.Rejected) != len(in) {
+			t.Fatalf("case %d: %d jobs in, %d planned + %d waiting + %d rejected", i, len(in), len(p.Pieces), len(p.Waiting), len(p.Rejected))
+		}
+	}
+}
+
+func TestMakeDepth(t *testing.T) {
+	c := costs()
+	for _, tc := range []struct {
+		budget int64
+		depth  int
+		want   int
+		err    bool
+	}{
+		{budget: 1 << 30, depth: -1, want: 2},
+		{budget: 50 * MiB, depth: -1, want: 1},   // 2 slots = 20 MiB <= half of 50 MiB
+		{budget: 30 * MiB, depth: -1, want: 1},   // depth 2 does not fit; 1 does (double buffering over half the budget)
+		{budget: 56 * MiB, depth: -1, want: 1},   // depth 2 fits but its ring takes over half
+		{budget: 12 * MiB, depth: -1, err: true}, // one slot plus a minimal tile does not fit
+		{budget: 1 << 30, depth: 0, want: 0},
+		{budget: 1 << 30, depth: 5, want: 5},
+		{budget: 40 * MiB, depth: 3, err: true},
+	} {
+		p, err := Make(Input{Costs: c, Budget: tc.budget, Depth: tc.depth, Jobs: []Job{{ID: "a", Total: 10}}})
+		if tc.err {
+			if !errors.Is(err, ErrBudget) {
+				t.Errorf("budget %d depth %d: err %v, want ErrBudget", tc.budget, tc.depth, err)
+			}
+			continue
+		}
+		if err != nil || p.Depth != tc.want {
+			t.Errorf("budget %d depth %d: got depth %d, err %v; want %d", tc.budget, tc.depth, p.Depth, err, tc.want)
+		}
+	}
+}
+
+func TestMakeRejectsAndWaits(t *testing.T) {
+	c := costs()
+	budget := int64(2*10*MiB) + 40*MiB
+	// "huge" needs 1 MiB + 40000*2 KiB = 79 MiB of state: never fits. "big"
+	// fits alone but not beside "first", and "small" must not overtake it.
+	p, err := Make(Input{Costs: c, Budget: budget, Depth: 1, Jobs: []Job{
+		{ID: "first", Total: 6000}, {ID: "huge", Total: 40000}, {ID: "big", Total: 9000}, {ID: "small", Total: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Rejected) != 1 || p.Rejected[0].ID != "huge" || !strings.Contains(p.Rejected[0].Reason, "40000 tokens") {
+		t.Errorf("rejected %+v, want huge with a reason naming its length", p.Rejected)
+	}
+	if len(p.Pieces) != 1 || p.Pieces[0].ID != "first" {
+		t.Errorf("pieces %+v, want only first", p.Pieces)
+	}
+	if strings.Join(p.Waiting, ",") != "big,small" {
+		t.Errorf("waiting %v, want big then small (no overtaking)", p.Waiting)
+	}
+}
+
+func TestTiles(t *testing.T) {
+	for _, tc := range []struct {
+		lens []int
+		tile int
+		want []Range
+	}{
+		{[]int{10}, 64, []Range{{0, 10}}},
+		{[]int{10, 20, 30}, 64, []Range{{0, 60}}},
+		{[]int{200}, 64, []Range{{0, 64}, {64, 128}, {128, 192}, {192, 200}}},
+		{[]int{40, 100}, 128, []Range{{0, 104}, {104, 140}}},          // piece 2 cut after 64 of its rows
+		{[]int{100, 100}, 128, []Range{{0, 100}, {100, 200}}},         // 28 rows of room: piece 2 cannot be cut there
+		{[]int{129, 5}, 100, []Range{{0, 64}, {64, 128}, {128, 134}}}, // tile rounded down to 64
+	} {
+		got := Tiles(tc.lens, tc.tile)
+		if len(got) != len(tc.want) {
+			t.Errorf("Tiles(%v, %d) = %v, want %v", tc.lens, tc.tile, got, tc.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("Tiles(%v, %d) = %v, want %v", tc.lens, tc.tile, got, tc.want)
+				break
+			}
+		}
+	}
+}
+
+// TestTilesRandom checks the cutting rule on random layouts: tiles cover the
+// rows in order, none exceeds the tile, and every cut inside a piece is at a
+// multiple of Align from the piece start.
+func TestTilesRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 5000; i++ {
+		lens := make([]int, 1+r.IntN(5))
+		for k := range lens {
+			lens[k] = 1 + r.IntN(400)
+		}
+		tile := Align * (1 + r.IntN(8))
+		tiles := Tiles(lens, tile)
+		starts := map[int]int{} // piece start row -> length
+		off := 0
+		for _, n := range lens {
+			starts[off] = n
+			off += n
+		}
+		pos := 0
+		for _, tl := range tiles {
+			if tl.Lo != pos || tl.Hi <= tl.Lo || tl.Hi-tl.Lo > tile {
+				t.Fatalf("lens %v tile %d: bad tiles %v", lens, tile, tiles)
+			}
+			pos = tl.Hi
+			// The cut at tl.Hi must be a piece boundary or aligned inside one.
+			ps := 0
+			for s, n := range starts {
+				if s <= tl.Hi && tl.Hi < s+n && s > ps {
+					ps = s
+				}
+			}
+			if _, boundary := starts[tl.Hi]; !boundary && tl.Hi != off && (tl.Hi-ps)%Align != 0 {
+				t.Fatalf("lens %v tile %d: cut at row %d is %d rows into a piece", lens, tile, tl.Hi, tl.Hi-ps)
+			}
+		}
+		if pos != off {
+			t.Fatalf("lens %v: tiles %v end at %d of %d rows", lens, tiles, pos, off)
+		}
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{
+		"512MiB": 512 << 20, "4GiB": 4 << 30, "1.5G": 3 << 29, "100": 100, "2 kb": 2000, "1TiB": 1 << 40, "64k": 64 << 10,
+	} {
+		got, err := ParseBytes(in)
+		if err != nil || got != want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "MiB", "12 parsecs", "-5", "1e400"} {
+		if _, err := ParseBytes(bad); err == nil {
+			t.Errorf("ParseBytes(%q) succeeded", bad)
+		}
+	}
+}
