@@ -1,0 +1,13 @@
+package controlplane
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Every test shuts down what it starts: servers, connections, watchers,
+// keep-alive goroutines and Serve loops.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
