@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"sort"
 	"sync"
 	"unicode"
 )
@@ -60,13 +61,35 @@ func buildBMP() {
 	}
 	t['\r'] |= clsCRLF
 	t['\n'] |= clsCRLF
+	for _, u := range unicodeUpdates {
+		for r := u.lo; r <= u.hi && r < 0x10000; r++ {
+			t[r] = u.c
+		}
+	}
 	bmpClasses = t
+}
+
+// classRange gives the characters lo..hi the class c.
+type classRange struct {
+	lo, hi rune
+	c      class
+}
+
+// updatedClass looks r up in unicodeUpdates (unicode_update.go): the
+// characters whose class in the reference's newer Unicode tables differs
+// from Go's.
+func updatedClass(r rune) (class, bool) {
+	i := sort.Search(len(unicodeUpdates), func(i int) bool { return unicodeUpdates[i].hi >= r })
+	if i < len(unicodeUpdates) && unicodeUpdates[i].lo <= r {
+		return unicodeUpdates[i].c, true
+	}
+	return 0, false
 }
 
 // asciiClasses is the class of every ASCII byte, the common case.
 var asciiClasses = func() (t [128]class) {
 	for c := rune(0); c < 128; c++ {
-		t[c] = slowClassOf(c)
+		t[c] = slowClassOf(c) // no updates: ASCII is stable
 	}
 	return t
 }()
@@ -80,10 +103,13 @@ func classOf(r rune) class {
 		bmpOnce.Do(buildBMP)
 		return bmpClasses[r]
 	}
+	if c, ok := updatedClass(r); ok {
+		return c
+	}
 	return slowClassOf(r)
 }
 
-// slowClassOf computes the class of r from the unicode tables directly.
+// slowClassOf computes the class of r from Go's unicode tables alone.
 func slowClassOf(r rune) class {
 	var c class
 	switch {

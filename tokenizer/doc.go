@@ -10,11 +10,11 @@
 // Token ids are checked against the npm tiktoken package (a WASM build of the
 // reference tokenizer) by golden files under testdata/golden.
 //
-// Character classes come from Go's unicode tables (Unicode 15.0.0). The
-// reference regex engine in npm tiktoken 1.0.22 has Unicode 16.0 tables (it
-// knows U+1C89, new in 16.0, and not U+323B0, new in 17.0), so characters
-// first assigned in Unicode 15.1 or 16.0 (CJK Extension I, for example) may
-// pre-split differently; no other difference is known.
+// Character classes come from Go's unicode tables (Unicode 15.0.0) plus
+// unicode_update.go: the 5,055 code points (CJK Extension I, scripts new in
+// Unicode 16.0) that the reference's regex engine, with Unicode 16.0 tables,
+// classes differently. testdata/golden/unicode.sh regenerates that list by
+// asking the reference tokenizer.
 //
 // Ill-formed UTF-8 input is replaced by U+FFFD per maximal subpart before
 // encoding, as Python's errors="replace" and JavaScript's TextDecoder do.

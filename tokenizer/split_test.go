@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"flag"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -91,10 +93,31 @@ func TestPySpace(t *testing.T) {
 	}
 }
 
+var dumpBaseClasses = flag.String("dump-base-classes", "", "write the class of every code point from Go's tables alone to `file` (for testdata/golden/unicode.sh)")
+
 func TestClassTable(t *testing.T) {
-	for r := rune(0); r < 0x10000; r++ {
-		if got, want := classOf(r), slowClassOf(r); got != want {
+	base := make([]byte, unicode.MaxRune+1)
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		base[r] = byte(slowClassOf(r))
+		want := slowClassOf(r)
+		if u, ok := updatedClass(r); ok {
+			if u == want {
+				t.Fatalf("unicode_update.go changes nothing for %U: rerun testdata/golden/unicode.sh", r)
+			}
+			want = u
+		}
+		if got := classOf(r); got != want {
 			t.Fatalf("classOf(%U) = %b, want %b", r, got, want)
+		}
+	}
+	for i := 1; i < len(unicodeUpdates); i++ {
+		if unicodeUpdates[i].lo <= unicodeUpdates[i-1].hi {
+			t.Fatalf("unicodeUpdates not sorted at %d", i)
+		}
+	}
+	if *dumpBaseClasses != "" {
+		if err := os.WriteFile(*dumpBaseClasses, base, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
