@@ -50,6 +50,15 @@ func JobIDForKey(key string) string {
 	return "k-" + idEncoding.EncodeToString(sum[:])[:20]
 }
 
+// JobIDFor returns the job id a submission gets: derived from its
+// idempotency key when it has one (so duplicates share it), fresh otherwise.
+func JobIDFor(req *SubmitRequest) string {
+	if req.IdempotencyKey != "" {
+		return JobIDForKey(req.IdempotencyKey)
+	}
+	return NewJobID()
+}
+
 // NewSessionID returns a fresh random transfer session id.
 func NewSessionID() string { return "s-" + randomToken(13)[:20] }
 

@@ -29,15 +29,6 @@ func (j *QueuedJob) Validate() error {
 	return j.Request.Validate()
 }
 
-// JobIDFor returns the job id a submission gets: derived from its
-// idempotency key when it has one (so duplicates share it), fresh otherwise.
-func JobIDFor(req *SubmitRequest) string {
-	if req.IdempotencyKey != "" {
-		return JobIDForKey(req.IdempotencyKey)
-	}
-	return NewJobID()
-}
-
 // QueueConfig configures the job queue. Zero fields take the defaults.
 type QueueConfig struct {
 	Stream   string // default JobsStream
