@@ -1,0 +1,349 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+)
+
+func (w *Worker) onEvent(ev mesh.Event) {
+	if ev.Msg != nil {
+		w.onMsg(ev.Msg)
+		return
+	}
+	if ev.Up {
+		if ev.Dir == mesh.Downstream && w.head && !w.formed {
+			w.sendForm()
+		}
+		return
+	}
+	w.linkDown(ev.Dir, ev.Err)
+}
+
+// linkDown resets the rank when one of its links dies. If the ring was
+// formed, the rank also drops its other link, so that the failure travels
+// around the ring both ways and every rank resets within moments, even
+// those next to no dead peer; a rank already reset does not pass it on,
+// which ends the wave.
+func (w *Worker) linkDown(d mesh.Dir, cause error) {
+	peer := (w.cfg.Rank + 1) % w.n
+	if d == mesh.Upstream {
+		peer = (w.cfg.Rank + w.n - 1) % w.n
+	}
+	err := fmt.Errorf("decode rank %d lost its link to rank %d (%s): %w", w.cfg.Rank, peer, w.cfg.Layout.Ranks[peer].Endpoint, cause)
+	wasFormed := w.formed
+	w.reset(err)
+	if wasFormed {
+		w.log.Warn("ring broken", zap.Error(err))
+		if d == mesh.Upstream {
+			w.ring.DropDownstream(err)
+		} else {
+			w.ring.DropUpstream(err)
+		}
+	}
+}
+
+// reset drops every sequence (the head ends each with err) and unforms the
+// ring. The head moves to a new epoch, so that nothing of the old ring is
+// taken for the new one.
+func (w *Worker) reset(err error) {
+	for _, s := range w.seqs {
+		w.drop(s, err)
+	}
+	w.queue = nil
+	clear(w.flights)
+	if w.head {
+		w.epoch++
+	}
+	if w.ring != nil || w.ctx.Err() != nil {
+		w.setFormed(false)
+	}
+}
+
+// drop removes a sequence after a failure of the group; the head tells its
+// submitter or its sink.
+func (w *Worker) drop(s *seq, err error) {
+	w.free(s)
+	if !w.head {
+		return
+	}
+	w.counters.failed++
+	if s.admitting {
+		s.reply <- fmt.Errorf("%w: %w", ErrNotReady, err)
+		return
+	}
+	w.finish(s, Result{Reason: ReasonError, Err: err})
+}
+
+func (w *Worker) onTick() {
+	if w.ring == nil || !w.head {
+		return
+	}
+	if !w.formed {
+		w.sendForm()
+		return
+	}
+	for id, f := range w.flights {
+		if time.Since(f.launched) > w.cfg.StepTimeout {
+			err := fmt.Errorf("decode group: step %d did not come back within %v", id, w.cfg.StepTimeout)
+			w.reset(err)
+			w.log.Warn("ring stalled", zap.Error(err))
+			w.ring.DropDownstream(err)
+			w.ring.DropUpstream(err)
+			return
+		}
+	}
+}
+
+func (w *Worker) sendForm() {
+	_ = w.ring.Send(&mesh.Header{Kind: mesh.KindForm, Epoch: w.epoch}, nil) // retried on the next tick
+}
+
+// forward passes a message on to the next rank.
+func (w *Worker) forward(m *mesh.Msg) {
+	if err := w.ring.Send(&m.Header, m.Payload); err != nil {
+		w.log.Debug("message not forwarded", zap.Stringer("kind", m.Kind), zap.Error(err))
+	}
+}
+
+func (w *Worker) onMsg(m *mesh.Msg) {
+	if m.Kind == mesh.KindForm {
+		w.onForm(m)
+		return
+	}
+	if m.Epoch != w.epoch {
+		w.log.Debug("message of another ring dropped", zap.Stringer("kind", m.Kind), zap.Uint64("epoch", m.Epoch), zap.Uint64("current", w.epoch))
+		return
+	}
+	switch m.Kind {
+	case mesh.KindAdmit:
+		if m.Admit == nil {
+			w.protocolError(m, "admit without its body")
+			return
+		}
+		if w.head {
+			w.onAdmitted(m)
+			return
+		}
+		if len(m.Admit.Verdicts) == 0 {
+			if err := w.admitLocal(m.Seq, m.Admit); err != nil {
+				m.Admit.Verdicts = append(m.Admit.Verdicts, mesh.Verdict{Rank: w.cfg.Rank, Reason: err.Error()})
+			}
+		}
+		w.forward(m)
+	case mesh.KindRelease:
+		if s := w.seqs[m.Seq]; s != nil {
+			w.free(s)
+		}
+		if !w.last {
+			w.forward(m)
+		}
+	case mesh.KindReady, mesh.KindFailed:
+		if !w.head {
+			w.forward(m)
+			return
+		}
+		if m.Rank <= 0 || m.Rank >= w.n {
+			w.protocolError(m, fmt.Sprintf("from rank %d", m.Rank))
+			return
+		}
+		if s := w.seqs[m.Seq]; s != nil {
+			if m.Kind == mesh.KindReady {
+				w.stateReady(s, m.Rank)
+			} else {
+				w.stateFailed(s, m.Rank, m.Reason)
+			}
+		}
+	case mesh.KindStep:
+		if m.Step == nil || w.head {
+			w.protocolError(m, "step where none can come")
+			return
+		}
+		w.onStep(m)
+	case mesh.KindTokens:
+		if m.Tokens == nil {
+			w.protocolError(m, "tokens without their body")
+			return
+		}
+		if w.head {
+			w.onTokens(m)
+			return
+		}
+		w.forward(m) // a failure report from a rank before the last
+	default:
+		w.protocolError(m, "unknown kind")
+	}
+}
+
+// protocolError resets the ring: a peer that breaks the protocol cannot be
+// trusted with the sequences.
+func (w *Worker) protocolError(m *mesh.Msg, what string) {
+	err := fmt.Errorf("decode rank %d: bad %s message from the previous rank: %s", w.cfg.Rank, m.Kind, what)
+	w.log.Error("protocol error", zap.Error(err))
+	w.ring.DropUpstream(err)
+}
+
+// onForm: rank 0's Form goes around the ring; it forms the ring when it
+// comes back. Another rank adopts the epoch, dropping what it held for an
+// older ring.
+func (w *Worker) onForm(m *mesh.Msg) {
+	if w.head {
+		if m.Epoch == w.epoch && !w.formed {
+			w.setFormed(true)
+			w.log.Info("ring formed", zap.Uint64("epoch", w.epoch), zap.Int("ranks", w.n))
+		}
+		return
+	}
+	if m.Epoch != w.epoch {
+		if len(w.seqs) > 0 {
+			w.reset(errors.New("the group formed a new ring"))
+		}
+		w.epoch = m.Epoch
+	}
+	w.setFormed(true)
+	w.forward(m)
+}
+
+// admitLocal reserves a sequence on this rank: its state memory, its
+// transfer session (remote) or an empty state (local), and on the last rank
+// its sampler.
+func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
+	if model.DType(a.LatentDType) != w.dtype {
+		return fmt.Errorf("this rank keeps the MLA cache as %s, the group's head as %s", w.dtype, model.DType(a.LatentDType))
+	}
+	if a.Tokens < 1 || a.Cached < 0 || a.MaxTokens < 1 {
+		return fmt.Errorf("admission of %d tokens (%d cached) for %d new ones", a.Tokens, a.Cached, a.MaxTokens)
+	}
+	s := &seq{id: id, admit: a}
+	if w.last {
+		p := sampling.Params{Temperature: a.Sampling.Temperature, TopK: a.Sampling.TopK, TopP: a.Sampling.TopP, Seed: a.Sampling.Seed}
+		var err error
+		if s.sampler, err = sampling.New(p); err != nil {
+			return err
+		}
+		s.stop = map[int32]bool{}
+		for _, t := range a.Stop {
+			s.stop[t] = true
+		}
+	}
+	e, err := w.table.Admit(id, a.Cached+a.Tokens+a.MaxTokens)
+	if err != nil {
+		return err
+	}
+	s.e = e
+	if a.Remote {
+		if err := w.expect(s); err != nil {
+			w.table.Free(id)
+			return err
+		}
+	} else {
+		w.table.Create(e)
+	}
+	w.seqs[id] = s
+	w.log.Debug("sequence admitted", zap.String("seq", id), zap.Int("tokens", a.Tokens), zap.Int("cached", a.Cached),
+		zap.Bool("remote", a.Remote), zap.Int64("reserved", e.Reserved))
+	return nil
+}
+
+// free drops a sequence's state, reservation and pending transfer.
+func (w *Worker) free(s *seq) {
+	if s.in != nil {
+		s.in.Cancel()
+		s.in = nil
+	}
+	w.table.Free(s.id)
+	if w.seqs[s.id] == s {
+		delete(w.seqs, s.id)
+	}
+	if i := slices.Index(w.queue, s); i >= 0 {
+		w.queue = slices.Delete(w.queue, i, i+1)
+	}
+}
+
+// expect registers this rank's transfer session for a remote sequence and
+// waits for the commit in the background.
+func (w *Worker) expect(s *seq) error {
+	a := s.admit
+	if w.cfg.Server == nil {
+		return errors.New("this rank has no kvtransfer server for remote states")
+	}
+	if len(a.Sessions) != w.n {
+		return fmt.Errorf("%d transfer sessions for %d ranks", len(a.Sessions), w.n)
+	}
+	layers := make([]int, 0, w.hi-w.lo)
+	for L := w.lo; L < w.hi; L++ {
+		layers = append(layers, L)
+	}
+	sess := a.Sessions[w.cfg.Rank]
+	in, err := w.cfg.Server.Expect(kvtransfer.ExpectSpec{Job: s.id, Session: sess.ID, Secret: sess.Secret,
+		Model: w.m.Cfg, Layers: layers, Tokens: a.Cached, LatentDType: w.dtype,
+		LatentCapacity: s.e.Capacity, Deadline: time.Unix(0, a.Deadline)})
+	if err != nil {
+		return err
+	}
+	s.in = in
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		st, err := in.Wait(w.ctx)
+		select {
+		case w.commits <- commit{id: s.id, in: in, st: st, err: err}:
+		case <-w.ctx.Done():
+		}
+	}()
+	return nil
+}
+
+// commit is a transfer session's outcome.
+type commit struct {
+	id  string
+	in  *kvtransfer.Incoming
+	st  *model.SeqState
+	err error
+}
+
+// onCommit installs a committed state after verifying it, and tells the
+// head; a state that fails is refused before any decoding starts.
+func (w *Worker) onCommit(c commit) {
+	s := w.seqs[c.id]
+	if s == nil || s.in != c.in {
+		return // released meanwhile
+	}
+	s.in = nil
+	err := c.err
+	if err == nil {
+		err = w.table.Install(s.e, c.st, s.admit.Cached)
+	}
+	if err != nil {
+		reason := fmt.Sprintf("state for layers [%d, %d) refused: %v", w.lo, w.hi, err)
+		w.log.Warn("remote state refused", zap.String("seq", s.id), zap.Error(err))
+		if w.head {
+			w.stateFailed(s, 0, reason)
+			return
+		}
+		w.free(s)
+		w.send(&mesh.Header{Kind: mesh.KindFailed, Epoch: w.epoch, Rank: w.cfg.Rank, Seq: s.id, Reason: reason}, nil)
+		return
+	}
+	w.log.Debug("remote state committed", zap.String("seq", s.id), zap.Int("tokens", c.st.Tokens), zap.Int("bytes", c.st.Bytes()))
+	if w.head {
+		w.stateReady(s, 0)
+		return
+	}
+	w.send(&mesh.Header{Kind: mesh.KindReady, Epoch: w.epoch, Rank: w.cfg.Rank, Seq: s.id}, nil)
+}
+
+// send sends a message of this rank's own to the next rank.
+func (w *Worker) send(h *mesh.Header, payload []byte) {
+	if err := w.ring.Send(h, payload); err != nil {
+		w.log.Debug("message not sent", zap.Stringer("kind", h.Kind), zap.Error(err))
+	}
+}

@@ -1,0 +1,448 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// Submit admits a sequence: every rank reserves its state (and, for a
+// remote one, expects its transfer session) or the sequence is refused with
+// a *RefusedError naming the rank and the reason. Once admitted, its tokens
+// and its end go to req.Sink. A remote sequence starts decoding when every
+// rank has committed and verified its state; the caller starts the transfer
+// after Submit returns. Only rank 0 takes submissions.
+func (w *Worker) Submit(ctx context.Context, req Request) error {
+	if !w.head {
+		return fmt.Errorf("decode group: submit to rank 0 (the head); this is rank %d", w.cfg.Rank)
+	}
+	if err := req.validate(w.m.Cfg.VocabSize, w.n); err != nil {
+		return err
+	}
+	req.Tokens = slices.Clone(req.Tokens)
+	req.Stop = slices.Clone(req.Stop)
+	if req.Remote != nil {
+		rm := *req.Remote
+		rm.Sessions = slices.Clone(rm.Sessions)
+		req.Remote = &rm
+	}
+	reply := make(chan error, 1)
+	if err := w.do(ctx, func() { w.headAdmit(&req, reply) }); err != nil {
+		return err
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		// Forget the sequence, admitted or not, without calling its sink.
+		_ = w.do(w.ctx, func() {
+			if s := w.seqs[req.ID]; s != nil && s.reply == reply {
+				w.free(s)
+				w.release(s.id)
+			}
+		})
+		return ctx.Err()
+	}
+}
+
+// Cancel ends a sequence: its sink gets ReasonCancelled and every rank frees
+// its state. It fails for a sequence the head does not hold.
+func (w *Worker) Cancel(ctx context.Context, id string) error {
+	if !w.head {
+		return fmt.Errorf("decode group: cancel on rank 0 (the head); this is rank %d", w.cfg.Rank)
+	}
+	errc := make(chan error, 1)
+	if err := w.do(ctx, func() {
+		s := w.seqs[id]
+		switch {
+		case s == nil:
+			errc <- fmt.Errorf("decode group: no sequence %q", id)
+		case s.admitting:
+			s.cancelled = true
+			errc <- nil
+		default:
+			w.end(s, Result{Reason: ReasonCancelled})
+			errc <- nil
+		}
+	}); err != nil {
+		return err
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// headAdmit starts an admission on the loop.
+func (w *Worker) headAdmit(req *Request, reply chan error) {
+	if !w.formed {
+		reply <- fmt.Errorf("%w: the ring of %d ranks is not formed (a rank is down or still starting)", ErrNotReady, w.n)
+		return
+	}
+	if w.seqs[req.ID] != nil {
+		reply <- fmt.Errorf("decode group: sequence %q is already running", req.ID)
+		return
+	}
+	a := &mesh.Admit{Tokens: len(req.Tokens), MaxTokens: req.MaxTokens, LatentDType: uint8(w.dtype),
+		Sampling: mesh.Sampling{Temperature: req.Sampling.Temperature, TopK: req.Sampling.TopK, TopP: req.Sampling.TopP, Seed: req.Sampling.Seed},
+		Stop:     req.Stop}
+	if rm := req.Remote; rm != nil {
+		a.Remote, a.Cached, a.Deadline = true, rm.Tokens, rm.Deadline.UnixNano()
+		for _, s := range rm.Sessions {
+			a.Sessions = append(a.Sessions, mesh.Session{ID: s.ID, Secret: s.Secret})
+		}
+	}
+	if err := w.admitLocal(req.ID, a); err != nil {
+		w.counters.refused++
+		reply <- &RefusedError{Seq: req.ID, Rank: 0, Reason: err.Error()}
+		return
+	}
+	s := w.seqs[req.ID]
+	s.req, s.reply, s.admitting = *req, reply, true
+	s.ready = make([]bool, w.n)
+	if w.n == 1 {
+		w.admitted(s, nil)
+		return
+	}
+	// The Admit is the only copy the ring mutates; the head keeps its own.
+	own := *a
+	s.admit = &own
+	if err := w.ring.Send(&mesh.Header{Kind: mesh.KindAdmit, Epoch: w.epoch, Seq: req.ID, Admit: a}, nil); err != nil {
+		w.admitted(s, []mesh.Verdict{{Rank: 0, Reason: err.Error()}})
+	}
+}
+
+// onAdmitted: the Admit came back around the ring.
+func (w *Worker) onAdmitted(m *mesh.Msg) {
+	s := w.seqs[m.Seq]
+	if s == nil || !s.admitting {
+		return
+	}
+	w.admitted(s, m.Admit.Verdicts)
+}
+
+// admitted settles an admission: refused (every rank frees what it
+// reserved) or admitted (local sequences are ready to step; remote ones wait
+// for their state on every rank).
+func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
+	s.admitting = false
+	if len(verdicts) > 0 {
+		v := verdicts[0]
+		w.counters.refused++
+		w.free(s)
+		w.release(s.id)
+		w.log.Info("sequence refused", zap.String("seq", s.id), zap.Int("by_rank", v.Rank), zap.String("reason", v.Reason))
+		s.reply <- &RefusedError{Seq: s.id, Rank: v.Rank, Reason: v.Reason}
+		return
+	}
+	w.counters.admitted++
+	s.timing.Admitted = time.Now()
+	s.reply <- nil
+	s.reply = nil
+	w.log.Info("sequence admitted", zap.String("seq", s.id), zap.Int("tokens", len(s.req.Tokens)),
+		zap.Int("cached", s.admit.Cached), zap.Bool("remote", s.admit.Remote), zap.Int("max_tokens", s.req.MaxTokens))
+	switch {
+	case s.cancelled:
+		w.end(s, Result{Reason: ReasonCancelled})
+	case s.failure != nil:
+		w.end(s, Result{Reason: ReasonError, Err: s.failure})
+	case !s.admit.Remote:
+		w.start(s)
+	case s.nready == w.n:
+		w.start(s)
+	}
+}
+
+// stateReady: rank r holds its verified remote state.
+func (w *Worker) stateReady(s *seq, r int) {
+	if !s.ready[r] {
+		s.ready[r] = true
+		s.nready++
+	}
+	if !s.admitting && s.nready == w.n && s.failure == nil {
+		w.start(s)
+	}
+}
+
+// stateFailed: rank r refused or never got its state: the sequence ends
+// before any decoding.
+func (w *Worker) stateFailed(s *seq, r int, reason string) {
+	err := fmt.Errorf("decode rank %d: %s", r, reason)
+	if s.admitting {
+		s.failure = err
+		return
+	}
+	w.end(s, Result{Reason: ReasonError, Err: err})
+}
+
+// start queues a sequence whose state is in place on every rank.
+func (w *Worker) start(s *seq) {
+	s.timing.Ready = time.Now()
+	t := s.req.Tokens
+	s.pending, s.next = t[:len(t)-1], t[len(t)-1]
+	w.queue = append(w.queue, s)
+}
+
+// end finishes a sequence on the head and releases it on every rank.
+func (w *Worker) end(s *seq, r Result) {
+	w.free(s)
+	w.release(s.id)
+	w.counters.finished++
+	if r.Reason == ReasonError {
+		w.counters.failed++
+	}
+	w.finish(s, r)
+}
+
+// finish tells the sink.
+func (w *Worker) finish(s *seq, r Result) {
+	r.Tokens = s.emitted
+	s.timing.Ended = time.Now()
+	r.Timing = s.timing
+	fields := []zap.Field{zap.String("seq", s.id), zap.String("reason", string(r.Reason)), zap.Int("tokens", s.emitted)}
+	if !s.timing.FirstToken.IsZero() && s.emitted > 1 {
+		d := s.timing.Ended.Sub(s.timing.FirstToken).Seconds()
+		fields = append(fields, zap.Duration("ttft", s.timing.FirstToken.Sub(s.timing.Admitted)),
+			zap.Float64("tok_per_s", float64(s.emitted-1)/d))
+	}
+	if r.Err != nil {
+		fields = append(fields, zap.Error(r.Err))
+	}
+	w.log.Info("sequence ended", fields...)
+	s.req.Sink.End(s.id, r)
+}
+
+// release tells the other ranks to free a sequence.
+func (w *Worker) release(id string) {
+	if w.ring != nil {
+		w.send(&mesh.Header{Kind: mesh.KindRelease, Epoch: w.epoch, Seq: id}, nil)
+	}
+}
+
+// flight is a step in flight from the head.
+type flight struct {
+	seqs     []*seq
+	phase    model.Phase
+	launched time.Time
+}
+
+// runnable reports whether the head can launch a step now.
+func (w *Worker) runnable() bool {
+	return w.head && w.formed && len(w.flights) < w.maxSteps && len(w.queue) > 0
+}
+
+// schedule launches steps while there is room in the pipeline.
+func (w *Worker) schedule() {
+	for i := 0; i < w.maxSteps && w.runnable(); i++ {
+		w.launch()
+	}
+}
+
+// pick chooses the next step's sequences from the queue, in order. The
+// first decides the phase: a prefill step takes prompt chunks up to
+// PrefillChunk rows; a decode step takes up to an even share of the decoding
+// sequences over the micro-batches, so that several steps are in flight.
+func (w *Worker) pick() ([]*seq, []int, model.Phase) {
+	if len(w.queue[0].pending) > 0 {
+		budget := w.cfg.PrefillChunk
+		var ss []*seq
+		var rows []int
+		for _, s := range w.queue {
+			if len(s.pending) == 0 {
+				continue
+			}
+			n := len(s.pending)
+			if budget > 0 && n > budget {
+				// End the chunk on a multiple of the KDA chunk, counted from
+				// the start of the sequence, so that it is bit-identical to
+				// prefilling the whole prompt at once.
+				pos := s.e.State.Tokens
+				n = (pos+budget)/model.KDAChunk*model.KDAChunk - pos
+			}
+			if n <= 0 {
+				break
+			}
+			ss, rows = append(ss, s), append(rows, n)
+			if budget > 0 {
+				if budget -= n; budget <= 0 {
+					break
+				}
+			}
+		}
+		return ss, rows, model.PhasePrefill
+	}
+	decoding := 0
+	for _, s := range w.queue {
+		if len(s.pending) == 0 {
+			decoding++
+		}
+	}
+	for _, f := range w.flights {
+		if f.phase == model.PhaseDecode {
+			decoding += len(f.seqs)
+		}
+	}
+	share := min(max((decoding+w.maxSteps-1)/w.maxSteps, 1), w.cfg.MaxBatch)
+	var ss []*seq
+	var rows []int
+	for _, s := range w.queue {
+		if len(s.pending) == 0 && len(ss) < share {
+			ss, rows = append(ss, s), append(rows, 1)
+		}
+	}
+	return ss, rows, model.PhaseDecode
+}
+
+// launch runs the next step through rank 0's layers and sends it on (or, in
+// a group of one, runs it to the end).
+func (w *Worker) launch() {
+	ss, rows, phase := w.pick()
+	if len(ss) == 0 {
+		return
+	}
+	for _, s := range ss {
+		i := slices.Index(w.queue, s)
+		w.queue = slices.Delete(w.queue, i, i+1)
+	}
+	id := w.nextStep
+	w.nextStep++
+	states := make([]*model.SeqState, len(ss))
+	toks := make([][]int32, len(ss))
+	pos := make([]int32, len(ss))
+	for i, s := range ss {
+		states[i], pos[i] = s.e.State, int32(s.e.State.Tokens)
+		if phase == model.PhasePrefill {
+			toks[i] = s.pending[:rows[i]]
+		} else {
+			toks[i] = []int32{s.next}
+			s.inflight = true
+		}
+	}
+	t0 := time.Now()
+	b, err := w.m.NewBatch(states, toks)
+	if err == nil {
+		err = w.m.ForwardLayers(w.ctx, 0, w.hi, b, phase)
+	}
+	if err != nil {
+		for _, s := range ss {
+			w.end(s, Result{Reason: ReasonError, Err: fmt.Errorf("decode rank 0: step %d: %w", id, err)})
+		}
+		return
+	}
+	b.Advance()
+	if phase == model.PhasePrefill {
+		for i, s := range ss {
+			// The next chunk (or the last prompt token) can follow at once:
+			// every rank runs a sequence's steps in the order sent.
+			s.pending = s.pending[rows[i]:]
+			w.queue = append(w.queue, s)
+		}
+	}
+	f := &flight{seqs: ss, phase: phase, launched: t0}
+	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
+	if w.last { // a group of one
+		results := w.sample(ss, phase, b)
+		w.stepDone(id, phase, len(ss), b.Rows(), time.Since(t0))
+		tr.Compute[0] = int64(time.Since(t0))
+		w.onResults(f, results, tr)
+		return
+	}
+	compute := time.Since(t0)
+	tr.Compute[0] = int64(compute)
+	w.stepDone(id, phase, len(ss), b.Rows(), compute)
+	t1 := time.Now()
+	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
+	tr.Mesh[0] = int64(time.Since(t1))
+	w.flights[id] = f
+	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
+		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Trace: tr}
+	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: st}, payload)
+}
+
+// onTokens: a step came back from the last rank.
+func (w *Worker) onTokens(m *mesh.Msg) {
+	tk := m.Tokens
+	f := w.flights[tk.Step]
+	if f == nil {
+		return
+	}
+	delete(w.flights, tk.Step)
+	tr := tk.Trace
+	if len(tr.Mesh) == w.n && tr.SentAt > 0 {
+		tr.Mesh[w.n-1] += max(m.At.UnixNano()-tr.SentAt, 0)
+	}
+	w.onResults(f, tk.Results, tr)
+}
+
+// onResults hands a step's tokens to the sinks and queues the sequences for
+// their next step.
+func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
+	if f.phase == model.PhaseDecode {
+		c := &w.counters
+		c.decodeSteps++
+		c.decodeRows += int64(len(f.seqs))
+		c.stepTime += time.Since(f.launched)
+		for _, v := range tr.Compute {
+			c.stepCompute += time.Duration(v)
+		}
+		for _, v := range tr.Mesh {
+			c.stepMesh += time.Duration(v)
+		}
+	}
+	inStep := map[string]*seq{}
+	for _, s := range f.seqs {
+		inStep[s.id] = s
+	}
+	for _, r := range results {
+		s := inStep[r.Seq]
+		if s == nil || w.seqs[r.Seq] != s {
+			continue // ended meanwhile (cancelled)
+		}
+		if r.Done && r.Reason == string(ReasonError) {
+			w.end(s, Result{Reason: ReasonError, Err: errors.New(r.Err)})
+			continue
+		}
+		if f.phase != model.PhaseDecode || !s.inflight {
+			continue
+		}
+		s.inflight = false
+		if s.emitted == 0 {
+			s.timing.FirstToken = time.Now()
+		}
+		s.emitted++
+		w.counters.tokens++
+		s.req.Sink.Token(s.id, s.emitted-1, r.Token)
+		if r.Done {
+			w.end(s, Result{Reason: Reason(r.Reason)})
+			continue
+		}
+		s.next = r.Token
+		w.queue = append(w.queue, s)
+	}
+}
+
+func ids(ss []*seq) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.id
+	}
+	return out
+}
+
+func int32s(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}

@@ -1,0 +1,148 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tandem-inference/tandem/decode-worker/sampling"
+)
+
+// Request is one sequence submitted to the group's head (rank 0).
+type Request struct {
+	// ID names the sequence (the job id); unique among live sequences.
+	ID string
+	// Tokens are the tokens the group runs itself: the whole prompt for a
+	// local prefill, or what follows the remotely prefilled part (usually
+	// the prompt's last token). The last one is run as a decode step and
+	// yields the first generated token; the others are prefilled.
+	Tokens []int32
+	// Remote, when set, says the first Remote.Tokens tokens were prefilled
+	// elsewhere and their state arrives through kvtransfer.
+	Remote *Remote
+	// Sampling chooses how tokens are drawn (zero: greedy).
+	Sampling sampling.Params
+	// MaxTokens bounds the generated tokens (at least 1).
+	MaxTokens int
+	// Stop ends the sequence after any of these tokens (which is emitted).
+	Stop []int32
+	// Sink receives the tokens and the end. Required.
+	Sink Sink
+}
+
+// Remote describes a remotely prefilled state.
+type Remote struct {
+	// Tokens is the number of tokens the state holds.
+	Tokens int
+	// Sessions[r] authenticates rank r's share of the transfer.
+	Sessions []Session
+	// Deadline bounds the transfer: a state not committed on every rank by
+	// then fails the sequence before it decodes.
+	Deadline time.Time
+}
+
+// Session is one rank's kvtransfer session.
+type Session struct {
+	ID     string
+	Secret []byte
+}
+
+// Sink receives a sequence's tokens in order and then its end, exactly once.
+// Calls come from the head's loop, one at a time: they must return quickly
+// (queue the work; never wait on the group).
+type Sink interface {
+	Token(seq string, index int, token int32)
+	End(seq string, r Result)
+}
+
+// Reason is why a sequence ended; the values are the control plane's
+// finish reasons.
+type Reason string
+
+const (
+	ReasonStop      Reason = "stop"      // a stop token
+	ReasonLength    Reason = "length"    // MaxTokens reached
+	ReasonCancelled Reason = "cancelled" // Cancel
+	ReasonError     Reason = "error"     // see Result.Err
+)
+
+// Result is how a sequence ended.
+type Result struct {
+	Reason Reason
+	Err    error // set when Reason is ReasonError
+	Tokens int   // tokens generated (and delivered to the sink)
+	Timing Timing
+}
+
+// Timing marks a sequence's life on the head.
+type Timing struct {
+	Admitted   time.Time // every rank reserved it
+	Ready      time.Time // every rank holds its state (remote: committed)
+	FirstToken time.Time
+	Ended      time.Time
+}
+
+// ErrRefused is wrapped by every refused admission.
+var ErrRefused = errors.New("sequence refused")
+
+// ErrNotReady is wrapped by a submission to a group whose ring is not formed.
+var ErrNotReady = errors.New("decode group not ready")
+
+// RefusedError names the rank that refused a sequence and why.
+type RefusedError struct {
+	Seq    string
+	Rank   int
+	Reason string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("decode group: sequence %q refused by rank %d: %s", e.Seq, e.Rank, e.Reason)
+}
+
+func (e *RefusedError) Unwrap() error { return ErrRefused }
+
+// validate checks the request against the model and the group.
+func (r *Request) validate(vocab, ranks int) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("decode group: sequence %q: %s", r.ID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case r.ID == "" || len(r.ID) > 256:
+		return bad("id must have 1..256 bytes")
+	case len(r.Tokens) == 0:
+		return bad("no tokens to run")
+	case r.MaxTokens < 1:
+		return bad("max tokens is %d, at least 1 needed", r.MaxTokens)
+	case r.Sink == nil:
+		return bad("no sink")
+	}
+	for i, id := range r.Tokens {
+		if id < 0 || int(id) >= vocab {
+			return bad("token %d is %d, outside the vocabulary [0, %d)", i, id, vocab)
+		}
+	}
+	for i, id := range r.Stop {
+		if id < 0 || int(id) >= vocab {
+			return bad("stop token %d is %d, outside the vocabulary [0, %d)", i, id, vocab)
+		}
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	if rm := r.Remote; rm != nil {
+		switch {
+		case rm.Tokens < 0:
+			return bad("remote state of %d tokens", rm.Tokens)
+		case len(rm.Sessions) != ranks:
+			return bad("%d transfer sessions for %d ranks", len(rm.Sessions), ranks)
+		case rm.Deadline.IsZero() || time.Until(rm.Deadline) <= 0:
+			return bad("the transfer deadline is unset or past")
+		}
+		for i, s := range rm.Sessions {
+			if s.ID == "" || len(s.Secret) < 16 {
+				return bad("rank %d's transfer session needs an id and a secret of 16 bytes at least", i)
+			}
+		}
+	}
+	return nil
+}

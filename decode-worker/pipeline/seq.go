@@ -1,0 +1,37 @@
+package pipeline
+
+import (
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/kvtransfer"
+)
+
+// seq is a sequence on this rank. Every rank holds its entry (state and
+// reservation); the last rank also its sampler and stop rules; the head its
+// request, its place in the schedule and its sink.
+type seq struct {
+	id    string
+	e     *rank.Entry
+	admit *mesh.Admit
+	in    *kvtransfer.Incoming // remote state not yet committed
+
+	// Last rank.
+	sampler   *sampling.Sampler
+	stop      map[int32]bool
+	generated int
+
+	// Head.
+	req       Request
+	admitting bool       // the admission is going around the ring
+	reply     chan error // answers Submit
+	cancelled bool       // Cancel came during the admission
+	failure   error      // a rank refused the state during the admission
+	ready     []bool     // ranks whose state is in place (remote)
+	nready    int
+	pending   []int32 // prompt tokens still to prefill
+	next      int32   // the next decode step's input
+	inflight  bool    // a decode step for it is in flight
+	emitted   int
+	timing    Timing
+}

@@ -1,0 +1,164 @@
+package pipeline
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// onStep runs a step that came from the previous rank through this rank's
+// layers, and sends it on: to the next rank, or, from the last rank, as
+// sampled tokens back to rank 0. A step this rank cannot run fails its
+// sequences (the report travels on to the head), not the ring.
+func (w *Worker) onStep(m *mesh.Msg) {
+	st := m.Step
+	tr := st.Trace
+	if len(tr.Compute) != w.n || len(tr.Mesh) != w.n {
+		tr.Compute, tr.Mesh = make([]int64, w.n), make([]int64, w.n)
+	}
+	fail := func(err error) {
+		err = fmt.Errorf("decode rank %d: step %d: %w", w.cfg.Rank, st.ID, err)
+		w.log.Warn("step failed", zap.Error(err))
+		res := make([]mesh.Result, len(st.Seqs))
+		for i, id := range st.Seqs {
+			res[i] = mesh.Result{Seq: id, Done: true, Reason: string(ReasonError), Err: err.Error()}
+			if s := w.seqs[id]; s != nil {
+				w.free(s)
+			}
+		}
+		w.send(&mesh.Header{Kind: mesh.KindTokens, Epoch: w.epoch, Tokens: &mesh.Tokens{Step: st.ID, Results: res, Trace: tr}}, nil)
+	}
+	phase := model.Phase(st.Phase)
+	switch {
+	case phase != model.PhasePrefill && phase != model.PhaseDecode:
+		fail(fmt.Errorf("unknown phase %d", st.Phase))
+		return
+	case len(st.Seqs) == 0 || len(st.Pos) != len(st.Seqs) || len(st.Rows) != len(st.Seqs):
+		fail(fmt.Errorf("%d sequences with %d positions and %d row counts", len(st.Seqs), len(st.Pos), len(st.Rows)))
+		return
+	case st.Cols != w.m.Cfg.HiddenSize || st.Stack != w.m.Cfg.StackLenBefore(w.lo):
+		fail(fmt.Errorf("activations of width %d with %d blocks; layer %d takes width %d with %d", st.Cols, st.Stack, w.lo, w.m.Cfg.HiddenSize, w.m.Cfg.StackLenBefore(w.lo)))
+		return
+	}
+	ss := make([]*seq, len(st.Seqs))
+	states := make([]*model.SeqState, len(st.Seqs))
+	spans := make([]kernels.Span, len(st.Seqs))
+	rows := 0
+	for i, id := range st.Seqs {
+		s := w.seqs[id]
+		switch {
+		case s == nil || s.e.State == nil:
+			fail(fmt.Errorf("sequence %q has no state on this rank", id))
+			return
+		case int(st.Pos[i]) != s.e.State.Tokens:
+			fail(fmt.Errorf("sequence %q is at token %d here, the step is for token %d", id, s.e.State.Tokens, st.Pos[i]))
+			return
+		case st.Rows[i] < 1 || phase == model.PhaseDecode && st.Rows[i] != 1:
+			fail(fmt.Errorf("sequence %q has %d rows in a %s step", id, st.Rows[i], phaseName(phase)))
+			return
+		}
+		ss[i], states[i] = s, s.e.State
+		spans[i] = kernels.Span{Lo: rows, Hi: rows + int(st.Rows[i])}
+		rows += int(st.Rows[i])
+	}
+	t0 := time.Now()
+	ts, err := mesh.DecodeTensors(w.m.Backend, m.Payload, 1+st.Stack, rows, st.Cols)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if tr.SentAt > 0 {
+		tr.Mesh[w.cfg.Rank-1] += max(m.At.UnixNano()-tr.SentAt, 0)
+	}
+	tr.Mesh[w.cfg.Rank-1] += int64(time.Since(t0))
+
+	t1 := time.Now()
+	b := &model.Batch{Seqs: states, Spans: spans, Partial: ts[0], Stack: ts[1:]}
+	if err := w.m.ForwardLayers(w.ctx, w.lo, w.hi, b, phase); err != nil {
+		fail(err)
+		return
+	}
+	b.Advance()
+	if w.last {
+		results := w.sample(ss, phase, b)
+		compute := time.Since(t1)
+		tr.Compute[w.cfg.Rank] = int64(compute)
+		for _, r := range results {
+			if r.Done {
+				if s := w.seqs[r.Seq]; s != nil {
+					w.free(s)
+				}
+			}
+		}
+		w.stepDone(st.ID, phase, len(ss), rows, compute)
+		w.send(&mesh.Header{Kind: mesh.KindTokens, Epoch: w.epoch, Tokens: &mesh.Tokens{Step: st.ID, Results: results, Trace: tr}}, nil)
+		return
+	}
+	compute := time.Since(t1)
+	tr.Compute[w.cfg.Rank] = int64(compute)
+	w.stepDone(st.ID, phase, len(ss), rows, compute)
+	t2 := time.Now()
+	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
+	tr.Mesh[w.cfg.Rank] += int64(time.Since(t2))
+	next := *st
+	next.Stack, next.Trace = len(b.Stack), tr
+	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: &next}, payload)
+}
+
+// sample applies the final mix, norm and lm_head after a decode step and
+// draws each sequence's next token, ending it on a stop token or at its
+// token limit.
+func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Result {
+	if phase != model.PhaseDecode {
+		return nil
+	}
+	out := make([]mesh.Result, len(ss))
+	logits, err := w.m.Logits(b)
+	for i, s := range ss {
+		r := &out[i]
+		r.Seq = s.id
+		if err != nil {
+			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: logits: %v", w.cfg.Rank, err)
+			continue
+		}
+		tok, serr := s.sampler.Sample(logits[i])
+		if serr != nil {
+			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: %v", w.cfg.Rank, serr)
+			continue
+		}
+		s.generated++
+		r.Token = tok
+		switch {
+		case s.stop[tok]:
+			r.Done, r.Reason = true, string(ReasonStop)
+		case s.generated >= s.admit.MaxTokens:
+			r.Done, r.Reason = true, string(ReasonLength)
+		}
+	}
+	return out
+}
+
+// stepDone counts and logs a step this rank computed.
+func (w *Worker) stepDone(id uint64, phase model.Phase, seqs, rows int, compute time.Duration) {
+	w.counters.steps++
+	w.counters.compute += compute
+	if ce := w.log.Check(zap.DebugLevel, "step"); ce != nil {
+		ce.Write(zap.Uint64("step", id), zap.String("phase", phaseName(phase)), zap.Int("seqs", seqs),
+			zap.Int("rows", rows), zap.Duration("compute", compute))
+	}
+}
+
+func phaseName(p model.Phase) string {
+	switch p {
+	case model.PhasePrefill:
+		return "prefill"
+	case model.PhaseDecode:
+		return "decode"
+	}
+	return fmt.Sprintf("phase %d", p)
+}

@@ -1,0 +1,88 @@
+package pipeline
+
+import (
+	"runtime"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Stats is a snapshot of a rank, for tests, metrics and the bench.
+type Stats struct {
+	Rank, Ranks int
+	Epoch       uint64
+	Formed      bool // the ring is formed (every link up)
+
+	Sequences     int   // sequences held (admitted and not yet freed)
+	ReservedBytes int64 // state memory reserved for them
+	BudgetBytes   int64 // 0: unlimited
+
+	Steps       int64         // steps this rank computed
+	ComputeTime time.Duration // spent in this rank's layers (and sampling on the last rank)
+
+	// Head only.
+	Admitted, Refused, Finished, Failed int64
+	Queued, InFlight                    int   // sequences waiting for a step; steps in flight
+	Tokens                              int64 // tokens delivered to sinks
+	// DecodeSteps returned to the head, and the sums of their round trip,
+	// of every rank's compute and of every hop's mesh time (encode, transit,
+	// decode). Round trip minus compute minus mesh is time spent queued
+	// behind other micro-batches.
+	DecodeSteps                             int64
+	DecodeRows                              int64 // sequences in them
+	StepTime, StepComputeTime, StepMeshTime time.Duration
+}
+
+type counters struct {
+	steps                               int64
+	compute                             time.Duration
+	admitted, refused, finished, failed int64
+	tokens                              int64
+	decodeSteps, decodeRows             int64
+	stepTime, stepCompute, stepMesh     time.Duration
+}
+
+// Stats returns the latest snapshot (taken after each event of the loop).
+func (w *Worker) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.snap
+}
+
+// publish refreshes the snapshot and logs a summary now and then.
+func (w *Worker) publish() {
+	c := &w.counters
+	s := Stats{Rank: w.cfg.Rank, Ranks: w.n, Epoch: w.epoch, Formed: w.formed,
+		Sequences: w.table.Len(), ReservedBytes: w.table.Used(), BudgetBytes: w.table.Limit(),
+		Steps: c.steps, ComputeTime: c.compute,
+		Admitted: c.admitted, Refused: c.refused, Finished: c.finished, Failed: c.failed,
+		Queued: len(w.queue), InFlight: len(w.flights), Tokens: c.tokens,
+		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows,
+		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh}
+	w.mu.Lock()
+	w.snap = s
+	w.mu.Unlock()
+
+	if now := time.Now(); now.Sub(w.lastLog) >= 10*time.Second && c.steps != w.logged.steps {
+		steps := c.steps - w.logged.steps
+		fields := []zap.Field{zap.Int64("steps", steps), zap.Int("sequences", s.Sequences),
+			zap.Duration("compute_per_step", (c.compute-w.logged.compute)/time.Duration(steps)),
+			zap.Int64("reserved_bytes", s.ReservedBytes)}
+		if w.head {
+			el := now.Sub(w.lastLog).Seconds()
+			fields = append(fields, zap.Float64("tok_per_s", float64(c.tokens-w.logged.tokens)/el))
+			if d := c.decodeSteps - w.logged.decodeSteps; d > 0 {
+				fields = append(fields,
+					zap.Duration("step_time", (c.stepTime-w.logged.stepTime)/time.Duration(d)),
+					zap.Duration("step_compute", (c.stepCompute-w.logged.stepCompute)/time.Duration(d)),
+					zap.Duration("step_mesh", (c.stepMesh-w.logged.stepMesh)/time.Duration(d)))
+			}
+		}
+		w.log.Info("decode progress", fields...)
+		w.lastLog, w.logged = now, *c
+	}
+}
+
+// Goroutines is the process's goroutine count, for leak checks across
+// processes.
+func Goroutines() int { return runtime.NumGoroutine() }

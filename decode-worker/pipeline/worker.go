@@ -1,0 +1,295 @@
+// Package pipeline is a decode rank's stage loop: the sequences it holds,
+// the steps it computes, and its part in the group's pipeline.
+//
+// Rank 0 (the head) is the group's front door. It admits sequences (every
+// rank reserves their state, or one refuses and nothing is kept), prefills
+// short prompts itself and schedules the steps: all active sequences advance
+// together in batched steps, split into micro-batches so that several steps
+// are in flight and no rank idles while another works. Each rank runs its
+// layer range over a step's activations and passes them on; the last rank
+// applies the final mix, norm and lm_head, samples, and sends the tokens
+// back to rank 0, which hands them to the sequence's sink and feeds them in
+// as the next step's input.
+//
+// Any lost link resets the whole group: every rank drops its sequences (the
+// head ends each with an error naming the link), the links are redialed, and
+// rank 0 forms the ring again before it admits new sequences.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// Config configures one rank's worker.
+type Config struct {
+	Rank   int
+	Layout *rank.Layout
+	// Model holds the rank's resident layers (and the embedding on rank 0,
+	// the head on the last rank); its State options set how states are kept.
+	Model *model.Model
+	// Server is the rank's kvtransfer server: remote states arrive on it and
+	// the previous rank's mesh channel is accepted on it. Required unless
+	// the group has one rank and takes no remote states.
+	Server *kvtransfer.Server
+	// Secret authenticates the mesh channels (at least 16 bytes).
+	Secret []byte
+	// Transport dials the next rank (default TCP).
+	Transport kvtransfer.Transport
+	Timeouts  kvtransfer.Timeouts
+	// MemoryBudget bounds the rank's sequence state in bytes (0: the layout's
+	// value for the rank, and if that is 0 too, unlimited).
+	MemoryBudget int64
+	// MicroBatches is the number of steps in flight (default: the ranks).
+	MicroBatches int
+	// MaxBatch bounds the sequences of one decode step (default 64).
+	MaxBatch int
+	// PrefillChunk bounds the prompt rows of one prefill step; a multiple
+	// of model.KDAChunk so that chunked prefill is bit-identical to whole
+	// (default 512; negative: a whole prompt per step).
+	PrefillChunk int
+	// Heartbeat and Idle bound how fast a dead link is noticed (mesh.Config).
+	Heartbeat, Idle time.Duration
+	// StepTimeout bounds a step's round trip; when it passes the head resets
+	// the group (default 5 min).
+	StepTimeout time.Duration
+	// FormRetry is how often rank 0 retries forming the ring (default 250 ms).
+	FormRetry time.Duration
+	Log       *zap.Logger
+}
+
+// Worker is one rank of a decode group.
+type Worker struct {
+	cfg      Config
+	m        *model.Model
+	n        int // ranks
+	lo, hi   int
+	head     bool
+	last     bool
+	maxSteps int
+	log      *zap.Logger
+	ring     *mesh.Ring
+	dtype    model.DType
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	calls  chan func()
+	done   chan struct{}
+	wg     sync.WaitGroup // commit waiters
+
+	// Owned by the loop.
+	table    *rank.Table
+	seqs     map[string]*seq
+	epoch    uint64
+	formed   bool
+	commits  chan commit
+	nextStep uint64
+	flights  map[uint64]*flight
+	queue    []*seq // head: sequences ready for their next step
+	counters counters
+	lastLog  time.Time
+	logged   counters
+
+	mu       sync.Mutex
+	snap     Stats
+	formedCh chan struct{} // closed while the ring is formed
+}
+
+// Start starts the rank: its mesh links (if the group has several ranks)
+// and its loop.
+func Start(cfg Config) (*Worker, error) {
+	l := cfg.Layout
+	if l == nil || cfg.Model == nil {
+		return nil, errors.New("pipeline: a layout and a model are required")
+	}
+	if err := l.Validate(cfg.Model.Cfg.NumLayers); err != nil {
+		return nil, err
+	}
+	if cfg.Rank < 0 || cfg.Rank > l.Last() {
+		return nil, fmt.Errorf("pipeline: rank %d is not in group %q (ranks 0..%d)", cfg.Rank, l.Group, l.Last())
+	}
+	spec := l.Ranks[cfg.Rank]
+	for L := spec.Lo; L < spec.Hi; L++ {
+		if cfg.Model.Layers[L] == nil {
+			return nil, fmt.Errorf("pipeline: rank %d owns layer %d, which is not loaded", cfg.Rank, L)
+		}
+	}
+	head, last := cfg.Rank == 0, cfg.Rank == l.Last()
+	if g := cfg.Model.Globals; head && (g == nil || g.Embed == nil) || last && (g == nil || g.LMHead == nil) {
+		return nil, fmt.Errorf("pipeline: rank %d needs the embedding (rank 0) and the lm_head (last rank) loaded", cfg.Rank)
+	}
+	if cfg.MicroBatches <= 0 {
+		cfg.MicroBatches = len(l.Ranks)
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 64
+	}
+	switch {
+	case cfg.PrefillChunk == 0:
+		cfg.PrefillChunk = 512
+	case cfg.PrefillChunk > 0 && cfg.PrefillChunk%model.KDAChunk != 0:
+		return nil, fmt.Errorf("pipeline: prefill chunk %d is not a multiple of %d", cfg.PrefillChunk, model.KDAChunk)
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 5 * time.Minute
+	}
+	if cfg.FormRetry <= 0 {
+		cfg.FormRetry = 250 * time.Millisecond
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	budget := cfg.MemoryBudget
+	if budget == 0 {
+		budget = spec.MemoryBudget
+	}
+	dtype := cfg.Model.State.LatentDType
+	if dtype == 0 {
+		dtype = model.BF16
+	}
+	w := &Worker{cfg: cfg, m: cfg.Model, n: len(l.Ranks), lo: spec.Lo, hi: spec.Hi, head: head, last: last,
+		maxSteps: cfg.MicroBatches, dtype: dtype,
+		log:   cfg.Log.With(zap.String("group", l.Group), zap.Int("rank", cfg.Rank)),
+		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
+		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
+		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now()}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	if w.n > 1 {
+		r, err := mesh.Start(mesh.Config{Group: l.Group, Rank: cfg.Rank, Ranks: w.n, Server: cfg.Server,
+			Next: l.Ranks[(cfg.Rank+1)%w.n].Endpoint, Secret: cfg.Secret, Transport: cfg.Transport,
+			Timeouts: cfg.Timeouts, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, Log: w.log})
+		if err != nil {
+			w.cancel()
+			return nil, err
+		}
+		w.ring = r
+	} else {
+		w.setFormed(true) // a group of one is its own ring
+	}
+	w.publish()
+	go w.run()
+	w.log.Info("decode rank started", zap.Int("ranks", w.n), zap.Int("lo", w.lo), zap.Int("hi", w.hi),
+		zap.Int64("budget", budget), zap.Int("micro_batches", w.maxSteps))
+	return w, nil
+}
+
+// Rank is the worker's rank.
+func (w *Worker) Rank() int { return w.cfg.Rank }
+
+// Close stops the rank: every sequence it holds ends (on the head, with an
+// error to its sink), the links close and the goroutines exit.
+func (w *Worker) Close() error {
+	w.cancel()
+	<-w.done
+	if w.ring != nil {
+		w.ring.Close()
+	}
+	w.wg.Wait()
+	return nil
+}
+
+// WaitReady waits until the ring is formed (every link up) or ctx ends.
+func (w *Worker) WaitReady(ctx context.Context) error {
+	for {
+		w.mu.Lock()
+		ch := w.formedCh
+		formed := w.snap.Formed
+		w.mu.Unlock()
+		if formed {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("decode rank %d: waiting for the ring: %w", w.cfg.Rank, ctx.Err())
+		case <-w.done:
+			return fmt.Errorf("decode rank %d: closed", w.cfg.Rank)
+		}
+	}
+}
+
+// do runs fn on the loop and waits for it to be taken.
+func (w *Worker) do(ctx context.Context, fn func()) error {
+	select {
+	case w.calls <- fn:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.done:
+		return fmt.Errorf("decode rank %d: closed", w.cfg.Rank)
+	}
+}
+
+func (w *Worker) run() {
+	defer close(w.done)
+	var events <-chan mesh.Event
+	if w.ring != nil {
+		events = w.ring.Events()
+	}
+	tick := time.NewTicker(w.cfg.FormRetry)
+	defer tick.Stop()
+	for {
+		if w.runnable() {
+			// Work is waiting: take what has arrived without blocking.
+			select {
+			case <-w.ctx.Done():
+				w.shutdown()
+				return
+			case fn := <-w.calls:
+				fn()
+			case ev := <-events:
+				w.onEvent(ev)
+			case c := <-w.commits:
+				w.onCommit(c)
+			default:
+			}
+		} else {
+			select {
+			case <-w.ctx.Done():
+				w.shutdown()
+				return
+			case fn := <-w.calls:
+				fn()
+			case ev := <-events:
+				w.onEvent(ev)
+			case c := <-w.commits:
+				w.onCommit(c)
+			case <-tick.C:
+				w.onTick()
+			}
+		}
+		w.schedule()
+		w.publish()
+	}
+}
+
+// shutdown ends everything on Close.
+func (w *Worker) shutdown() {
+	w.reset(errors.New("decode worker closed"))
+	w.publish()
+}
+
+func (w *Worker) setFormed(f bool) {
+	w.formed = f
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if f == w.snap.Formed {
+		return
+	}
+	w.snap.Formed = f
+	if f {
+		close(w.formedCh)
+	} else {
+		w.formedCh = make(chan struct{})
+	}
+}

@@ -1,0 +1,32 @@
+package rank
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// LoadShard loads rank r's resident share of the checkpoint in dir: its
+// layer range, plus the embedding on rank 0 and the final mix, norm and
+// lm_head on the last rank. It checks the layout against the checkpoint's
+// config first, so a layout for another model fails before any mapping.
+func LoadShard(dir string, be kernels.Backend, l *Layout, r int, latentEps float64) (*model.Loaded, error) {
+	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Validate(cfg.NumLayers); err != nil {
+		return nil, err
+	}
+	if r < 0 || r > l.Last() {
+		return nil, fmt.Errorf("rank %d is not in decode group %q (ranks 0..%d)", r, l.Group, l.Last())
+	}
+	s := l.Ranks[r]
+	m, err := model.Load(dir, be, model.LoadOptions{Lo: s.Lo, Hi: s.Hi, Embed: r == 0, Head: r == l.Last(), LatentNormEps: latentEps})
+	if err != nil {
+		return nil, fmt.Errorf("rank %d layers [%d, %d): %w", r, s.Lo, s.Hi, err)
+	}
+	return m, nil
+}
