@@ -48,7 +48,7 @@ func TestMergeLongMatchesMergeShort(t *testing.T) {
 			}
 			var sb strings.Builder
 			for _, id := range short {
-				sb.Write(tok.v.bytes(id))
+				sb.WriteString(tok.v.bytes(id))
 			}
 			if sb.String() != p {
 				t.Fatalf("merged tokens of %q spell %q", p, sb.String())
