@@ -73,10 +73,10 @@ type Streamer struct {
 // request is one positioned read: n bytes of file at off into the slot at
 // bufOff, of which the first need must exist. It travels by value.
 type request struct {
-	slot         *Slot
-	layer, file  int
-	off, bufOff  int64
-	n, need      int64
+	slot        *Slot
+	layer, file int
+	off, bufOff int64
+	n, need     int64
 }
 
 // New allocates the ring on the backend and decides the I/O mode by probing
