@@ -334,6 +334,9 @@ func (w *Worker) launch() {
 		err = w.m.ForwardLayers(w.ctx, 0, w.hi, b, phase)
 	}
 	if err != nil {
+		if w.ctx.Err() != nil {
+			return // closing: shutdown ends the sequences
+		}
 		for _, s := range ss {
 			w.end(s, Result{Reason: ReasonError, Err: fmt.Errorf("decode rank 0: step %d: %w", id, err)})
 		}

@@ -22,6 +22,9 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		tr.Compute, tr.Mesh = make([]int64, w.n), make([]int64, w.n)
 	}
 	fail := func(err error) {
+		if w.ctx.Err() != nil {
+			return // closing: the ring's reset reports it
+		}
 		err = fmt.Errorf("decode rank %d: step %d: %w", w.cfg.Rank, st.ID, err)
 		w.log.Warn("step failed", zap.Error(err))
 		res := make([]mesh.Result, len(st.Seqs))

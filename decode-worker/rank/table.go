@@ -48,7 +48,7 @@ func (t *Table) Admit(id string, capacity int) (*Entry, error) {
 	}
 	n := t.Bytes(capacity)
 	if err := t.budget.Reserve(n); err != nil {
-		return nil, fmt.Errorf("sequence %q (%d tokens on layers [%d, %d)): %w", id, capacity, t.lo, t.hi, err)
+		return nil, fmt.Errorf("%d tokens on layers [%d, %d): %w", capacity, t.lo, t.hi, err)
 	}
 	e := &Entry{ID: id, Capacity: capacity, Reserved: n, Admitted: time.Now()}
 	t.seqs[id] = e
@@ -72,7 +72,7 @@ func (t *Table) Create(e *Entry) {
 // checking it (Verify); a state that fails is not installed.
 func (t *Table) Install(e *Entry, st *model.SeqState, tokens int) error {
 	if err := Verify(t.cfg, st, t.lo, t.hi, tokens, t.opt.LatentDType); err != nil {
-		return fmt.Errorf("sequence %q: %w", e.ID, err)
+		return err
 	}
 	e.State = st
 	return nil

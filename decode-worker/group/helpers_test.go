@@ -1,0 +1,175 @@
+package group
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+)
+
+var testSecret = []byte("0123456789abcdef-transfer-secret")
+
+// fastOpts are options for tests that wait for failures.
+func fastOpts(dir string, ranks int) Options {
+	return Options{ModelDir: dir, Ranks: ranks, Heartbeat: 100 * time.Millisecond, Idle: time.Second,
+		Timeouts: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 2 * time.Second, Idle: 2 * time.Second, KeepAlive: 200 * time.Millisecond}}
+}
+
+func startGroup(t *testing.T, opt Options) *Group {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, err := Start(ctx, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// monolith is the whole model in one holder: the reference.
+type monolith struct{ *model.Loaded }
+
+func loadMonolith(t *testing.T, dir string) monolith {
+	t.Helper()
+	m, err := model.Load(dir, cpu.New(0), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return monolith{m}
+}
+
+func (m monolith) generate(t *testing.T, prompt []int32, n int) []int32 {
+	t.Helper()
+	out, err := m.Generate(context.Background(), prompt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// sampled is the monolithic reference of seeded sampling: Start, then one
+// decode step per token, drawing with the same sampler.
+func (m monolith) sampled(t *testing.T, prompt []int32, n int, p sampling.Params) []int32 {
+	t.Helper()
+	ctx := context.Background()
+	s, logits, err := m.Start(ctx, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm, err := sampling.New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int32
+	for len(out) < n {
+		tok, err := sm.Sample(logits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, tok)
+		l, err := m.Decode(ctx, []*model.SeqState{s}, []int32{tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits = l[0]
+	}
+	return out
+}
+
+// prefill computes a remote state for prompt[:-1], as the prefill worker
+// does (bit-identical by construction).
+func (m monolith) prefill(t *testing.T, prompt []int32) *model.SeqState {
+	t.Helper()
+	st := m.NewState(0, m.Cfg.NumLayers)
+	if len(prompt) > 1 {
+		if err := m.PrefillState(context.Background(), []*model.SeqState{st}, [][]int32{prompt[:len(prompt)-1]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st
+}
+
+// send moves st to the group's ranks with kvtransfer, each layer to its
+// owner, under one session.
+func (g *Group) send(ctx context.Context, st *model.SeqState, session string) error {
+	place := kvtransfer.LayerMap{}
+	for r, s := range g.Layout.Ranks {
+		for L := s.Lo; L < s.Hi; L++ {
+			place[L] = g.Layout.Ranks[r].Endpoint
+		}
+	}
+	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: session, Secret: testSecret, Placement: place,
+		Deadline: time.Now().Add(20 * time.Second)})
+	if err != nil {
+		return err
+	}
+	for _, ls := range st.Layers {
+		if err := snd.PutLayer(ctx, ls); err != nil {
+			snd.Abort(err)
+			return err
+		}
+	}
+	return snd.Close(ctx, st.Tokens)
+}
+
+// remote is a Request.Remote for a state of tokens tokens under one session.
+func (g *Group) remote(session string, tokens int) *pipeline.Remote {
+	rm := &pipeline.Remote{Tokens: tokens, Deadline: time.Now().Add(20 * time.Second)}
+	for range g.Layout.Ranks {
+		rm.Sessions = append(rm.Sessions, pipeline.Session{ID: session, Secret: testSecret})
+	}
+	return rm
+}
+
+// checkFreed waits until no rank holds a sequence or reserved bytes.
+func (g *Group) checkFreed(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for r := range g.Layout.Ranks {
+		for {
+			st := g.Worker(r).Stats()
+			if st.Sequences == 0 && st.ReservedBytes == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d still holds %d sequences, %d bytes", r, st.Sequences, st.ReservedBytes)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if st := g.Server(r).Stats(); st.HeldBytes != 0 || st.Sessions != 0 {
+			t.Fatalf("rank %d's kvtransfer server holds %d bytes, %d sessions", r, st.HeldBytes, st.Sessions)
+		}
+	}
+}
+
+func prompt(n, vocab int, seed int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
+	}
+	return out
+}
+
+func waitTokens(t *testing.T, c *Collector, id string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(c.Tokens(id)) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("sequence %s: %d tokens after 20 s, waiting for %d", id, len(c.Tokens(id)), n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func name(f string, args ...any) string { return fmt.Sprintf(f, args...) }
+
+func nanF() float64 { return math.NaN() }
