@@ -170,8 +170,8 @@ func (l *link) readLoop(deliver func(*Msg) bool) {
 		if m.Kind == KindPing {
 			continue
 		}
-		if l.dir == Downstream {
-			l.fail(fmt.Errorf("%s message from the next rank %s, which only sends keep-alives", m.Kind, l.ch.RemoteAddr()))
+		if l.dir == Downstream && m.Kind != KindReset {
+			l.fail(fmt.Errorf("%s message from the next rank %s, which only sends keep-alives and resets", m.Kind, l.ch.RemoteAddr()))
 			return
 		}
 		if !deliver(m) {

@@ -22,6 +22,7 @@ const (
 	KindFailed                  // a sequence failed on a rank (Reason says why)
 	KindStep                    // a micro-batch's activations, to the next rank
 	KindTokens                  // the last rank's sampled tokens for a step, back to rank 0
+	KindReset                   // a rank lost a link (Reason): drop everything; passed on in the direction it travels
 
 	kindCont // continuation frame of a split message
 )
@@ -44,6 +45,8 @@ func (k Kind) String() string {
 		return "step"
 	case KindTokens:
 		return "tokens"
+	case KindReset:
+		return "reset"
 	case kindCont:
 		return "cont"
 	}
@@ -54,7 +57,7 @@ func (k Kind) String() string {
 type Header struct {
 	Kind   Kind   `msgpack:"k"`
 	Epoch  uint64 `msgpack:"e,omitempty"`
-	Rank   int    `msgpack:"r,omitempty"` // the rank a Ready or Failed comes from
+	Rank   int    `msgpack:"r,omitempty"` // the rank a Ready, Failed or Reset comes from
 	Seq    string `msgpack:"s,omitempty"`
 	Reason string `msgpack:"why,omitempty"`
 

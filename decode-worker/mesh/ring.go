@@ -90,7 +90,8 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// Event is a message from the previous rank, or a link going up or down.
+// Event is a message (from the previous rank, or a reset from the next
+// one), or a link going up or down.
 type Event struct {
 	Msg *Msg // nil for a link event
 	Dir Dir
@@ -136,6 +137,18 @@ func (r *Ring) Events() <-chan Event { return r.events }
 func (r *Ring) Send(h *Header, payload []byte) error {
 	r.mu.Lock()
 	l := r.down
+	r.mu.Unlock()
+	if l == nil {
+		return ErrLinkDown
+	}
+	return l.send(h, payload)
+}
+
+// SendUp queues a message to the previous rank, against the ring's
+// direction: only resets travel that way.
+func (r *Ring) SendUp(h *Header, payload []byte) error {
+	r.mu.Lock()
+	l := r.up
 	r.mu.Unlock()
 	if l == nil {
 		return ErrLinkDown
@@ -283,7 +296,9 @@ func (r *Ring) dialLoop() {
 		}
 		backoff = 50 * time.Millisecond
 		gen := r.nextGen()
-		l := newLink(ch, Downstream, gen, &r.cfg, func(*Msg) bool { return true })
+		l := newLink(ch, Downstream, gen, &r.cfg, func(m *Msg) bool {
+			return r.emit(Event{Msg: m, Dir: Downstream, Gen: gen})
+		})
 		r.mu.Lock()
 		r.down = l
 		r.mu.Unlock()

@@ -16,6 +16,10 @@ import (
 
 func (w *Worker) onEvent(ev mesh.Event) {
 	if ev.Msg != nil {
+		if ev.Msg.Kind == mesh.KindReset {
+			w.onReset(ev.Msg, ev.Dir)
+			return
+		}
 		w.onMsg(ev.Msg)
 		return
 	}
@@ -29,26 +33,45 @@ func (w *Worker) onEvent(ev mesh.Event) {
 }
 
 // linkDown resets the rank when one of its links dies. If the ring was
-// formed, the rank also drops its other link, so that the failure travels
-// around the ring both ways and every rank resets within moments, even
-// those next to no dead peer; a rank already reset does not pass it on,
-// which ends the wave.
+// formed, the rank sends a Reset naming the lost link on its other link, away
+// from the failure; every rank passes it on in the direction it travels, so
+// the two waves from both ends of the lost link reach every rank within
+// moments, and each sequence's error names the link that failed. A rank
+// already reset (or a Reset of an older ring) ends the wave.
 func (w *Worker) linkDown(d mesh.Dir, cause error) {
 	peer := (w.cfg.Rank + 1) % w.n
 	if d == mesh.Upstream {
 		peer = (w.cfg.Rank + w.n - 1) % w.n
 	}
 	err := fmt.Errorf("decode rank %d lost its link to rank %d (%s): %w", w.cfg.Rank, peer, w.cfg.Layout.Ranks[peer].Endpoint, cause)
-	wasFormed := w.formed
-	w.reset(err)
-	if wasFormed {
-		w.log.Warn("ring broken", zap.Error(err))
-		if d == mesh.Upstream {
-			w.ring.DropDownstream(err)
-		} else {
-			w.ring.DropUpstream(err)
-		}
+	if !w.formed {
+		w.reset(err)
+		return
 	}
+	w.log.Warn("ring broken", zap.Error(err))
+	w.broadcastReset(err, d != mesh.Upstream, d != mesh.Downstream)
+}
+
+// broadcastReset resets the rank and sends a Reset of the current ring on
+// the chosen links.
+func (w *Worker) broadcastReset(err error, up, down bool) {
+	h := &mesh.Header{Kind: mesh.KindReset, Epoch: w.epoch, Rank: w.cfg.Rank, Reason: err.Error()}
+	w.reset(err)
+	if up {
+		_ = w.ring.SendUp(h, nil)
+	}
+	if down {
+		_ = w.ring.Send(h, nil)
+	}
+}
+
+// onReset: another rank lost a link; drop everything and pass it on.
+func (w *Worker) onReset(m *mesh.Msg, from mesh.Dir) {
+	if !w.formed || m.Epoch != w.epoch {
+		return
+	}
+	w.log.Warn("ring reset by another rank", zap.Int("from_rank", m.Rank), zap.String("reason", m.Reason))
+	w.broadcastReset(errors.New(m.Reason), from == mesh.Downstream, from == mesh.Upstream)
 }
 
 // reset drops every sequence (the head ends each with err) and unforms the
@@ -94,10 +117,8 @@ func (w *Worker) onTick() {
 	for id, f := range w.flights {
 		if time.Since(f.launched) > w.cfg.StepTimeout {
 			err := fmt.Errorf("decode group: step %d did not come back within %v", id, w.cfg.StepTimeout)
-			w.reset(err)
 			w.log.Warn("ring stalled", zap.Error(err))
-			w.ring.DropDownstream(err)
-			w.ring.DropUpstream(err)
+			w.broadcastReset(err, true, true)
 			return
 		}
 	}

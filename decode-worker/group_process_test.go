@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+)
+
+// TestProcessGroups: groups of 1, 2 and 3 decode-worker processes on
+// loopback generate the monolithic model's greedy ids for 32 steps, on the
+// tiny and small models, for a locally prefilled sequence and, batched with
+// it, a remote-prefilled one whose state is moved by kvtransfer.
+func TestProcessGroups(t *testing.T) {
+	for _, tc := range []struct {
+		preset string
+		shards int
+	}{{"tiny", 2}, {"small", 0}} {
+		t.Run(tc.preset, func(t *testing.T) {
+			if tc.preset == "small" && testing.Short() {
+				t.Skip("small model: skipped in -short mode")
+			}
+			dir := testmodel.Dir(t, tc.preset, 1, tc.shards)
+			ref := loadReference(t, dir)
+			vocab := ref.Cfg.VocabSize
+			local, remote := makePrompt(5, vocab, 1), makePrompt(7, vocab, 2)
+			const n = 32
+			wantLocal, wantRemote := ref.generate(t, local, n), ref.generate(t, remote, n)
+			state := ref.prefill(t, remote)
+			for ranks := 1; ranks <= 3; ranks++ {
+				t.Run(fmt.Sprintf("ranks%d", ranks), func(t *testing.T) {
+					c := startCluster(t, dir, ranks, nil)
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+					defer cancel()
+					head := c.client(ctx, 0)
+					waitFormed(ctx, t, head)
+					ls, err := head.Submit(ctx, frontdoor.Request{ID: "local", Tokens: local, MaxTokens: n})
+					if err != nil {
+						t.Fatal(err)
+					}
+					rs, err := head.Submit(ctx, frontdoor.Request{ID: "remote", Tokens: remote[len(remote)-1:], MaxTokens: n,
+						Remote: c.remote("xfer-remote", len(remote)-1)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := c.send(ctx, state.Clone(), "xfer-remote"); err != nil {
+						t.Fatal(err)
+					}
+					for _, x := range []struct {
+						s    *frontdoor.Stream
+						want []int32
+						name string
+					}{{ls, wantLocal, "local"}, {rs, wantRemote, "remote"}} {
+						got, res, err := x.s.Wait(ctx)
+						if err != nil || res.Reason != pipeline.ReasonLength {
+							t.Fatalf("%s: %v %+v", x.name, err, res)
+						}
+						if !slices.Equal(got, x.want) {
+							t.Fatalf("%s, %d ranks: %v\nmonolithic: %v", x.name, ranks, got, x.want)
+						}
+					}
+					for r := range c.layout.Ranks {
+						cl := head
+						if r > 0 {
+							cl = c.client(ctx, r)
+						}
+						waitIdle(ctx, t, cl, r)
+					}
+				})
+			}
+		})
+	}
+}
+
+// waitIdle waits until rank r holds no sequence and no reserved memory.
+func waitIdle(ctx context.Context, t *testing.T, cl *frontdoor.Client, r int) frontdoor.Stats {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := cl.Stats(ctx)
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		if st.Sequences == 0 && st.ReservedBytes == 0 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank %d still holds %d sequences, %d bytes", r, st.Sequences, st.ReservedBytes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestProcessKill: SIGKILL of the middle rank of three mid-decode ends every
+// sequence with an error naming the lost link within seconds; the other
+// ranks free the state, refuse new work while the rank is gone, leak no
+// goroutines, and serve again once it is restarted.
+func TestProcessKill(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := loadReference(t, dir)
+	p := makePrompt(6, ref.Cfg.VocabSize, 3)
+	c := startCluster(t, dir, 3, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	head := c.client(ctx, 0)
+	waitFormed(ctx, t, head)
+	last := c.client(ctx, 2)
+	base := []int{waitIdle(ctx, t, head, 0).Goroutines, waitIdle(ctx, t, last, 2).Goroutines}
+
+	var streams []*frontdoor.Stream
+	for i := 0; i < 3; i++ {
+		s, err := head.Submit(ctx, frontdoor.Request{ID: fmt.Sprintf("s%d", i), Tokens: p, MaxTokens: 100000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	for _, s := range streams {
+		for len(s.Tokens()) < 5 {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	killed := time.Now()
+	c.kill(1)
+	for i, s := range streams {
+		got, res, err := s.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Reason != pipeline.ReasonError || !strings.Contains(res.Err, "lost its link to rank") {
+			t.Fatalf("s%d: %+v", i, res)
+		}
+		if !slices.Equal(got[:5], ref.generate(t, p, 5)) {
+			t.Fatalf("s%d: the tokens before the kill were wrong: %v", i, got)
+		}
+	}
+	if d := time.Since(killed); d > 5*time.Second {
+		t.Fatalf("sequences ended %v after the kill", d)
+	}
+	_, res0, _ := streams[0].Wait(ctx)
+	t.Logf("every sequence ended within %v: %s", time.Since(killed).Round(time.Millisecond), res0.Err)
+	waitIdle(ctx, t, head, 0)
+	waitIdle(ctx, t, last, 2)
+
+	_, err := head.Submit(ctx, frontdoor.Request{ID: "while-down", Tokens: p, MaxTokens: 2})
+	if err == nil || !strings.Contains(err.Error(), pipeline.ErrNotReady.Error()) {
+		t.Fatalf("submission while rank 1 is down: %v", err)
+	}
+
+	c.start(1)
+	waitFormed(ctx, t, head)
+	s, err := head.Submit(ctx, frontdoor.Request{ID: "after", Tokens: p, MaxTokens: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := s.Wait(ctx)
+	if err != nil || res.Reason != pipeline.ReasonLength || !slices.Equal(got, ref.generate(t, p, 8)) {
+		t.Fatalf("after the restart: %v %+v %v", got, res, err)
+	}
+	// The surviving ranks are back to their goroutine count before the
+	// failure: nothing of the failed sequences or the old links is left.
+	for i, cl := range []*frontdoor.Client{head, last} {
+		r := []int{0, 2}[i]
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			st := waitIdle(ctx, t, cl, r)
+			if st.Goroutines <= base[i] {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d runs %d goroutines, %d before the failure", r, st.Goroutines, base[i])
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// TestProcessRefusals: a sequence that does not fit a rank's memory budget
+// is refused by that rank at admission; a remote state that fails
+// verification ends its sequence before any token; the group keeps serving.
+func TestProcessRefusals(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := loadReference(t, dir)
+	p := makePrompt(10, ref.Cfg.VocabSize, 4)
+	c := startCluster(t, dir, 2, func(r int) string {
+		if r == 1 {
+			return "    memory_budget: 256KiB\n"
+		}
+		return ""
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	head := c.client(ctx, 0)
+	waitFormed(ctx, t, head)
+
+	_, err := head.Submit(ctx, frontdoor.Request{ID: "big", Tokens: p, MaxTokens: 20000})
+	var re *frontdoor.RefusedError
+	if !errors.As(err, &re) || re.Rank != 1 || !strings.Contains(re.Reason, "does not fit") {
+		t.Fatalf("oversized: %v", err)
+	}
+	t.Logf("refused: %v", err)
+
+	s, err := head.Submit(ctx, frontdoor.Request{ID: "bad-state", Tokens: p[9:], MaxTokens: 4, Remote: c.remote("x-bad", 9)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.send(ctx, ref.prefill(t, p[:6]), "x-bad") // 5 tokens where 9 are expected
+	got, res, err := s.Wait(ctx)
+	if err != nil || res.Reason != pipeline.ReasonError || len(got) != 0 || !strings.Contains(res.Err, "refused") {
+		t.Fatalf("bad state: %v %+v %v", got, res, err)
+	}
+	t.Logf("bad state: %s", res.Err)
+	waitIdle(ctx, t, head, 0)
+	waitIdle(ctx, t, c.client(ctx, 1), 1)
+
+	s, err = head.Submit(ctx, frontdoor.Request{ID: "fits", Tokens: p, MaxTokens: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Wait(ctx); err != nil || !slices.Equal(got, ref.generate(t, p, 6)) {
+		t.Fatalf("after the refusals: %v %v", got, err)
+	}
+}

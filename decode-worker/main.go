@@ -1,0 +1,130 @@
+// Command decode-worker is one rank of a decode group: it keeps its layer
+// range's weights resident, receives remote-prefilled state for its layers
+// from kvtransfer, and decodes in a pipeline with the other ranks over the
+// mesh. Rank 0 takes sequences (from the control plane's adapter, or from
+// clients of its front door) and hands out their tokens.
+//
+//	decode-worker --rank R --group-config FILE --model DIR
+//
+// Configuration comes from flags, TANDEM_DECODE_* environment variables and
+// an optional --config file; see config.go for every key and its default.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "decode-worker: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the rank and serves until ctx ends.
+func run(ctx context.Context, args []string) error {
+	cfg, err := loadConfig(args)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+
+	mcfg, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
+	if err != nil {
+		return err
+	}
+	layout, secret, err := loadGroup(cfg.GroupConfig, mcfg.NumLayers)
+	if err != nil {
+		return err
+	}
+	if cfg.Rank > layout.Last() {
+		return fmt.Errorf("--rank %d: group %q has ranks 0..%d", cfg.Rank, layout.Group, layout.Last())
+	}
+	log = log.With(zap.String("group", layout.Group), zap.Int("rank", cfg.Rank))
+	spec := layout.Ranks[cfg.Rank]
+	log.Info("loading weights", zap.String("model", cfg.Model), zap.Int("lo", spec.Lo), zap.Int("hi", spec.Hi))
+	m, err := rank.LoadShard(cfg.Model, cpu.New(cfg.Threads), layout, cfg.Rank, cfg.LatentEps)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	m.State.LatentDType = cfg.CacheDType
+
+	listen := cfg.Listen
+	if listen == "" {
+		listen = spec.Endpoint
+	}
+	to := kvtransfer.Timeouts{Handshake: cfg.Handshake, IO: cfg.IO, Idle: cfg.TransferIdle, KeepAlive: cfg.KeepAlive}
+	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: listen, Timeouts: to})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret,
+		Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
+		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout, Log: log})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	log.Info("decode rank listening", zap.String("addr", srv.Addr()))
+
+	var wg sync.WaitGroup
+	if cfg.Frontdoor {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			frontdoor.Serve(ctx, srv, layout.Group, secret, w, log)
+		}()
+	}
+	if err := w.WaitReady(ctx); err == nil {
+		log.Info("decode group ready")
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	wg.Wait()
+	return nil
+}
+
+func newLogger(level, format string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	var zc zap.Config
+	switch format {
+	case "json":
+		zc = zap.NewProductionConfig()
+	case "console":
+		zc = zap.NewDevelopmentConfig()
+	default:
+		return nil, errors.New("log.format: want json or console")
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.Sampling = nil // every step line at debug level
+	return zc.Build()
+}

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// childEnv makes the test binary run as a decode-worker process: the tests
+// re-execute themselves instead of building the binary.
+const childEnv = "TANDEM_DECODE_WORKER_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := run(ctx, os.Args[1:])
+		stop()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "decode-worker: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+var (
+	groupSecret    = "process-test-group-secret-0123456789"
+	transferSecret = []byte("process-test-transfer-secret-0123")
+	fastTimeouts   = kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 5 * time.Second}
+)
+
+// cluster is a decode group of processes on loopback.
+type cluster struct {
+	t      *testing.T
+	model  string
+	file   string
+	layout *rank.Layout
+	procs  []*proc
+	extra  []string
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	var ls []net.Listener
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+// startCluster writes a group config for ranks processes (rankYAML adds
+// per-rank keys) and starts them.
+func startCluster(t *testing.T, modelDir string, ranks int, rankYAML func(r int) string, extra ...string) *cluster {
+	t.Helper()
+	cfg, err := model.LoadConfig(filepath.Join(modelDir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := freePorts(t, ranks)
+	var y strings.Builder
+	fmt.Fprintf(&y, "group: ptest\nsecret: %s\nranks:\n", groupSecret)
+	for r, ep := range eps {
+		fmt.Fprintf(&y, "  - endpoint: %s\n", ep)
+		if rankYAML != nil {
+			y.WriteString(rankYAML(r))
+		}
+	}
+	file := filepath.Join(t.TempDir(), "group.yaml")
+	if err := os.WriteFile(file, []byte(y.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	layout, _, err := loadGroup(file, cfg.NumLayers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, model: modelDir, file: file, layout: layout, procs: make([]*proc, ranks), extra: extra}
+	t.Cleanup(c.stop)
+	for r := range c.procs {
+		c.start(r)
+	}
+	return c
+}
+
+func (c *cluster) start(r int) {
+	c.t.Helper()
+	args := append([]string{"--rank", fmt.Sprint(r), "--group-config", c.file, "--model", c.model, "--threads", "2"}, c.extra...)
+	cmd := exec.Command(os.Args[0], args...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = append(os.Environ(), childEnv+"=1", "TANDEM_DECODE_MESH_HEARTBEAT=100ms", "TANDEM_DECODE_MESH_IDLE=1s")
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, out: out, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }()
+	c.procs[r] = p
+}
+
+// kill kills rank r with SIGKILL and waits for it to be gone.
+func (c *cluster) kill(r int) {
+	p := c.procs[r]
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (c *cluster) stop() {
+	for _, p := range c.procs {
+		if p != nil {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for r, p := range c.procs {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+			c.t.Errorf("rank %d did not stop on SIGTERM within 10 s", r)
+		}
+		if c.t.Failed() {
+			c.t.Logf("rank %d output:\n%s", r, tail(p.out.String(), 4000))
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+func (c *cluster) client(ctx context.Context, r int) *frontdoor.Client {
+	c.t.Helper()
+	cl, err := frontdoor.Dial(ctx, c.layout.Ranks[r].Endpoint, "ptest", []byte(groupSecret), fastTimeouts)
+	if err != nil {
+		c.t.Fatalf("rank %d: %v", r, err)
+	}
+	c.t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// waitFormed polls the head until the ring is formed.
+func waitFormed(ctx context.Context, t *testing.T, head *frontdoor.Client) {
+	t.Helper()
+	for {
+		st, err := head.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Formed {
+			return
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatalf("the ring did not form: %v", ctx.Err())
+		}
+	}
+}
+
+// send moves a state for the cluster's layout with kvtransfer.
+func (c *cluster) send(ctx context.Context, st *model.SeqState, session string) error {
+	place := kvtransfer.LayerMap{}
+	for _, s := range c.layout.Ranks {
+		for L := s.Lo; L < s.Hi; L++ {
+			place[L] = s.Endpoint
+		}
+	}
+	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: session, Secret: transferSecret, Placement: place,
+		Deadline: time.Now().Add(60 * time.Second)})
+	if err != nil {
+		return err
+	}
+	for _, ls := range st.Layers {
+		if err := snd.PutLayer(ctx, ls); err != nil {
+			snd.Abort(err)
+			return err
+		}
+	}
+	return snd.Close(ctx, st.Tokens)
+}
+
+func (c *cluster) remote(session string, tokens int) *pipeline.Remote {
+	rm := &pipeline.Remote{Tokens: tokens, Deadline: time.Now().Add(60 * time.Second)}
+	for range c.layout.Ranks {
+		rm.Sessions = append(rm.Sessions, pipeline.Session{ID: session, Secret: transferSecret})
+	}
+	return rm
+}
+
+// reference is the monolithic model, the ids every group must reproduce.
+type reference struct{ *model.Loaded }
+
+func loadReference(t *testing.T, dir string) reference {
+	t.Helper()
+	m, err := model.Load(dir, cpu.New(0), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return reference{m}
+}
+
+func (m reference) generate(t *testing.T, prompt []int32, n int) []int32 {
+	t.Helper()
+	out, err := m.Generate(context.Background(), prompt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// prefill is what the prefill worker computes for prompt[:-1].
+func (m reference) prefill(t *testing.T, prompt []int32) *model.SeqState {
+	t.Helper()
+	st := m.NewState(0, m.Cfg.NumLayers)
+	if err := m.PrefillState(context.Background(), []*model.SeqState{st}, [][]int32{prompt[:len(prompt)-1]}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func makePrompt(n, vocab, seed int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
+	}
+	return out
+}
