@@ -1,0 +1,261 @@
+package mesh
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var secret = []byte("mesh-test-secret-0123456789")
+
+// testRing is n ranks on loopback; via, when set, maps rank r's next
+// address to the one it dials (a proxy).
+type testRing struct {
+	t     *testing.T
+	srvs  []*kvtransfer.Server
+	rings []*Ring
+}
+
+func newTestRing(t *testing.T, n int, via func(r int, next string) string, mod func(*Config)) *testRing {
+	t.Helper()
+	tr := &testRing{t: t}
+	for r := 0; r < n; r++ {
+		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.srvs = append(tr.srvs, srv)
+	}
+	for r := 0; r < n; r++ {
+		cfg := Config{Group: "g", Rank: r, Ranks: n, Server: tr.srvs[r], Next: tr.srvs[(r+1)%n].Addr(), Secret: secret,
+			Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond}
+		if via != nil {
+			cfg.Next = via(r, cfg.Next)
+		}
+		if mod != nil {
+			mod(&cfg)
+		}
+		ring, err := Start(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.rings = append(tr.rings, ring)
+	}
+	t.Cleanup(func() {
+		for _, r := range tr.rings {
+			r.Close()
+		}
+		for _, s := range tr.srvs {
+			s.Close()
+		}
+	})
+	return tr
+}
+
+// next returns rank r's next event within d.
+func (tr *testRing) next(r int, d time.Duration) Event {
+	tr.t.Helper()
+	select {
+	case ev := <-tr.rings[r].Events():
+		return ev
+	case <-time.After(d):
+		tr.t.Fatalf("rank %d: no event within %v", r, d)
+		return Event{}
+	}
+}
+
+// waitUp waits until rank r saw both its links up.
+func (tr *testRing) waitUp(r int) {
+	tr.t.Helper()
+	up := map[Dir]bool{}
+	for !up[Upstream] || !up[Downstream] {
+		ev := tr.next(r, 5*time.Second)
+		if ev.Msg == nil {
+			up[ev.Dir] = ev.Up
+		}
+	}
+}
+
+// nextMsg skips link events until a message arrives at rank r.
+func (tr *testRing) nextMsg(r int) *Msg {
+	tr.t.Helper()
+	for {
+		if ev := tr.next(r, 5*time.Second); ev.Msg != nil {
+			return ev.Msg
+		}
+	}
+}
+
+// TestRingOrderAndSplit: messages go around the ring in order, large
+// payloads are split over frames and joined again, and a reset travels
+// against the ring's direction.
+func TestRingOrderAndSplit(t *testing.T) {
+	tr := newTestRing(t, 3, nil, func(c *Config) { c.MaxFrame = 1000 })
+	for r := 0; r < 3; r++ {
+		tr.waitUp(r)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var sent [][]byte
+	for i := 0; i < 20; i++ {
+		p := make([]byte, rng.IntN(5000))
+		for j := range p {
+			p[j] = byte(rng.Uint32())
+		}
+		sent = append(sent, p)
+		if err := tr.rings[0].Send(&Header{Kind: KindStep, Seq: fmt.Sprint(i), Step: &Step{ID: uint64(i)}}, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range sent {
+		m := tr.nextMsg(1)
+		if m.Kind != KindStep || m.Seq != fmt.Sprint(i) || m.Step.ID != uint64(i) || !bytes.Equal(m.Payload, want) {
+			t.Fatalf("message %d: got %s %q with %d bytes, want %d bytes", i, m.Kind, m.Seq, len(m.Payload), len(want))
+		}
+		if m.Step.SentAt == 0 || m.At.UnixNano() < m.Step.SentAt {
+			t.Fatalf("message %d: sent at %d, received at %d", i, m.Step.SentAt, m.At.UnixNano())
+		}
+		// Pass it on to close the ring.
+		if err := tr.rings[1].Send(&m.Header, m.Payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range sent {
+		m := tr.nextMsg(2)
+		if err := tr.rings[2].Send(&m.Header, m.Payload); err != nil {
+			t.Fatal(err)
+		}
+		if back := tr.nextMsg(0); back.Seq != fmt.Sprint(i) || !bytes.Equal(back.Payload, sent[i]) {
+			t.Fatalf("message %d came back as %q", i, back.Seq)
+		}
+	}
+	if err := tr.rings[1].SendUp(&Header{Kind: KindReset, Reason: "test"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ev := tr.next(0, 5*time.Second)
+	if ev.Msg == nil || ev.Dir != Downstream || ev.Msg.Kind != KindReset || ev.Msg.Reason != "test" {
+		t.Fatalf("reset from the next rank: %+v", ev)
+	}
+}
+
+// TestRingRestart: a rank that goes away is reported down by both
+// neighbours at once, and up again when it comes back on the same address.
+func TestRingRestart(t *testing.T) {
+	tr := newTestRing(t, 2, nil, nil)
+	tr.waitUp(0)
+	tr.waitUp(1)
+	addr := tr.srvs[1].Addr()
+	tr.rings[1].Close()
+	tr.srvs[1].Close()
+	down := map[Dir]bool{}
+	start := time.Now()
+	for !down[Upstream] || !down[Downstream] {
+		if ev := tr.next(0, 5*time.Second); ev.Msg == nil && !ev.Up {
+			down[ev.Dir] = true
+			if ev.Err == nil {
+				t.Fatal("link down without a cause")
+			}
+		}
+	}
+	t.Logf("both links down after %v", time.Since(start))
+	if err := tr.rings[0].Send(&Header{Kind: KindForm}, nil); err == nil {
+		t.Fatal("send with the next rank gone succeeded")
+	}
+	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.srvs[1] = srv
+	r1, err := Start(Config{Group: "g", Rank: 1, Ranks: 2, Server: srv, Next: tr.srvs[0].Addr(), Secret: secret,
+		Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.rings[1] = r1
+	tr.waitUp(0)
+	if err := tr.rings[0].Send(&Header{Kind: KindForm, Epoch: 7}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if m := tr.nextMsg(1); m.Kind != KindForm || m.Epoch != 7 {
+		t.Fatalf("after the restart: %+v", m.Header)
+	}
+}
+
+// TestRingSilentPeer: a link that goes silent (stalled, not closed) is taken
+// for dead within the idle timeout, and redialed.
+func TestRingSilentPeer(t *testing.T) {
+	// Rank 0 reaches rank 1 through a proxy whose first connection goes
+	// silent after a few kilobytes of keep-alives; the next is left alone.
+	var px *faultproxy.Proxy
+	start := time.Now()
+	tr := newTestRing(t, 2, func(r int, next string) string {
+		if r != 0 {
+			return next
+		}
+		var err error
+		px, err = faultproxy.Start(faultproxy.Config{Target: next, Seed: 3, Faults: faultproxy.Faults{StallEvery: 4000, MaxFaults: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { px.Close() })
+		return px.Addr()
+	}, nil)
+	for {
+		ev := tr.next(1, 10*time.Second)
+		if ev.Msg == nil && !ev.Up && ev.Dir == Upstream {
+			t.Logf("silent link taken for dead after %v: %v", time.Since(start), ev.Err)
+			break
+		}
+	}
+	if st := px.Stats(); st.Stalls != 1 {
+		t.Fatalf("proxy: %+v", st)
+	}
+	// Rank 0 redials through the proxy, which no longer stalls.
+	for {
+		if ev := tr.next(1, 10*time.Second); ev.Msg == nil && ev.Up && ev.Dir == Upstream {
+			break
+		}
+	}
+}
+
+func TestTensorsRoundTrip(t *testing.T) {
+	be := hostBackend{}
+	a := &kernels.Tensor{Rows: 3, Cols: 4, Data: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -12}}
+	b := &kernels.Tensor{Rows: 3, Cols: 4, Data: []float32{0.5, -1e30, 3e-30, 0, 1, 1, 1, 1, 2, 2, 2, 2}}
+	p := EncodeTensors(be, []byte{9}, a, b)
+	if len(p) != 1+2*12*4 {
+		t.Fatalf("payload of %d bytes", len(p))
+	}
+	ts, err := DecodeTensors(be, p[1:], 2, 3, 4) // an unaligned payload
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []*kernels.Tensor{a, b} {
+		for j, v := range want.Data {
+			if ts[i].Data[j] != v {
+				t.Fatalf("tensor %d element %d: %v, want %v", i, j, ts[i].Data[j], v)
+			}
+		}
+	}
+	if _, err := DecodeTensors(be, p[1:], 2, 3, 5); err == nil {
+		t.Fatal("a payload of the wrong size was accepted")
+	}
+}
+
+// hostBackend is the part of a backend the tensor codec uses.
+type hostBackend struct{ kernels.Backend }
+
+func (hostBackend) NewTensor(r, c int) *kernels.Tensor {
+	return &kernels.Tensor{Rows: r, Cols: c, Data: make([]float32, r*c)}
+}
+func (hostBackend) Upload(dst *kernels.Tensor, src []float32)   { copy(dst.Data, src) }
+func (hostBackend) Download(dst []float32, src *kernels.Tensor) { copy(dst, src.Data) }

@@ -1,0 +1,191 @@
+package rank
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/tandem-inference/tandem/configs"
+	"github.com/tandem-inference/tandem/model"
+)
+
+func config(t *testing.T, name string) *model.Config {
+	t.Helper()
+	b, err := configs.ModelPreset(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := model.ParseConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestLayoutValidate(t *testing.T) {
+	l, err := Even("g", 9, []string{"a:1", "b:2", "c:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Validate(9); err != nil {
+		t.Fatal(err)
+	}
+	if l.Ranks[0].Hi != 3 || l.Ranks[2].Lo != 6 || l.Owner(4) != 1 || l.Owner(9) != -1 {
+		t.Fatalf("even split: %+v", l.Ranks)
+	}
+	if r, _ := Split(17, 3); r[0] != [2]int{0, 6} || r[1] != [2]int{6, 12} || r[2] != [2]int{12, 17} {
+		t.Fatalf("split 17/3: %v", r)
+	}
+	for _, tc := range []struct {
+		mod  func(*Layout)
+		want string
+	}{
+		{func(l *Layout) { l.Group = "" }, "group name"},
+		{func(l *Layout) { l.Ranks = nil }, "no ranks"},
+		{func(l *Layout) { l.Ranks[1].Endpoint = "nohost" }, "endpoint"},
+		{func(l *Layout) { l.Ranks[2].Endpoint = "a:1" }, "share endpoint"},
+		{func(l *Layout) { l.Ranks[1].Lo = 4 }, "do not continue"},
+		{func(l *Layout) { l.Ranks[1].Hi = 3 }, "do not continue"},
+		{func(l *Layout) { l.Ranks[2].Hi = 8 }, "model has 9"},
+		{func(l *Layout) { l.Ranks[0].MemoryBudget = -1 }, "negative"},
+	} {
+		l, _ := Even("g", 9, []string{"a:1", "b:2", "c:3"})
+		tc.mod(l)
+		if err := l.Validate(9); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", tc.want, err)
+		}
+	}
+	if _, err := Split(2, 3); err == nil {
+		t.Error("2 layers split over 3 ranks")
+	}
+}
+
+// TestStateBytes: the reservation equals what the states really take at
+// capacity, for every layer range.
+func TestStateBytes(t *testing.T) {
+	for _, name := range []string{"tiny", "small"} {
+		c := config(t, name)
+		for _, dt := range []model.DType{model.BF16, model.F32} {
+			for lo := 0; lo < c.NumLayers; lo += 4 {
+				hi := min(lo+5, c.NumLayers)
+				st := c.NewSeqState(lo, hi, model.StateOptions{LatentDType: dt, LatentCapacity: 300})
+				var n int64
+				for _, ls := range st.Layers {
+					if ls == nil {
+						continue
+					}
+					for _, p := range ls.Parts {
+						n += int64(cap(p.Data))
+					}
+				}
+				if got := StateBytes(c, lo, hi, 300, dt); got != n {
+					t.Fatalf("%s %s [%d, %d): StateBytes %d, states take %d", name, dt, lo, hi, got, n)
+				}
+			}
+		}
+	}
+}
+
+func TestTableAccounting(t *testing.T) {
+	c := config(t, "tiny")
+	per := StateBytes(c, 0, 5, 100, model.BF16)
+	tb := NewTable(c, 0, 5, 2*per+per/2, model.StateOptions{})
+	a, err := tb.Admit("a", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.Create(a)
+	if a.State == nil || a.State.Layers[4] == nil || a.State.Layers[5] != nil {
+		t.Fatal("created state does not hold exactly the rank's layers")
+	}
+	if _, err := tb.Admit("a", 100); err == nil {
+		t.Fatal("duplicate admitted")
+	}
+	if _, err := tb.Admit("b", 100); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tb.Admit("c", 100)
+	if !errors.Is(err, ErrNoMemory) || !strings.Contains(err.Error(), "layers [0, 5)") {
+		t.Fatalf("over budget: %v", err)
+	}
+	if tb.Used() != 2*per || tb.Len() != 2 {
+		t.Fatalf("used %d, want %d; %d sequences", tb.Used(), 2*per, tb.Len())
+	}
+	if !tb.Free("a") || tb.Free("a") {
+		t.Fatal("free twice")
+	}
+	if _, err := tb.Admit("c", 100); err != nil {
+		t.Fatal(err)
+	}
+	tb.Free("b")
+	tb.Free("c")
+	if tb.Used() != 0 || tb.Len() != 0 {
+		t.Fatalf("after freeing all: %d bytes, %d sequences", tb.Used(), tb.Len())
+	}
+	if _, err := tb.Admit("z", 0); err == nil {
+		t.Fatal("zero capacity admitted")
+	}
+}
+
+func TestVerify(t *testing.T) {
+	c := config(t, "tiny")
+	good := func() *model.SeqState {
+		st := &model.SeqState{Tokens: 7, Layers: make([]*model.LayerState, c.NumLayers)}
+		for L := 2; L < 6; L++ {
+			ls := &model.LayerState{Layer: L, Kind: c.LayerKind(L), Parts: c.ExpectedParts(L, 7, model.BF16)}
+			for i := range ls.Parts {
+				ls.Parts[i].Data = make([]byte, ls.Parts[i].Elems()*ls.Parts[i].DType.Size())
+			}
+			st.Layers[L] = ls
+		}
+		return st
+	}
+	if err := Verify(c, good(), 2, 6, 7, model.BF16); err != nil {
+		t.Fatal(err)
+	}
+	mla, kda := -1, -1
+	for L := 2; L < 6; L++ {
+		if c.LayerKind(L) == model.MLA && mla < 0 {
+			mla = L
+		}
+		if c.LayerKind(L) == model.KDA && kda < 0 {
+			kda = L
+		}
+	}
+	if mla < 0 || kda < 0 {
+		t.Fatal("tiny layers 2..5 hold both kinds")
+	}
+	for _, tc := range []struct {
+		mod  func(*model.SeqState)
+		want string
+	}{
+		{func(s *model.SeqState) { s.Tokens = 6 }, "6 cached tokens"},
+		{func(s *model.SeqState) { s.Layers[3] = nil }, "layer 3 is missing"},
+		{func(s *model.SeqState) { s.Layers[0] = s.Layers[2] }, "layer 0 is not on this rank"},
+		{func(s *model.SeqState) { s.Layers = s.Layers[:5] }, "layer slots"},
+		{func(s *model.SeqState) { s.Layers[mla].Parts[0].Shape = []int{8, c.LatentWidth()} }, "expected"},
+		{func(s *model.SeqState) { s.Layers[mla].Parts[0].Data = s.Layers[mla].Parts[0].Data[1:] }, "bytes"},
+		{func(s *model.SeqState) { s.Layers[kda].Parts = s.Layers[kda].Parts[:3] }, "3 parts"},
+		{func(s *model.SeqState) { s.Layers[kda].Kind = model.MLA }, "labelled"},
+		{func(s *model.SeqState) { s.Layers[kda].Part(model.PartConvK).F32()[5] = float32(math.Inf(1)) }, "conv_k element 5 is +Inf"},
+		{func(s *model.SeqState) { s.Layers[mla].Parts[0].U16()[3] = 0x7fc0 }, "mla_latent element 3 is NaN"},
+	} {
+		st := good()
+		tc.mod(st)
+		if err := Verify(c, st, 2, 6, 7, model.BF16); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want %q: %v", tc.want, err)
+		}
+	}
+	if err := Verify(c, nil, 2, 6, 7, model.BF16); err == nil {
+		t.Error("nil state verified")
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 3 << 29: "1.5 GiB"} {
+		if got := Bytes(n); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
