@@ -122,20 +122,31 @@ func runGenerate(ctx context.Context, args []string) error {
 	var mf modelFlags
 	mf.register(fs)
 	n := fs.Int("n", 8, "number of tokens to generate")
+	ranks := fs.Int("ranks", 1, "decode group ranks: above 1, a pipeline-parallel group of that many ranks (in process, mesh over loopback TCP) prefills and decodes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n < 1 {
 		return fmt.Errorf("--n must be at least 1, is %d", *n)
 	}
-	m, ids, err := mf.load()
-	if err != nil {
-		return err
+	if *ranks < 1 {
+		return fmt.Errorf("--ranks must be at least 1, is %d", *ranks)
 	}
-	defer m.Close()
-	gen, err := m.Generate(ctx, ids, *n)
-	if err != nil {
-		return err
+	var gen []int32
+	if *ranks > 1 {
+		var err error
+		if gen, err = generateGroup(ctx, &mf, *n, *ranks); err != nil {
+			return err
+		}
+	} else {
+		m, ids, err := mf.load()
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		if gen, err = m.Generate(ctx, ids, *n); err != nil {
+			return err
+		}
 	}
 	parts := make([]string, len(gen))
 	for i, id := range gen {

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tandem-inference/tandem/decode-worker/group"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/model"
+)
+
+func init() {
+	register(command{name: "decodegroup", short: "decode tok/s of an in-process decode group: sequences x ranks, compute vs mesh time", run: runDecodeGroup})
+}
+
+// groupOptions maps the model tools' flags onto an in-process group.
+func groupOptions(mf *modelFlags, ranks int) (group.Options, error) {
+	opt := group.Options{ModelDir: mf.dir, Ranks: ranks, Threads: mf.threads, LatentNormEps: mf.latentEps}
+	switch mf.cache {
+	case "bf16":
+		opt.LatentDType = model.BF16
+	case "f32":
+		opt.LatentDType = model.F32
+	default:
+		return opt, fmt.Errorf("--cache-dtype %q: want bf16 or f32", mf.cache)
+	}
+	return opt, nil
+}
+
+// generateGroup is generate --ranks N: the prompt is prefilled and decoded
+// greedily by a decode group of N ranks in this process (each rank with its
+// own kvtransfer server on loopback, the mesh over TCP).
+func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int) ([]int32, error) {
+	if mf.dir == "" || mf.ids == "" {
+		return nil, errors.New("--model and --ids are required")
+	}
+	ids, err := parseTokenIDs(mf.ids)
+	if err != nil {
+		return nil, err
+	}
+	opt, err := groupOptions(mf, ranks)
+	if err != nil {
+		return nil, err
+	}
+	g, err := group.Start(ctx, opt)
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	return g.Generate(ctx, "generate", ids, n)
+}
+
+func runDecodeGroup(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("decodegroup", flag.ContinueOnError)
+	var mf modelFlags
+	fs.StringVar(&mf.dir, "model", "", "checkpoint directory (required)")
+	fs.IntVar(&mf.threads, "threads", 0, "CPU threads per rank (0: all)")
+	fs.StringVar(&mf.cache, "cache-dtype", "bf16", "MLA latent cache dtype: bf16 or f32")
+	rankList := fs.String("ranks", "1,2,3", "group sizes to measure")
+	seqList := fs.String("seqs", "1,4,8", "concurrent sequences to measure")
+	tokens := fs.Int("tokens", 32, "tokens generated per sequence")
+	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
+	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if mf.dir == "" {
+		return errors.New("--model is required")
+	}
+	rs, err := parseCountList(*rankList)
+	if err != nil {
+		return fmt.Errorf("--ranks: %w", err)
+	}
+	ss, err := parseCountList(*seqList)
+	if err != nil {
+		return fmt.Errorf("--seqs: %w", err)
+	}
+	if *tokens < 4 || *promptLen < 1 {
+		return errors.New("--tokens must be at least 4 and --prompt at least 1")
+	}
+	fmt.Printf("| ranks | seqs | tok/s | ms/step | compute ms/step | mesh ms/step | queued ms/step | seqs/step |\n")
+	fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	rate := map[[2]int]float64{}
+	for _, r := range rs {
+		opt, err := groupOptions(&mf, r)
+		if err != nil {
+			return err
+		}
+		g, err := group.Start(ctx, opt)
+		if err != nil {
+			return err
+		}
+		for _, s := range ss {
+			res, err := measureDecode(ctx, g, s, *promptLen, *tokens)
+			if err != nil {
+				g.Close()
+				return fmt.Errorf("%d ranks, %d sequences: %w", r, s, err)
+			}
+			rate[[2]int{r, s}] = res.tokPerSec
+			fmt.Printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", r, s, res.tokPerSec,
+				durMS(res.step), durMS(res.compute), durMS(res.mesh), durMS(res.step-res.compute-res.mesh), res.rowsPerStep)
+		}
+		g.Close()
+	}
+	rmax, smax, smin := rs[len(rs)-1], ss[len(ss)-1], ss[0]
+	if base := rate[[2]int{rmax, smin}]; base > 0 {
+		ratio := rate[[2]int{rmax, smax}] / base
+		fmt.Printf("\n%d ranks: %d sequences give %.2fx the tok/s of %d (limit %.2fx)\n", rmax, smax, ratio, smin, *minRatio)
+		if b1 := rate[[2]int{rs[0], smin}]; b1 > 0 {
+			fmt.Printf("%d ranks x %d sequences vs %d rank x %d sequence: %.2fx\n", rmax, smax, rs[0], smin, rate[[2]int{rmax, smax}]/b1)
+		}
+		if *minRatio > 0 && ratio < *minRatio {
+			return fmt.Errorf("aggregate tok/s ratio %.2f is below the limit %.2f", ratio, *minRatio)
+		}
+	}
+	return nil
+}
+
+type decodeResult struct {
+	tokPerSec           float64
+	step, compute, mesh time.Duration // per decode step
+	rowsPerStep         float64
+}
+
+// measureDecode submits seqs sequences at once and measures the steady
+// decode rate: tokens delivered between the moment every sequence has its
+// first token and the moment the first one ends, over that time. The step
+// breakdown comes from the head's counters over the whole run.
+func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens int) (decodeResult, error) {
+	vocab := g.Model(0).Cfg.VocabSize
+	sink := &timedSink{first: map[string]time.Time{}, end: map[string]time.Time{}, done: make(chan struct{}), left: seqs}
+	before := g.Head().Stats()
+	for i := 0; i < seqs; i++ {
+		p := make([]int32, promptLen)
+		for j := range p {
+			p[j] = int32((i*7919 + j*104729 + 13) % vocab)
+		}
+		id := fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i)
+		if err := g.Head().Submit(ctx, pipeline.Request{ID: id, Tokens: p, MaxTokens: tokens, Sink: sink}); err != nil {
+			return decodeResult{}, err
+		}
+	}
+	select {
+	case <-sink.done:
+	case <-ctx.Done():
+		return decodeResult{}, ctx.Err()
+	}
+	if sink.err != nil {
+		return decodeResult{}, sink.err
+	}
+	after := g.Head().Stats()
+	var start, end time.Time
+	for id, t := range sink.first {
+		if t.After(start) {
+			start = t
+		}
+		if e := sink.end[id]; end.IsZero() || e.Before(end) {
+			end = e
+		}
+	}
+	n := 0
+	for _, t := range sink.times {
+		if t.After(start) && !t.After(end) {
+			n++
+		}
+	}
+	res := decodeResult{}
+	if d := end.Sub(start); d > 0 {
+		res.tokPerSec = float64(n) / d.Seconds()
+	}
+	if steps := after.DecodeSteps - before.DecodeSteps; steps > 0 {
+		res.step = (after.StepTime - before.StepTime) / time.Duration(steps)
+		res.compute = (after.StepComputeTime - before.StepComputeTime) / time.Duration(steps)
+		res.mesh = (after.StepMeshTime - before.StepMeshTime) / time.Duration(steps)
+		res.rowsPerStep = float64(after.DecodeRows-before.DecodeRows) / float64(steps)
+	}
+	return res, nil
+}
+
+// timedSink records when each token arrives.
+type timedSink struct {
+	mu    sync.Mutex
+	times []time.Time
+	first map[string]time.Time
+	end   map[string]time.Time
+	left  int
+	err   error
+	done  chan struct{}
+}
+
+func (s *timedSink) Token(seq string, index int, token int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.times = append(s.times, now)
+	if index == 0 {
+		s.first[seq] = now
+	}
+}
+
+func (s *timedSink) End(seq string, r pipeline.Result) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.end[seq] = time.Now()
+	if r.Reason != pipeline.ReasonLength && s.err == nil {
+		s.err = fmt.Errorf("sequence %s ended early: %s %v", seq, r.Reason, r.Err)
+	}
+	if s.left--; s.left == 0 {
+		close(s.done)
+	}
+}
+
+func durMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func parseCountList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
