@@ -8,27 +8,37 @@ import (
 	"time"
 )
 
-// rconn is one authenticated sender connection of a receive session: a
-// reader that places, verifies and settles chunks, and a writer that sends
-// acknowledgements, keep-alive answers and the session's outcome.
-type rconn struct {
-	srv  *Server
-	c    Conn
-	s    *rsession
-	peer string
+// ackDelay is how long a receiver may sit on acknowledgements it has not
+// batched yet: a sender's credits come back in batches of ackEvery chunks
+// while data streams, and at most this late when the stream pauses.
+const ackDelay = 500 * time.Microsecond
 
-	mu      sync.Mutex // the outbox
+// rconn is one authenticated sender connection of a receive session: a
+// reader that places, verifies, settles and acknowledges chunks, and a
+// writer that sends delayed acknowledgements, keep-alive answers and the
+// session's outcome.
+type rconn struct {
+	srv      *Server
+	c        Conn
+	s        *rsession
+	peer     string
+	ackEvery uint64
+
+	amu     sync.Mutex // acknowledgements
 	ackSeq  uint64     // last DATA sequence number processed
 	sentSeq uint64     // last one acknowledged on the wire
 	bad     []uint64   // failed their checksum: resend
 	busy    []uint64   // being received on another connection: resend later
-	pong    bool
-	notice  *header // COMMIT or ERROR
-	wake    chan struct{}
+
+	mu     sync.Mutex // the writer's outbox
+	pong   bool
+	notice *header // COMMIT or ERROR
+	wake   chan struct{}
 }
 
 func newRConn(srv *Server, c Conn, s *rsession) *rconn {
-	return &rconn{srv: srv, c: c, s: s, peer: c.RemoteAddr(), wake: make(chan struct{}, 1)}
+	return &rconn{srv: srv, c: c, s: s, peer: c.RemoteAddr(), wake: make(chan struct{}, 1),
+		ackEvery: uint64(max(1, srv.window/4))}
 }
 
 func (rc *rconn) kick() {
@@ -46,17 +56,56 @@ func (rc *rconn) notify(h *header) {
 	rc.kick()
 }
 
-func (rc *rconn) ack(seq uint64, p placement, ok bool) {
-	rc.mu.Lock()
+// ack records the outcome of DATA frame seq. A rejected chunk is answered at
+// once, as is every ackEvery-th chunk, from the reader itself (handing it to
+// another goroutine would delay it until the reader blocks); the rest waits
+// for the writer's ackDelay, so that a streaming sender costs one ACK per
+// batch instead of one per chunk.
+func (rc *rconn) ack(seq uint64, p placement, ok bool) error {
+	rc.amu.Lock()
 	rc.ackSeq = seq
+	urgent := false
 	switch {
 	case p == placeBusy:
 		rc.busy = append(rc.busy, seq)
+		urgent = true
 	case !ok:
 		rc.bad = append(rc.bad, seq)
+		urgent = true
 	}
-	rc.mu.Unlock()
-	rc.kick()
+	n := rc.ackSeq - rc.sentSeq
+	rc.amu.Unlock()
+	if urgent || n >= rc.ackEvery {
+		return rc.flushAcks()
+	}
+	if n == 1 {
+		rc.kick() // the writer flushes after ackDelay
+	}
+	return nil
+}
+
+// flushAcks sends one cumulative ACK for everything processed.
+func (rc *rconn) flushAcks() error {
+	rc.amu.Lock()
+	if rc.ackSeq == rc.sentSeq && len(rc.bad)+len(rc.busy) == 0 {
+		rc.amu.Unlock()
+		return nil
+	}
+	h := header{Type: frameAck, Seq: rc.ackSeq, Bad: rc.bad, Busy: rc.busy}
+	rc.sentSeq, rc.bad, rc.busy = rc.ackSeq, nil, nil
+	rc.amu.Unlock()
+	b, err := encodeHeader(&h)
+	if err != nil {
+		return err
+	}
+	rc.c.SetWriteDeadline(time.Now().Add(rc.srv.to.IO))
+	return rc.c.WriteFrame(b, nil)
+}
+
+func (rc *rconn) acksPending() bool {
+	rc.amu.Lock()
+	defer rc.amu.Unlock()
+	return rc.ackSeq != rc.sentSeq
 }
 
 func (rc *rconn) run() {
@@ -136,7 +185,9 @@ func (rc *rconn) readLoop() (fatal bool, err error) {
 				}
 				rc.s.finish(cl, ok)
 			}
-			rc.ack(h.Seq, pl, ok)
+			if err := rc.ack(h.Seq, pl, ok); err != nil {
+				return false, err
+			}
 		case frameEnd:
 			if err := rc.s.end(&h); err != nil {
 				return true, err
@@ -156,12 +207,28 @@ func (rc *rconn) readLoop() (fatal bool, err error) {
 }
 
 func (rc *rconn) writeLoop(quit <-chan struct{}) {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	armed := false
 	for {
 		select {
 		case <-rc.wake:
+		case <-t.C:
+			armed = false
+			if rc.flushAcks() != nil {
+				rc.c.Close()
+				return
+			}
+			continue
 		case <-quit:
+			rc.flushAcks()
 			rc.flush() // a last ERROR or COMMIT, best effort
 			return
+		}
+		if !armed && rc.acksPending() {
+			t.Reset(ackDelay)
+			armed = true
 		}
 		fatal, err := rc.flush()
 		if err != nil || fatal {
@@ -175,20 +242,21 @@ func (rc *rconn) writeLoop(quit <-chan struct{}) {
 func (rc *rconn) flush() (fatal bool, err error) {
 	var frames []*header
 	rc.mu.Lock()
-	if rc.ackSeq > rc.sentSeq || len(rc.bad)+len(rc.busy) > 0 {
-		frames = append(frames, &header{Type: frameAck, Seq: rc.ackSeq, Bad: rc.bad, Busy: rc.busy})
-		rc.sentSeq, rc.bad, rc.busy = rc.ackSeq, nil, nil
-	}
 	if rc.pong {
 		frames = append(frames, &header{Type: framePong})
 		rc.pong = false
 	}
-	if rc.notice != nil {
-		frames = append(frames, rc.notice)
-		fatal = rc.notice.Type == frameError
-		rc.notice = nil
-	}
+	notice := rc.notice
+	rc.notice = nil
 	rc.mu.Unlock()
+	if notice != nil {
+		// Acknowledge what was verified before the outcome.
+		if err := rc.flushAcks(); err != nil {
+			return false, err
+		}
+		frames = append(frames, notice)
+		fatal = notice.Type == frameError
+	}
 	for _, f := range frames {
 		b, err := encodeHeader(f)
 		if err != nil {

@@ -49,7 +49,7 @@ type Sender struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	changed  chan struct{} // closed and replaced on every state change
+	changed  chan struct{} // closed and replaced when held bytes drop or the sender ends
 	peers    map[string]*peer
 	order    []*peer
 	put      map[int]bool
@@ -127,7 +127,7 @@ func (s *Sender) peerLocked(ep string) *peer {
 	if p := s.peers[ep]; p != nil {
 		return p
 	}
-	p := &peer{addr: ep, parts: map[partKey]*outPart{}, layers: map[int]bool{}}
+	p := &peer{addr: ep, parts: map[partKey]*outPart{}, layers: map[int]bool{}, changed: make(chan struct{})}
 	s.peers[ep] = p
 	s.order = append(s.order, p)
 	for i := 0; i < s.cfg.Conns; i++ {
@@ -137,9 +137,24 @@ func (s *Sender) peerLocked(ep string) *peer {
 	return p
 }
 
+// broadcastLocked wakes every waiter: PutLayer and every connection.
 func (s *Sender) broadcastLocked() {
+	s.heldChangedLocked()
+	for _, p := range s.order {
+		s.wakePeerLocked(p)
+	}
+}
+
+// heldChangedLocked wakes PutLayer calls waiting for held bytes to drop.
+func (s *Sender) heldChangedLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// wakePeerLocked wakes p's connections (new work, credits, outcome).
+func (s *Sender) wakePeerLocked(p *peer) {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // PutLayer hands over layer ls.Layer's state; the sender owns it from now
@@ -200,8 +215,8 @@ func (s *Sender) PutLayer(ctx context.Context, ls *model.LayerState) error {
 		if op.peer.chunk > 0 {
 			s.setChunksLocked(op)
 		}
+		s.wakePeerLocked(op.peer)
 	}
-	s.broadcastLocked()
 	return nil
 }
 

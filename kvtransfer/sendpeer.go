@@ -31,6 +31,8 @@ type peer struct {
 	nParts int
 	nBytes int64
 
+	changed chan struct{} // closed and replaced to wake this peer's connections
+
 	chunks, acked int  // chunk counts, for progress in errors
 	ended         bool // END sent since the last WELCOME that had not seen one
 	committed     bool
@@ -160,6 +162,7 @@ func (s *Sender) partDoneLocked(op *outPart) {
 	op.layer.pending--
 	if op.layer.pending == 0 && !s.finished {
 		s.held -= op.layer.bytes // the whole layer is with its receivers
+		s.heldChangedLocked()
 	}
 }
 
@@ -240,7 +243,7 @@ func (s *Sender) applyWelcomeLocked(p *peer, w *header) error {
 	if !w.Ended {
 		p.ended = false
 	}
-	s.broadcastLocked()
+	s.wakePeerLocked(p)
 	return nil
 }
 
@@ -349,18 +352,18 @@ func (s *Sender) serve(p *peer, c Conn, w *header) error {
 		}
 	}
 	cs.inflight = nil
-	s.broadcastLocked()
+	s.wakePeerLocked(p)
 	if s.stoppedLocked(p) {
 		return nil
 	}
 	return cs.err
 }
 
-func (s *Sender) connFailedLocked(cs *sconn, err error) {
+func (s *Sender) connFailedLocked(p *peer, cs *sconn, err error) {
 	if cs.err == nil {
 		cs.err = err
 	}
-	s.broadcastLocked()
+	s.wakePeerLocked(p)
 }
 
 // writeLoop writes chunks within the credit window, then END once everything
@@ -412,7 +415,7 @@ func (s *Sender) writeLoop(p *peer, cs *sconn) {
 			if d, ok := p.nextResend(now); ok && d < wait {
 				wait = max(d, time.Millisecond)
 			}
-			ch := s.changed
+			ch := p.changed
 			s.mu.Unlock()
 			t.Reset(wait)
 			select {
@@ -443,7 +446,7 @@ func (s *Sender) writeLoop(p *peer, cs *sconn) {
 		}
 		if err != nil {
 			s.mu.Lock()
-			s.connFailedLocked(cs, fmt.Errorf("write %s to %s: %w", ctl.Type, cs.c.RemoteAddr(), err))
+			s.connFailedLocked(p, cs, fmt.Errorf("write %s to %s: %w", ctl.Type, cs.c.RemoteAddr(), err))
 			s.mu.Unlock()
 			return
 		}
@@ -475,7 +478,7 @@ func (s *Sender) readLoop(p *peer, cs *sconn) {
 			case frameCommit:
 				p.committed = true
 				s.checkCommittedLocked()
-				s.broadcastLocked()
+				s.wakePeerLocked(p)
 				s.mu.Unlock()
 				return
 			default:
@@ -487,12 +490,12 @@ func (s *Sender) readLoop(p *peer, cs *sconn) {
 			if !errors.As(err, &re) && !errors.Is(err, ErrProtocol) {
 				err = fmt.Errorf("read from %s: %w", cs.c.RemoteAddr(), err)
 			}
-			s.connFailedLocked(cs, err)
+			s.connFailedLocked(p, cs, err)
 			s.mu.Unlock()
 			cs.c.Close() // unblocks a writer stuck on a full socket
 			return
 		}
-		s.broadcastLocked()
+		s.wakePeerLocked(p)
 		s.mu.Unlock()
 	}
 }
