@@ -209,3 +209,4 @@ func TestClaimedChunkBusy(t *testing.T) {
 		t.Errorf("%d bytes verified, want 64", got)
 	}
 }
+

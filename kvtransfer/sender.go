@@ -188,6 +188,9 @@ func (s *Sender) PutLayer(ctx context.Context, ls *model.LayerState) error {
 		if s.err != nil {
 			return s.err
 		}
+		if s.finished || s.closing {
+			return fmt.Errorf("kvtransfer: job %s: layer %d handed over after Close", s.job, ls.Layer)
+		}
 		if ctx.Err() != nil {
 			delete(s.put, ls.Layer)
 			return fmt.Errorf("kvtransfer: job %s: layer %d not taken: %w", s.job, ls.Layer, ctx.Err())

@@ -94,7 +94,9 @@ func (t *TCP) wrap(c *net.TCPConn) *tcpConn {
 }
 
 func newTCPConn(c net.Conn, maxPayload int) *tcpConn {
-	return &tcpConn{c: c, r: bufio.NewReaderSize(c, 64<<10), maxPayload: maxPayload}
+	// A small read buffer: control frames and payload heads pass through it,
+	// payload bodies are read straight into their destination.
+	return &tcpConn{c: c, r: bufio.NewReaderSize(c, 16<<10), maxPayload: maxPayload}
 }
 
 type tcpListener struct {
