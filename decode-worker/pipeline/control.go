@@ -3,7 +3,6 @@ package pipeline
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -81,7 +80,10 @@ func (w *Worker) reset(err error) {
 	for _, s := range w.seqs {
 		w.drop(s, err)
 	}
-	w.queue = nil
+	w.queue, w.overflow = nil, nil
+	for _, sl := range w.slots {
+		sl.members, sl.inflight = nil, false
+	}
 	clear(w.flights)
 	if w.head {
 		w.epoch++
@@ -243,7 +245,7 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 	if a.Tokens < 1 || a.Cached < 0 || a.MaxTokens < 1 {
 		return fmt.Errorf("admission of %d tokens (%d cached) for %d new ones", a.Tokens, a.Cached, a.MaxTokens)
 	}
-	s := &seq{id: id, admit: a}
+	s := &seq{id: id, admit: a, slot: -1}
 	if w.last {
 		p := sampling.Params{Temperature: a.Sampling.Temperature, TopK: a.Sampling.TopK, TopP: a.Sampling.TopP, Seed: a.Sampling.Seed}
 		var err error
@@ -284,9 +286,7 @@ func (w *Worker) free(s *seq) {
 	if w.seqs[s.id] == s {
 		delete(w.seqs, s.id)
 	}
-	if i := slices.Index(w.queue, s); i >= 0 {
-		w.queue = slices.Delete(w.queue, i, i+1)
-	}
+	w.unschedule(s)
 }
 
 // expect registers this rank's transfer session for a remote sequence and

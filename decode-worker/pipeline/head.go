@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
-	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -185,12 +184,12 @@ func (w *Worker) stateFailed(s *seq, r int, reason string) {
 	w.end(s, Result{Reason: ReasonError, Err: err})
 }
 
-// start queues a sequence whose state is in place on every rank.
+// start schedules a sequence whose state is in place on every rank.
 func (w *Worker) start(s *seq) {
 	s.timing.Ready = time.Now()
 	t := s.req.Tokens
 	s.pending, s.next = t[:len(t)-1], t[len(t)-1]
-	w.queue = append(w.queue, s)
+	w.ready(s)
 }
 
 // end finishes a sequence on the head and releases it on every rank.
@@ -229,149 +228,6 @@ func (w *Worker) release(id string) {
 	}
 }
 
-// flight is a step in flight from the head.
-type flight struct {
-	seqs     []*seq
-	phase    model.Phase
-	launched time.Time
-}
-
-// runnable reports whether the head can launch a step now.
-func (w *Worker) runnable() bool {
-	return w.head && w.formed && len(w.flights) < w.maxSteps && len(w.queue) > 0
-}
-
-// schedule launches steps while there is room in the pipeline.
-func (w *Worker) schedule() {
-	for i := 0; i < w.maxSteps && w.runnable(); i++ {
-		w.launch()
-	}
-}
-
-// pick chooses the next step's sequences from the queue, in order. The
-// first decides the phase: a prefill step takes prompt chunks up to
-// PrefillChunk rows; a decode step takes up to an even share of the decoding
-// sequences over the micro-batches, so that several steps are in flight.
-func (w *Worker) pick() ([]*seq, []int, model.Phase) {
-	if len(w.queue[0].pending) > 0 {
-		budget := w.cfg.PrefillChunk
-		var ss []*seq
-		var rows []int
-		for _, s := range w.queue {
-			if len(s.pending) == 0 {
-				continue
-			}
-			n := len(s.pending)
-			if budget > 0 && n > budget {
-				// End the chunk on a multiple of the KDA chunk, counted from
-				// the start of the sequence, so that it is bit-identical to
-				// prefilling the whole prompt at once.
-				pos := s.e.State.Tokens
-				n = (pos+budget)/model.KDAChunk*model.KDAChunk - pos
-			}
-			if n <= 0 {
-				break
-			}
-			ss, rows = append(ss, s), append(rows, n)
-			if budget > 0 {
-				if budget -= n; budget <= 0 {
-					break
-				}
-			}
-		}
-		return ss, rows, model.PhasePrefill
-	}
-	decoding := 0
-	for _, s := range w.queue {
-		if len(s.pending) == 0 {
-			decoding++
-		}
-	}
-	for _, f := range w.flights {
-		if f.phase == model.PhaseDecode {
-			decoding += len(f.seqs)
-		}
-	}
-	share := min(max((decoding+w.maxSteps-1)/w.maxSteps, 1), w.cfg.MaxBatch)
-	var ss []*seq
-	var rows []int
-	for _, s := range w.queue {
-		if len(s.pending) == 0 && len(ss) < share {
-			ss, rows = append(ss, s), append(rows, 1)
-		}
-	}
-	return ss, rows, model.PhaseDecode
-}
-
-// launch runs the next step through rank 0's layers and sends it on (or, in
-// a group of one, runs it to the end).
-func (w *Worker) launch() {
-	ss, rows, phase := w.pick()
-	if len(ss) == 0 {
-		return
-	}
-	for _, s := range ss {
-		i := slices.Index(w.queue, s)
-		w.queue = slices.Delete(w.queue, i, i+1)
-	}
-	id := w.nextStep
-	w.nextStep++
-	states := make([]*model.SeqState, len(ss))
-	toks := make([][]int32, len(ss))
-	pos := make([]int32, len(ss))
-	for i, s := range ss {
-		states[i], pos[i] = s.e.State, int32(s.e.State.Tokens)
-		if phase == model.PhasePrefill {
-			toks[i] = s.pending[:rows[i]]
-		} else {
-			toks[i] = []int32{s.next}
-			s.inflight = true
-		}
-	}
-	t0 := time.Now()
-	b, err := w.m.NewBatch(states, toks)
-	if err == nil {
-		err = w.m.ForwardLayers(w.ctx, 0, w.hi, b, phase)
-	}
-	if err != nil {
-		if w.ctx.Err() != nil {
-			return // closing: shutdown ends the sequences
-		}
-		for _, s := range ss {
-			w.end(s, Result{Reason: ReasonError, Err: fmt.Errorf("decode rank 0: step %d: %w", id, err)})
-		}
-		return
-	}
-	b.Advance()
-	if phase == model.PhasePrefill {
-		for i, s := range ss {
-			// The next chunk (or the last prompt token) can follow at once:
-			// every rank runs a sequence's steps in the order sent.
-			s.pending = s.pending[rows[i]:]
-			w.queue = append(w.queue, s)
-		}
-	}
-	f := &flight{seqs: ss, phase: phase, launched: t0}
-	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
-	if w.last { // a group of one
-		results := w.sample(ss, phase, b)
-		w.stepDone(id, phase, len(ss), b.Rows(), time.Since(t0))
-		tr.Compute[0] = int64(time.Since(t0))
-		w.onResults(f, results, tr)
-		return
-	}
-	compute := time.Since(t0)
-	tr.Compute[0] = int64(compute)
-	w.stepDone(id, phase, len(ss), b.Rows(), compute)
-	t1 := time.Now()
-	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
-	tr.Mesh[0] = int64(time.Since(t1))
-	w.flights[id] = f
-	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
-		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Trace: tr}
-	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: st}, payload)
-}
-
 // onTokens: a step came back from the last rank.
 func (w *Worker) onTokens(m *mesh.Msg) {
 	tk := m.Tokens
@@ -394,6 +250,7 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 		c := &w.counters
 		c.decodeSteps++
 		c.decodeRows += int64(len(f.seqs))
+		c.largest = max(c.largest, len(f.seqs))
 		c.stepTime += time.Since(f.launched)
 		for _, v := range tr.Compute {
 			c.stepCompute += time.Duration(v)
@@ -401,6 +258,9 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 		for _, v := range tr.Mesh {
 			c.stepMesh += time.Duration(v)
 		}
+	}
+	if f.slot >= 0 {
+		w.slots[f.slot].inflight = false
 	}
 	inStep := map[string]*seq{}
 	for _, s := range f.seqs {
@@ -429,9 +289,9 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 			w.end(s, Result{Reason: Reason(r.Reason)})
 			continue
 		}
-		s.next = r.Token
-		w.queue = append(w.queue, s)
+		s.next = r.Token // it stays in its micro-batch for the next step
 	}
+	w.fillSlots()
 }
 
 func ids(ss []*seq) []string {

@@ -29,6 +29,7 @@ type seq struct {
 	failure   error      // a rank refused the state during the admission
 	ready     []bool     // ranks whose state is in place (remote)
 	nready    int
+	slot      int     // its decode micro-batch, or -1
 	pending   []int32 // prompt tokens still to prefill
 	next      int32   // the next decode step's input
 	inflight  bool    // a decode step for it is in flight

@@ -30,6 +30,7 @@ type Stats struct {
 	// behind other micro-batches.
 	DecodeSteps                             int64
 	DecodeRows                              int64 // sequences in them
+	LargestDecodeStep                       int   // the most sequences in one decode step
 	StepTime, StepComputeTime, StepMeshTime time.Duration
 }
 
@@ -39,6 +40,7 @@ type counters struct {
 	admitted, refused, finished, failed int64
 	tokens                              int64
 	decodeSteps, decodeRows             int64
+	largest                             int
 	stepTime, stepCompute, stepMesh     time.Duration
 }
 
@@ -56,8 +58,8 @@ func (w *Worker) publish() {
 		Sequences: w.table.Len(), ReservedBytes: w.table.Used(), BudgetBytes: w.table.Limit(),
 		Steps: c.steps, ComputeTime: c.compute,
 		Admitted: c.admitted, Refused: c.refused, Finished: c.finished, Failed: c.failed,
-		Queued: len(w.queue), InFlight: len(w.flights), Tokens: c.tokens,
-		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows,
+		Queued: len(w.queue) + len(w.overflow), InFlight: len(w.flights), Tokens: c.tokens,
+		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows, LargestDecodeStep: c.largest,
 		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh}
 	w.mu.Lock()
 	w.snap = s

@@ -95,7 +95,9 @@ type Worker struct {
 	commits  chan commit
 	nextStep uint64
 	flights  map[uint64]*flight
-	queue    []*seq // head: sequences ready for their next step
+	queue    []*seq  // head: sequences with prompt chunks to prefill
+	overflow []*seq  // head: decoding sequences waiting for room in a slot
+	slots    []*slot // head: the decode micro-batches
 	counters counters
 	lastLog  time.Time
 	logged   counters
@@ -163,6 +165,9 @@ func Start(cfg Config) (*Worker, error) {
 		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
 		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
 		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now()}
+	for range w.maxSteps {
+		w.slots = append(w.slots, &slot{})
+	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if w.n > 1 {
 		r, err := mesh.Start(mesh.Config{Group: l.Group, Rank: cfg.Rank, Ranks: w.n, Server: cfg.Server,

@@ -1,0 +1,226 @@
+package pipeline
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// The head keeps decoding sequences in MicroBatches slots. A slot's members
+// are stepped together; while one slot's step goes through the ranks the
+// others' steps follow it, so with as many slots as ranks every rank has
+// work. A sequence joins the smallest slot when it is ready to decode (and
+// waits if every slot holds MaxBatch), stays in it until it ends, and a slot
+// steps again as soon as its tokens are back, so steps stay as large as the
+// sequences allow instead of fragmenting. Prompt chunks to prefill go in
+// their own steps, up to MicroBatches of them in flight.
+
+// slot is one micro-batch of decoding sequences.
+type slot struct {
+	members  []*seq
+	inflight bool
+}
+
+// flight is a step in flight from the head.
+type flight struct {
+	seqs     []*seq
+	phase    model.Phase
+	slot     int // -1 for a prefill step
+	launched time.Time
+}
+
+// ready files a sequence whose state is in place: for prefill while prompt
+// tokens are left, else into a decode slot.
+func (w *Worker) ready(s *seq) {
+	if len(s.pending) > 0 {
+		w.queue = append(w.queue, s)
+		return
+	}
+	s.slot = -1
+	w.overflow = append(w.overflow, s)
+	w.fillSlots()
+}
+
+// fillSlots moves waiting sequences into the smallest slots with room.
+func (w *Worker) fillSlots() {
+	for len(w.overflow) > 0 {
+		best := -1
+		for k, sl := range w.slots {
+			if len(sl.members) < w.cfg.MaxBatch && (best < 0 || len(sl.members) < len(w.slots[best].members)) {
+				best = k
+			}
+		}
+		if best < 0 {
+			return
+		}
+		s := w.overflow[0]
+		w.overflow = w.overflow[1:]
+		s.slot = best
+		w.slots[best].members = append(w.slots[best].members, s)
+	}
+}
+
+// unschedule removes a sequence from the queue, the overflow or its slot.
+func (w *Worker) unschedule(s *seq) {
+	if i := slices.Index(w.queue, s); i >= 0 {
+		w.queue = slices.Delete(w.queue, i, i+1)
+	}
+	if i := slices.Index(w.overflow, s); i >= 0 {
+		w.overflow = slices.Delete(w.overflow, i, i+1)
+	}
+	if s.slot >= 0 && s.slot < len(w.slots) {
+		sl := w.slots[s.slot]
+		if i := slices.Index(sl.members, s); i >= 0 {
+			sl.members = slices.Delete(sl.members, i, i+1)
+		}
+		s.slot = -1
+	}
+}
+
+func (w *Worker) prefillFlights() int {
+	n := 0
+	for _, f := range w.flights {
+		if f.slot < 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// runnable reports whether the head can launch a step now.
+func (w *Worker) runnable() bool {
+	if !w.head || !w.formed {
+		return false
+	}
+	if len(w.queue) > 0 && w.prefillFlights() < w.maxSteps {
+		return true
+	}
+	for _, sl := range w.slots {
+		if !sl.inflight && len(sl.members) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// schedule launches what can go: one prefill step, then every idle slot.
+func (w *Worker) schedule() {
+	if !w.runnable() {
+		return
+	}
+	if len(w.queue) > 0 && w.prefillFlights() < w.maxSteps {
+		w.launchPrefill()
+	}
+	for k, sl := range w.slots {
+		if !sl.inflight && len(sl.members) > 0 {
+			w.launch(slices.Clone(sl.members), nil, model.PhaseDecode, k)
+		}
+	}
+}
+
+// launchPrefill takes prompt chunks from the queue, in order, up to
+// PrefillChunk rows.
+func (w *Worker) launchPrefill() {
+	budget := w.cfg.PrefillChunk
+	var ss []*seq
+	var rows []int
+	for _, s := range w.queue {
+		n := len(s.pending)
+		if budget > 0 && n > budget {
+			// End the chunk on a multiple of the KDA chunk, counted from the
+			// start of the sequence, so that it is bit-identical to
+			// prefilling the whole prompt at once.
+			pos := s.e.State.Tokens
+			n = (pos+budget)/model.KDAChunk*model.KDAChunk - pos
+		}
+		if n <= 0 {
+			break
+		}
+		ss, rows = append(ss, s), append(rows, n)
+		if budget > 0 {
+			if budget -= n; budget <= 0 {
+				break
+			}
+		}
+	}
+	if len(ss) == 0 {
+		return
+	}
+	w.queue = slices.DeleteFunc(w.queue, func(s *seq) bool { return slices.Contains(ss, s) })
+	w.launch(ss, rows, model.PhasePrefill, -1)
+}
+
+// launch runs a step through rank 0's layers and sends it on (or, in a
+// group of one, runs it to the end).
+func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
+	id := w.nextStep
+	w.nextStep++
+	states := make([]*model.SeqState, len(ss))
+	toks := make([][]int32, len(ss))
+	pos := make([]int32, len(ss))
+	if rows == nil {
+		rows = make([]int, len(ss))
+	}
+	for i, s := range ss {
+		states[i], pos[i] = s.e.State, int32(s.e.State.Tokens)
+		if phase == model.PhasePrefill {
+			toks[i] = s.pending[:rows[i]]
+		} else {
+			toks[i], rows[i] = []int32{s.next}, 1
+			s.inflight = true
+		}
+	}
+	if k >= 0 {
+		w.slots[k].inflight = true
+	}
+	t0 := time.Now()
+	b, err := w.m.NewBatch(states, toks)
+	if err == nil {
+		err = w.m.ForwardLayers(w.ctx, 0, w.hi, b, phase)
+	}
+	if err != nil {
+		if k >= 0 {
+			w.slots[k].inflight = false
+		}
+		if w.ctx.Err() != nil {
+			return // closing: shutdown ends the sequences
+		}
+		for _, s := range ss {
+			w.end(s, Result{Reason: ReasonError, Err: fmt.Errorf("decode rank 0: step %d: %w", id, err)})
+		}
+		return
+	}
+	b.Advance()
+	if phase == model.PhasePrefill {
+		for i, s := range ss {
+			// The next chunk, or the last prompt token's decode step, can
+			// follow at once: every rank runs a sequence's steps in order.
+			s.pending = s.pending[rows[i]:]
+			w.ready(s)
+		}
+	}
+	f := &flight{seqs: ss, phase: phase, slot: k, launched: t0}
+	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
+	if w.last { // a group of one
+		results := w.sample(ss, phase, b)
+		compute := time.Since(t0)
+		tr.Compute[0] = int64(compute)
+		w.stepDone(id, phase, len(ss), b.Rows(), compute)
+		w.onResults(f, results, tr)
+		return
+	}
+	compute := time.Since(t0)
+	tr.Compute[0] = int64(compute)
+	w.stepDone(id, phase, len(ss), b.Rows(), compute)
+	t1 := time.Now()
+	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
+	tr.Mesh[0] = int64(time.Since(t1))
+	w.flights[id] = f
+	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
+		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Trace: tr}
+	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: st}, payload)
+}
