@@ -204,12 +204,12 @@ func TestBackpressure(t *testing.T) {
 // TestKeepAlive: a sender idle for several idle timeouts (a long prefill
 // layer) keeps its connections: pings answered by pongs.
 func TestKeepAlive(t *testing.T) {
-	to := Timeouts{Handshake: time.Second, IO: time.Second, Idle: 200 * time.Millisecond, KeepAlive: 40 * time.Millisecond}
+	to := Timeouts{Handshake: time.Second, IO: time.Second, Idle: 400 * time.Millisecond, KeepAlive: 40 * time.Millisecond}
 	r := newRig(t, "tiny", 1, ServerConfig{Timeouts: to})
 	ins := r.expect("ka", 3, model.BF16, 5*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 3, model.BF16, 1)
 	s := newSender(t, "ka", r.place, func(c *SenderConfig) { c.Timeouts = to })
-	time.Sleep(4 * to.Idle)
+	time.Sleep(3 * to.Idle)
 	if err := putAll(context.Background(), t, s, src, kvtest.AllLayers(9), 1, 1); err != nil {
 		t.Fatal(err)
 	}

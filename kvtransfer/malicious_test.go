@@ -209,4 +209,3 @@ func TestClaimedChunkBusy(t *testing.T) {
 		t.Errorf("%d bytes verified, want 64", got)
 	}
 }
-

@@ -211,8 +211,8 @@ func (s *rsession) allocate() {
 		for i := range rl.parts {
 			rp := &rl.parts[i]
 			c := rp.size
-			if rp.want.Kind == model.PartLatent && s.spec.Tokens > 0 {
-				c = rp.size / s.spec.Tokens * s.spec.LatentCapacity
+			if rp.want.Kind == model.PartLatent { // [T, width]: room for LatentCapacity rows
+				c = s.spec.LatentCapacity * rp.want.Shape[1] * rp.want.DType.Size()
 			}
 			rl.ls.Parts[i] = model.Part{Kind: rp.want.Kind, DType: rp.want.DType,
 				Shape: slices.Clone(rp.want.Shape), Data: make([]byte, rp.size, c)}

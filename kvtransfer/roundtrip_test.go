@@ -64,3 +64,42 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestLatentCapacity: MLA buffers come with room for decode to append rows
+// without copying the committed state, also when no rows were transferred.
+func TestLatentCapacity(t *testing.T) {
+	for _, T := range []int{0, 5} {
+		r := newRig(t, "tiny", 1, ServerConfig{})
+		in, err := r.servers[0].Expect(ExpectSpec{Session: "cap", Secret: testSecret, Model: r.cfg, Layers: []int{3, 4},
+			Tokens: T, LatentCapacity: 100, Deadline: time.Now().Add(5 * time.Second)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := kvtest.RandomSeq(r.cfg, []int{3, 4}, T, model.BF16, 1)
+		s, err := NewSender(SenderConfig{Session: "cap", Secret: testSecret, Placement: LayerMap{3: r.servers[0].Addr(), 4: r.servers[0].Addr()},
+			Deadline: time.Now().Add(5 * time.Second), Timeouts: fast})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for _, L := range []int{3, 4} {
+			if err := s.PutLayer(ctx, src.Layers[L]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Close(ctx, T); err != nil {
+			t.Fatal(err)
+		}
+		st, err := in.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kvtest.Diff(src, st, []int{3, 4}); err != nil {
+			t.Fatal(err)
+		}
+		p := st.Layers[3].Part(model.PartLatent)
+		if len(p.Data) != T*40*2 || cap(p.Data) != 100*40*2 {
+			t.Errorf("T=%d: latent len %d cap %d, want %d and %d", T, len(p.Data), cap(p.Data), T*80, 8000)
+		}
+	}
+}
