@@ -18,12 +18,15 @@ func decodeRow(dst []float32, w *kernels.Matrix, r int) {
 		u := u16view(row)
 		dst = dst[:len(u)]
 		for i, v := range u {
-			dst[i] = math.Float32frombits(uint32(v) << 16)
+			dst[i] = bf16(v)
 		}
 	default:
 		decodeRowMX(dst, w, r, row)
 	}
 }
+
+// bf16 widens a bfloat16 bit pattern to fp32 (exact).
+func bf16(v uint16) float32 { return math.Float32frombits(uint32(v) << 16) }
 
 func f32view(b []byte) []float32 {
 	if len(b) == 0 {

@@ -11,24 +11,29 @@ import (
 // ops, fp64 inside fused ops (SiTU MLPs) that round only once at the end.
 type float interface{ ~float32 | ~float64 }
 
-const (
-	tileO  = 4  // weight rows decoded and used together
-	blockT = 64 // activation rows converted to fp64 at a time
-)
+// blockT is the number of activation rows packed at a time (a multiple of
+// the 6-row tile).
+const blockT = 96
 
 // MatMul computes dst[T, O] = x[T, I] · Wᵀ for W [O, I] in any storage
 // format.
 //
-// Weight rows are decoded four at a time into a small per-worker scratch
-// (never the whole matrix) and each decoded tile serves a block of 64 rows
-// of x. Every output is one fp64 accumulator updated with a fused
-// multiply-add, acc = fma(x[k], w[k], acc), sequentially over k, whatever T
-// is and wherever the row falls in a tile (explicit FMA also makes amd64 and
-// arm64 agree bit for bit, where Go would otherwise fuse only on arm64):
-// a sequence's results do not depend on which other sequences share the
-// batch. Batched passes, super-chunks and decode steps rely on that for
-// bit-identical states, and fp64 accumulation keeps the reference within
-// the fixtures' 1e-5 on activations of magnitude ~100 (SiTU's cap).
+// Every output is defined as one fp64 accumulator updated with a fused
+// multiply-add, acc = fma(x[k], w[k], acc), sequentially for k = 0..I-1 from
+// acc = 0, with x[k] and w[k] widened exactly (MX weights are their element
+// times a power-of-two scale), then rounded once to the output type. The
+// result therefore does not depend on T, on where a row falls in a tile, on
+// the thread count or on the other rows of the batch: batched passes, super-
+// chunks and decode steps rely on that for bit-identical states. Explicit
+// FMA also makes amd64 and arm64 agree bit for bit, and fp64 accumulation
+// keeps the reference within the fixtures' 1e-5 on activations of magnitude
+// ~100 (SiTU's cap).
+//
+// The work is blocked so that no weight is decoded more than once per 96
+// rows of x and nothing is dequantized as a whole: per group of 32 output
+// columns, 128 values of k of the group's weight rows are decoded into a
+// k-major fp64 panel, and tile kernels (SIMD assembly where available)
+// vectorise across the 32 columns, never across k (tile.go).
 func (b *Backend) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
 	if x.Cols != w.Cols || dst.Rows != x.Rows || dst.Cols != w.Rows {
 		panic(fmt.Sprintf("cpu.MatMul: x %v · %s[%d,%d]ᵀ -> dst %v", x, w.Name, w.Rows, w.Cols, dst))
@@ -36,18 +41,26 @@ func (b *Backend) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
 	gemm(b, dst.Data, x.Data, x.Rows, w)
 }
 
-// gemm is MatMul over raw slices of either precision, parallel over weight
-// tiles.
+// gemm is MatMul over raw slices of either precision, parallel over column
+// groups.
 func gemm[X, Y float](b *Backend, dst []Y, x []X, T int, w *kernels.Matrix) {
 	I, O := w.Cols, w.Rows
-	tiles := (O + tileO - 1) / tileO
-	xb := make([]float64, min(T, blockT)*I)
+	groups := (O + groupW - 1) / groupW
+	kn := kernelsInUse
+	xs := getScratch()
+	defer putScratch(xs)
 	for t0 := 0; t0 < T; t0 += blockT {
 		n := min(blockT, T-t0)
-		toF64(xb[:n*I], x[t0*I:(t0+n)*I])
-		b.parallel(tiles, max(1, b.grainFor(tiles)), func(lo, hi int) {
-			s := newGemmScratch(I)
-			gemmTiles(dst[t0*O:(t0+n)*O], xb[:n*I], n, w, lo, hi, s)
+		xs.xp = grow(xs.xp, packedLen(n, I))
+		xp := xs.xp
+		packX(xp, x[t0*I:], n, I)
+		out := dst[t0*O : (t0+n)*O]
+		b.parallel(groups, max(1, b.grainFor(groups)), func(lo, hi int) {
+			s := getScratch()
+			for g := lo; g < hi; g++ {
+				gemmGroup(kn, out, xp, n, w, g, s)
+			}
+			putScratch(s)
 		})
 	}
 }
@@ -55,133 +68,103 @@ func gemm[X, Y float](b *Backend, dst []Y, x []X, T int, w *kernels.Matrix) {
 // gemmSerial is gemm on the calling goroutine (for ops that already run in
 // parallel at a coarser level, such as one expert per worker).
 func gemmSerial[X, Y float](dst []Y, x []X, T int, w *kernels.Matrix, s *gemmScratch) {
-	I := w.Cols
-	tiles := (w.Rows + tileO - 1) / tileO
-	xb := s.xblock(min(T, blockT) * I)
+	I, O := w.Cols, w.Rows
+	groups := (O + groupW - 1) / groupW
+	kn := kernelsInUse
 	for t0 := 0; t0 < T; t0 += blockT {
 		n := min(blockT, T-t0)
-		toF64(xb[:n*I], x[t0*I:(t0+n)*I])
-		gemmTiles(dst[t0*w.Rows:(t0+n)*w.Rows], xb[:n*I], n, w, 0, tiles, s)
+		s.xp = grow(s.xp, packedLen(n, I))
+		packX(s.xp, x[t0*I:], n, I)
+		for g := 0; g < groups; g++ {
+			gemmGroup(kn, dst[t0*O:(t0+n)*O], s.xp, n, w, g, s)
+		}
 	}
 }
 
-// gemmScratch is one worker's decode buffers.
-type gemmScratch struct {
-	row []float32 // one decoded weight row
-	w   []float64 // tileO decoded rows in fp64
-	x   []float64 // an fp64 block of activations (serial use only)
-}
-
-func newGemmScratch(I int) *gemmScratch {
-	return &gemmScratch{row: make([]float32, I), w: make([]float64, tileO*I)}
-}
-
-func (s *gemmScratch) xblock(n int) []float64 {
-	if cap(s.x) < n {
-		s.x = make([]float64, n)
+// gemmGroup computes output columns [32g, 32g+32) of the n packed rows xp.
+func gemmGroup[Y float](kn *tileKernels, dst []Y, xp []float64, n int, w *kernels.Matrix, g int, s *gemmScratch) {
+	if n == 1 {
+		gemvGroup(kn, dst, xp, w, g, s)
+		return
 	}
-	return s.x[:n]
-}
-
-func toF64[X float](dst []float64, src []X) {
-	src = src[:len(dst)]
-	for i, v := range src {
-		dst[i] = float64(v)
-	}
-}
-
-// gemmTiles computes output tiles [lo, hi) (four columns each) for the n
-// rows of the fp64 block x.
-func gemmTiles[Y float](dst []Y, x []float64, n int, w *kernels.Matrix, lo, hi int, s *gemmScratch) {
 	I, O := w.Cols, w.Rows
-	if len(s.row) < I {
-		s.row, s.w = make([]float32, I), make([]float64, tileO*I)
+	o0 := g * groupW
+	cols := min(groupW, O-o0)
+	s.c = grow(s.c, paddedRows(n)*groupW)
+	c := s.c
+	clear(c)
+	for k0 := 0; k0 < I; k0 += panelK {
+		kc := min(panelK, I-k0)
+		packWeights(kn, s, w, o0, k0, kc)
+		for t0 := 0; t0 < n; {
+			mr := tileRows(n - t0)
+			kn.runTile(mr, cols, c[t0*groupW:], xp[t0*I+k0*mr:], s.wp, kc)
+			t0 += mr
+		}
 	}
-	for tile := lo; tile < hi; tile++ {
-		o0 := tile * tileO
-		nw := min(tileO, O-o0)
-		for j := 0; j < nw; j++ {
-			decodeRow(s.row[:I], w, o0+j)
-			toF64(s.w[j*I:(j+1)*I], s.row[:I])
+	for t := 0; t < n; t++ {
+		out := dst[t*O+o0:][:cols]
+		for j, v := range c[t*groupW:][:cols] {
+			out[j] = Y(v)
 		}
-		if nw == tileO {
-			gemmTile4(dst, x, n, s.w[:tileO*I], o0, I, O)
-			continue
-		}
-		for j := 0; j < nw; j++ {
-			wr := s.w[j*I : (j+1)*I]
-			for t := 0; t < n; t++ {
-				dst[t*O+o0+j] = Y(dotSeq(x[t*I:(t+1)*I], wr))
+	}
+}
+
+// gemvGroup is gemmGroup for one row (decode steps, most routed experts):
+// every weight is used once, so instead of packing a panel the kernel
+// transposes 16 weight rows in registers and feeds its FMAs directly;
+// xb is the row broadcast four-wide (packX).
+func gemvGroup[Y float](kn *tileKernels, dst []Y, xb []float64, w *kernels.Matrix, g int, s *gemmScratch) {
+	I, O := w.Cols, w.Rows
+	for r0 := g * groupW; r0 < min(O, (g+1)*groupW); r0 += gemvRows {
+		nr := min(gemvRows, O-r0)
+		var acc [gemvRows]float64
+		if w.Format == kernels.BF16 && nr == gemvRows {
+			// Straight from the weight bytes, whole rows at once.
+			rows := u16view(w.Data)[r0*I:]
+			k16 := I &^ 15
+			if k16 > 0 {
+				kn.gemvBF16(&acc, &xb[0], &rows[0], I, k16)
+			}
+			for r := range acc {
+				for k := k16; k < I; k++ {
+					acc[r] = math.FMA(xb[4*k], float64(bf16(rows[r*I+k])), acc[r])
+				}
+			}
+		} else {
+			for k0 := 0; k0 < I; k0 += gemvK {
+				kc := min(gemvK, I-k0)
+				var rows []float32
+				lds := I
+				if w.Format == kernels.F32 && nr == gemvRows {
+					rows = f32view(w.Data)[r0*I+k0:]
+				} else {
+					lds = gemvK
+					s.rows = grow(s.rows, max(len(s.rows), gemvRows*gemvK))
+					rows = s.rows
+					for r := 0; r < gemvRows; r++ {
+						seg := rows[r*lds:][:kc]
+						if r < nr {
+							decodeSegment(kn, seg, w, r0+r, k0)
+						} else {
+							clear(seg)
+						}
+					}
+				}
+				k8 := kc &^ 7
+				if k8 > 0 {
+					kn.gemvF32(&acc, &xb[4*k0], &rows[0], lds, k8)
+				}
+				for r := range acc {
+					for k := k8; k < kc; k++ {
+						acc[r] = math.FMA(xb[4*(k0+k)], float64(rows[r*lds+k]), acc[r])
+					}
+				}
 			}
 		}
-	}
-}
-
-// gemmTile4 computes the four output columns o0..o0+3 of n rows from four
-// decoded weight rows, four x rows at a time (a 4x4 register tile: 8 loads
-// per 16 multiply-adds). Each output is one sequential fp64 sum.
-func gemmTile4[Y float](dst []Y, x []float64, n int, w []float64, o0, I, O int) {
-	w0, w1, w2, w3 := w[0:I], w[I:2*I], w[2*I:3*I], w[3*I:4*I]
-	t := 0
-	for ; t+4 <= n; t += 4 {
-		x0 := x[t*I : t*I+I]
-		x1 := x[(t+1)*I : (t+1)*I+I]
-		x2 := x[(t+2)*I : (t+2)*I+I]
-		x3 := x[(t+3)*I : (t+3)*I+I]
-		var a00, a01, a02, a03, a10, a11, a12, a13 float64
-		var a20, a21, a22, a23, a30, a31, a32, a33 float64
-		for k := range x0 {
-			v0, v1, v2, v3 := w0[k], w1[k], w2[k], w3[k]
-			u := x0[k]
-			a00 = math.FMA(u, v0, a00)
-			a01 = math.FMA(u, v1, a01)
-			a02 = math.FMA(u, v2, a02)
-			a03 = math.FMA(u, v3, a03)
-			u = x1[k]
-			a10 = math.FMA(u, v0, a10)
-			a11 = math.FMA(u, v1, a11)
-			a12 = math.FMA(u, v2, a12)
-			a13 = math.FMA(u, v3, a13)
-			u = x2[k]
-			a20 = math.FMA(u, v0, a20)
-			a21 = math.FMA(u, v1, a21)
-			a22 = math.FMA(u, v2, a22)
-			a23 = math.FMA(u, v3, a23)
-			u = x3[k]
-			a30 = math.FMA(u, v0, a30)
-			a31 = math.FMA(u, v1, a31)
-			a32 = math.FMA(u, v2, a32)
-			a33 = math.FMA(u, v3, a33)
+		out := dst[r0:][:nr]
+		for r := range out {
+			out[r] = Y(acc[r])
 		}
-		r := dst[t*O+o0 : t*O+o0+4]
-		r[0], r[1], r[2], r[3] = Y(a00), Y(a01), Y(a02), Y(a03)
-		r = dst[(t+1)*O+o0 : (t+1)*O+o0+4]
-		r[0], r[1], r[2], r[3] = Y(a10), Y(a11), Y(a12), Y(a13)
-		r = dst[(t+2)*O+o0 : (t+2)*O+o0+4]
-		r[0], r[1], r[2], r[3] = Y(a20), Y(a21), Y(a22), Y(a23)
-		r = dst[(t+3)*O+o0 : (t+3)*O+o0+4]
-		r[0], r[1], r[2], r[3] = Y(a30), Y(a31), Y(a32), Y(a33)
 	}
-	for ; t < n; t++ {
-		xr := x[t*I : t*I+I]
-		var a0, a1, a2, a3 float64
-		for k, u := range xr {
-			a0 = math.FMA(u, w0[k], a0)
-			a1 = math.FMA(u, w1[k], a1)
-			a2 = math.FMA(u, w2[k], a2)
-			a3 = math.FMA(u, w3[k], a3)
-		}
-		r := dst[t*O+o0 : t*O+o0+4]
-		r[0], r[1], r[2], r[3] = Y(a0), Y(a1), Y(a2), Y(a3)
-	}
-}
-
-// dotSeq is the canonical dot product: one fp64 accumulator, sequential in k.
-func dotSeq(a, b []float64) float64 {
-	b = b[:len(a)]
-	var s float64
-	for i, v := range a {
-		s = math.FMA(v, b[i], s)
-	}
-	return s
 }

@@ -77,16 +77,19 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 	})
 	out := make([]float64, T*k*lat)
 	b.parallel(len(active), 1, func(lo, hi int) {
-		s := newGemmScratch(max(lat, experts[0].W1.Rows))
+		s := getScratch()
+		defer putScratch(s)
 		for a := lo; a < hi; a++ {
 			e := active[a]
 			slots := byExpert[e]
 			n := len(slots)
-			x := make([]float32, n*lat)
+			s.f32 = grow(s.f32, n*lat)
+			x := s.f32
 			for i, slot := range slots {
 				copy(x[i*lat:(i+1)*lat], z.Row(int(slot)/k))
 			}
-			y := make([]float64, n*lat)
+			s.y = grow(s.y, n*lat)
+			y := s.y
 			situMLPSerial(y, x, n, experts[e], beta1, beta2, s)
 			for i, slot := range slots {
 				copy(out[int(slot)*lat:(int(slot)+1)*lat], y[i*lat:(i+1)*lat])

@@ -23,11 +23,12 @@ func (b *Backend) SiTUMLP(dst, x *kernels.Tensor, gate, up, down *kernels.Matrix
 }
 
 // situMLPSerial is SiTUMLP on the calling goroutine with fp64 output (one
-// routed expert over its rows).
+// routed expert over its rows); the hidden activations live in s.
 func situMLPSerial(dst []float64, x []float32, T int, e kernels.Expert, beta1, beta2 float32, s *gemmScratch) {
 	inter := e.W1.Rows
-	g := make([]float64, T*inter)
-	u := make([]float64, T*inter)
+	s.f64 = grow(s.f64, T*inter)
+	s.f64b = grow(s.f64b, T*inter)
+	g, u := s.f64, s.f64b
 	gemmSerial(g, x, T, e.W1, s)
 	gemmSerial(u, x, T, e.W3, s)
 	situInPlace(g, u, beta1, beta2)

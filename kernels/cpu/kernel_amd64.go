@@ -1,0 +1,103 @@
+package cpu
+
+import (
+	"math"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/tandem-inference/tandem/model/mxfp"
+)
+
+// AVX2+FMA kernels, in kernel_amd64.s. Their contracts are those of the
+// tileKernels fields; they are tested bit for bit against goKernels.
+//
+//go:noescape
+func tile6x8AVX2(c, x, w *float64, k int)
+
+//go:noescape
+func tile4x8AVX2(c, x, w *float64, k int)
+
+//go:noescape
+func tile2x16AVX2(c, x, w *float64, k int)
+
+//go:noescape
+func tile1x32AVX2(c, x, w *float64, k int)
+
+//go:noescape
+func packF32AVX2(dst *float64, src *float32, lds, k int)
+
+//go:noescape
+func packBF16AVX2(dst *float64, src *uint16, lds, k int)
+
+//go:noescape
+func gemv16F32AVX2(acc *[16]float64, xb *float64, w *float32, lds, k int)
+
+//go:noescape
+func gemv16BF16AVX2(acc *[16]float64, xb *float64, w *uint16, lds, k int)
+
+//go:noescape
+func mxfp4AVX2(dst *float32, packed, scales *byte, nblk int, tab *mxfp4Table)
+
+// mxfp4Table drives the vector MXFP4 decoder: every E2M1 value is a
+// bfloat16 (its float32 low half is zero), so two byte lookups (PSHUFB)
+// build it, and the block's E8M0 multiplier comes from scale. Both are
+// taken from package mxfp so the decoder multiplies exactly what
+// mxfp.DequantMXFP4 does.
+type mxfp4Table struct {
+	lo, hi [16]byte
+	scale  [256]float32
+}
+
+var mxfp4Tab, mxfp4TabOK = newMXFP4Table()
+
+func newMXFP4Table() (t mxfp4Table, ok bool) {
+	for c, v := range mxfp.E2M1 {
+		u := math.Float32bits(v)
+		if u&0xFFFF != 0 {
+			return t, false
+		}
+		t.lo[c], t.hi[c] = byte(u>>16), byte(u>>24)
+	}
+	for s := range t.scale {
+		t.scale[s] = mxfp.E8M0(uint8(s))
+	}
+	return t, true
+}
+
+func mxfp4Vec(dst []float32, packed, scales []byte) {
+	if len(dst) != 2*len(packed) || len(dst) != 32*len(scales) {
+		mxfp.DequantMXFP4(dst, packed, scales) // panics with the shape
+		return
+	}
+	if len(scales) > 0 {
+		mxfp4AVX2(&dst[0], &packed[0], &scales[0], len(scales), &mxfp4Tab)
+	}
+}
+
+var avx2Kernels = func() tileKernels {
+	k := tileKernels{
+		name:     "avx2",
+		tile6x8:  tile6x8AVX2,
+		tile4x8:  tile4x8AVX2,
+		tile2x16: tile2x16AVX2,
+		tile1x32: tile1x32AVX2,
+		packF32:  packF32AVX2,
+		packBF16: packBF16AVX2,
+		mxfp4:    mxfp4Vec,
+		gemvF32:  gemv16F32AVX2,
+		gemvBF16: gemv16BF16AVX2,
+	}
+	if !mxfp4TabOK {
+		k.mxfp4 = dequantMXFP4
+	}
+	return k
+}()
+
+// archKernels returns the AVX2 kernels when the CPU and OS support AVX2 and
+// FMA (GODEBUG=cpu.avx2=off or cpu.fma=off turns them off).
+func archKernels() *tileKernels {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		return &avx2Kernels
+	}
+	return nil
+}

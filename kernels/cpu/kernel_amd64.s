@@ -1,0 +1,560 @@
+#include "textflag.h"
+
+// AVX2+FMA GEMM kernels over the packed layout of tile.go: accumulator rows
+// and weight-panel rows are 32 doubles (256 bytes) apart; activation tiles
+// hold mr doubles per k. Every VFMADD231PD lane is one output's chain
+// acc = fma(x[k], w[k], acc), k in order, so the bits equal math.FMA's.
+
+// func tile6x8AVX2(c, x, w *float64, k int)
+TEXT ·tile6x8AVX2(SB), NOSPLIT, $0-32
+	MOVQ c+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ k+24(FP), CX
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 256(DI), Y2
+	VMOVUPD 288(DI), Y3
+	VMOVUPD 512(DI), Y4
+	VMOVUPD 544(DI), Y5
+	VMOVUPD 768(DI), Y6
+	VMOVUPD 800(DI), Y7
+	VMOVUPD 1024(DI), Y8
+	VMOVUPD 1056(DI), Y9
+	VMOVUPD 1280(DI), Y10
+	VMOVUPD 1312(DI), Y11
+
+loop6x8:
+	VMOVUPD      0(DX), Y12
+	VMOVUPD      32(DX), Y13
+	VBROADCASTSD 0(SI), Y14
+	VBROADCASTSD 8(SI), Y15
+	VFMADD231PD  Y12, Y14, Y0
+	VFMADD231PD  Y13, Y14, Y1
+	VFMADD231PD  Y12, Y15, Y2
+	VFMADD231PD  Y13, Y15, Y3
+	VBROADCASTSD 16(SI), Y14
+	VBROADCASTSD 24(SI), Y15
+	VFMADD231PD  Y12, Y14, Y4
+	VFMADD231PD  Y13, Y14, Y5
+	VFMADD231PD  Y12, Y15, Y6
+	VFMADD231PD  Y13, Y15, Y7
+	VBROADCASTSD 32(SI), Y14
+	VBROADCASTSD 40(SI), Y15
+	VFMADD231PD  Y12, Y14, Y8
+	VFMADD231PD  Y13, Y14, Y9
+	VFMADD231PD  Y12, Y15, Y10
+	VFMADD231PD  Y13, Y15, Y11
+	ADDQ         $48, SI
+	ADDQ         $256, DX
+	DECQ         CX
+	JNZ          loop6x8
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 256(DI)
+	VMOVUPD Y3, 288(DI)
+	VMOVUPD Y4, 512(DI)
+	VMOVUPD Y5, 544(DI)
+	VMOVUPD Y6, 768(DI)
+	VMOVUPD Y7, 800(DI)
+	VMOVUPD Y8, 1024(DI)
+	VMOVUPD Y9, 1056(DI)
+	VMOVUPD Y10, 1280(DI)
+	VMOVUPD Y11, 1312(DI)
+	VZEROUPPER
+	RET
+
+// func tile4x8AVX2(c, x, w *float64, k int)
+TEXT ·tile4x8AVX2(SB), NOSPLIT, $0-32
+	MOVQ c+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ k+24(FP), CX
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 256(DI), Y2
+	VMOVUPD 288(DI), Y3
+	VMOVUPD 512(DI), Y4
+	VMOVUPD 544(DI), Y5
+	VMOVUPD 768(DI), Y6
+	VMOVUPD 800(DI), Y7
+
+loop4x8:
+	VMOVUPD      0(DX), Y12
+	VMOVUPD      32(DX), Y13
+	VBROADCASTSD 0(SI), Y14
+	VBROADCASTSD 8(SI), Y15
+	VFMADD231PD  Y12, Y14, Y0
+	VFMADD231PD  Y13, Y14, Y1
+	VFMADD231PD  Y12, Y15, Y2
+	VFMADD231PD  Y13, Y15, Y3
+	VBROADCASTSD 16(SI), Y14
+	VBROADCASTSD 24(SI), Y15
+	VFMADD231PD  Y12, Y14, Y4
+	VFMADD231PD  Y13, Y14, Y5
+	VFMADD231PD  Y12, Y15, Y6
+	VFMADD231PD  Y13, Y15, Y7
+	ADDQ         $32, SI
+	ADDQ         $256, DX
+	DECQ         CX
+	JNZ          loop4x8
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 256(DI)
+	VMOVUPD Y3, 288(DI)
+	VMOVUPD Y4, 512(DI)
+	VMOVUPD Y5, 544(DI)
+	VMOVUPD Y6, 768(DI)
+	VMOVUPD Y7, 800(DI)
+	VZEROUPPER
+	RET
+
+// func tile2x16AVX2(c, x, w *float64, k int)
+TEXT ·tile2x16AVX2(SB), NOSPLIT, $0-32
+	MOVQ c+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ k+24(FP), CX
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+	VMOVUPD 256(DI), Y4
+	VMOVUPD 288(DI), Y5
+	VMOVUPD 320(DI), Y6
+	VMOVUPD 352(DI), Y7
+
+loop2x16:
+	VBROADCASTSD 0(SI), Y14
+	VBROADCASTSD 8(SI), Y15
+	VMOVUPD      0(DX), Y12
+	VMOVUPD      32(DX), Y13
+	VFMADD231PD  Y12, Y14, Y0
+	VFMADD231PD  Y12, Y15, Y4
+	VFMADD231PD  Y13, Y14, Y1
+	VFMADD231PD  Y13, Y15, Y5
+	VMOVUPD      64(DX), Y12
+	VMOVUPD      96(DX), Y13
+	VFMADD231PD  Y12, Y14, Y2
+	VFMADD231PD  Y12, Y15, Y6
+	VFMADD231PD  Y13, Y14, Y3
+	VFMADD231PD  Y13, Y15, Y7
+	ADDQ         $16, SI
+	ADDQ         $256, DX
+	DECQ         CX
+	JNZ          loop2x16
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	VMOVUPD Y4, 256(DI)
+	VMOVUPD Y5, 288(DI)
+	VMOVUPD Y6, 320(DI)
+	VMOVUPD Y7, 352(DI)
+	VZEROUPPER
+	RET
+
+// func tile1x32AVX2(c, x, w *float64, k int)
+TEXT ·tile1x32AVX2(SB), NOSPLIT, $0-32
+	MOVQ c+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ k+24(FP), CX
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+	VMOVUPD 128(DI), Y4
+	VMOVUPD 160(DI), Y5
+	VMOVUPD 192(DI), Y6
+	VMOVUPD 224(DI), Y7
+
+loop1x32:
+	VBROADCASTSD 0(SI), Y15
+	VFMADD231PD  0(DX), Y15, Y0
+	VFMADD231PD  32(DX), Y15, Y1
+	VFMADD231PD  64(DX), Y15, Y2
+	VFMADD231PD  96(DX), Y15, Y3
+	VFMADD231PD  128(DX), Y15, Y4
+	VFMADD231PD  160(DX), Y15, Y5
+	VFMADD231PD  192(DX), Y15, Y6
+	VFMADD231PD  224(DX), Y15, Y7
+	ADDQ         $8, SI
+	ADDQ         $256, DX
+	DECQ         CX
+	JNZ          loop1x32
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	VMOVUPD Y4, 128(DI)
+	VMOVUPD Y5, 160(DI)
+	VMOVUPD Y6, 192(DI)
+	VMOVUPD Y7, 224(DI)
+	VZEROUPPER
+	RET
+
+// TRANSPOSE4 turns four fp32 rows of eight k values (Y0..Y3) into, per k,
+// the four rows' values widened to fp64, stored at off + k*256 (DI): an
+// in-lane 4x4 transpose (k and k+4 share a register), then one
+// VCVTPS2PD per half.
+#define TRANSPOSE4(off) \
+	VUNPCKLPS    Y1, Y0, Y4             \
+	VUNPCKHPS    Y1, Y0, Y5             \
+	VUNPCKLPS    Y3, Y2, Y6             \
+	VUNPCKHPS    Y3, Y2, Y7             \
+	VSHUFPS      $0x44, Y6, Y4, Y0      \
+	VSHUFPS      $0xEE, Y6, Y4, Y1      \
+	VSHUFPS      $0x44, Y7, Y5, Y2      \
+	VSHUFPS      $0xEE, Y7, Y5, Y3      \
+	VCVTPS2PD    X0, Y8                 \
+	VCVTPS2PD    X1, Y9                 \
+	VCVTPS2PD    X2, Y10                \
+	VCVTPS2PD    X3, Y11                \
+	VMOVUPD      Y8, (off+0*256)(DI)    \
+	VMOVUPD      Y9, (off+1*256)(DI)    \
+	VMOVUPD      Y10, (off+2*256)(DI)   \
+	VMOVUPD      Y11, (off+3*256)(DI)   \
+	VEXTRACTF128 $1, Y0, X0             \
+	VEXTRACTF128 $1, Y1, X1             \
+	VEXTRACTF128 $1, Y2, X2             \
+	VEXTRACTF128 $1, Y3, X3             \
+	VCVTPS2PD    X0, Y8                 \
+	VCVTPS2PD    X1, Y9                 \
+	VCVTPS2PD    X2, Y10                \
+	VCVTPS2PD    X3, Y11                \
+	VMOVUPD      Y8, (off+4*256)(DI)    \
+	VMOVUPD      Y9, (off+5*256)(DI)    \
+	VMOVUPD      Y10, (off+6*256)(DI)   \
+	VMOVUPD      Y11, (off+7*256)(DI)
+
+// func packF32AVX2(dst *float64, src *float32, lds, k int)
+// dst[kk*32+j] = float64(src[j*lds+kk]) for j < 8, kk < k; k%8 == 0, k > 0.
+TEXT ·packF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ lds+16(FP), BX
+	SHLQ $2, BX
+	MOVQ k+24(FP), CX
+	SHRQ $3, CX
+	LEAQ (BX)(BX*2), R8
+	LEAQ (SI)(BX*4), R9
+
+loopPackF32:
+	VMOVUPS (SI), Y0
+	VMOVUPS (SI)(BX*1), Y1
+	VMOVUPS (SI)(BX*2), Y2
+	VMOVUPS (SI)(R8*1), Y3
+	TRANSPOSE4(0)
+	VMOVUPS (R9), Y0
+	VMOVUPS (R9)(BX*1), Y1
+	VMOVUPS (R9)(BX*2), Y2
+	VMOVUPS (R9)(R8*1), Y3
+	TRANSPOSE4(32)
+	ADDQ $32, SI
+	ADDQ $32, R9
+	ADDQ $2048, DI
+	DECQ CX
+	JNZ  loopPackF32
+	VZEROUPPER
+	RET
+
+// func packBF16AVX2(dst *float64, src *uint16, lds, k int)
+// As packF32AVX2 for bfloat16 rows: a bfloat16 is the top half of its fp32.
+TEXT ·packBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ lds+16(FP), BX
+	SHLQ $1, BX
+	MOVQ k+24(FP), CX
+	SHRQ $3, CX
+	LEAQ (BX)(BX*2), R8
+	LEAQ (SI)(BX*4), R9
+
+loopPackBF16:
+	VPMOVZXWD (SI), Y0
+	VPMOVZXWD (SI)(BX*1), Y1
+	VPMOVZXWD (SI)(BX*2), Y2
+	VPMOVZXWD (SI)(R8*1), Y3
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VPSLLD    $16, Y2, Y2
+	VPSLLD    $16, Y3, Y3
+	TRANSPOSE4(0)
+	VPMOVZXWD (R9), Y0
+	VPMOVZXWD (R9)(BX*1), Y1
+	VPMOVZXWD (R9)(BX*2), Y2
+	VPMOVZXWD (R9)(R8*1), Y3
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VPSLLD    $16, Y2, Y2
+	VPSLLD    $16, Y3, Y3
+	TRANSPOSE4(32)
+	ADDQ $16, SI
+	ADDQ $16, R9
+	ADDQ $2048, DI
+	DECQ CX
+	JNZ  loopPackBF16
+	VZEROUPPER
+	RET
+
+// func mxfp4AVX2(dst *float32, packed, scales *byte, nblk int, tab *mxfp4Table)
+// Decodes nblk blocks of 32 MXFP4 elements (16 packed bytes, low nibble =
+// even column) to fp32: E2M1 value (two PSHUFB byte lookups give its
+// bfloat16) times the block's E8M0 multiplier, one VMULPS, exactly the
+// float32 product mxfp.DequantMXFP4 forms.
+TEXT ·mxfp4AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ packed+8(FP), SI
+	MOVQ scales+16(FP), BX
+	MOVQ nblk+24(FP), CX
+	MOVQ tab+32(FP), R8
+	VMOVDQU 0(R8), X12         // low bytes of the bfloat16 codes
+	VMOVDQU 16(R8), X13        // high bytes
+	LEAQ    32(R8), R9         // E8M0 multipliers
+	MOVL    $0x0F0F0F0F, AX
+	MOVQ    AX, X15
+	VPBROADCASTD X15, X15
+
+loopMXFP4:
+	MOVBLZX      (BX), AX
+	VBROADCASTSS (R9)(AX*4), Y14
+	VMOVDQU      (SI), X0
+	VPSRLW       $4, X0, X1
+	VPAND        X15, X0, X0       // even columns
+	VPAND        X15, X1, X1       // odd columns
+	VPUNPCKLBW   X1, X0, X2        // codes of columns 0..15
+	VPUNPCKHBW   X1, X0, X3        // columns 16..31
+	VPSHUFB      X2, X12, X4
+	VPSHUFB      X2, X13, X5
+	VPUNPCKLBW   X5, X4, X6        // bfloat16 of columns 0..7
+	VPUNPCKHBW   X5, X4, X7        // 8..15
+	VPSHUFB      X3, X12, X4
+	VPSHUFB      X3, X13, X5
+	VPUNPCKLBW   X5, X4, X8        // 16..23
+	VPUNPCKHBW   X5, X4, X9        // 24..31
+	VPMOVZXWD    X6, Y6
+	VPMOVZXWD    X7, Y7
+	VPMOVZXWD    X8, Y8
+	VPMOVZXWD    X9, Y9
+	VPSLLD       $16, Y6, Y6
+	VPSLLD       $16, Y7, Y7
+	VPSLLD       $16, Y8, Y8
+	VPSLLD       $16, Y9, Y9
+	VMULPS       Y14, Y6, Y6
+	VMULPS       Y14, Y7, Y7
+	VMULPS       Y14, Y8, Y8
+	VMULPS       Y14, Y9, Y9
+	VMOVUPS      Y6, 0(DI)
+	VMOVUPS      Y7, 32(DI)
+	VMOVUPS      Y8, 64(DI)
+	VMOVUPS      Y9, 96(DI)
+	ADDQ         $1, BX
+	ADDQ         $16, SI
+	ADDQ         $128, DI
+	DECQ         CX
+	JNZ          loopMXFP4
+	VZEROUPPER
+	RET
+
+// GEMV16 multiplies 16 weight rows by one activation row: four quads of
+// rows, each transposed in registers (TRANSPOSE-like in-lane 4x4) and
+// widened, then eight FMAs in k order into the quad's accumulator, with x
+// pre-broadcast in memory (xb[k] holds four copies of x[k]).
+#define GEMV_QUAD(acc) \
+	VUNPCKLPS    Y5, Y4, Y8        \
+	VUNPCKHPS    Y5, Y4, Y9        \
+	VUNPCKLPS    Y7, Y6, Y10       \
+	VUNPCKHPS    Y7, Y6, Y11       \
+	VSHUFPS      $0x44, Y10, Y8, Y4 \
+	VSHUFPS      $0xEE, Y10, Y8, Y5 \
+	VSHUFPS      $0x44, Y11, Y9, Y6 \
+	VSHUFPS      $0xEE, Y11, Y9, Y7 \
+	VCVTPS2PD    X4, Y8            \
+	VFMADD231PD  0(DX), Y8, acc    \
+	VCVTPS2PD    X5, Y9            \
+	VFMADD231PD  32(DX), Y9, acc   \
+	VCVTPS2PD    X6, Y10           \
+	VFMADD231PD  64(DX), Y10, acc  \
+	VCVTPS2PD    X7, Y11           \
+	VFMADD231PD  96(DX), Y11, acc  \
+	VEXTRACTF128 $1, Y4, X4        \
+	VEXTRACTF128 $1, Y5, X5        \
+	VEXTRACTF128 $1, Y6, X6        \
+	VEXTRACTF128 $1, Y7, X7        \
+	VCVTPS2PD    X4, Y8            \
+	VFMADD231PD  128(DX), Y8, acc  \
+	VCVTPS2PD    X5, Y9            \
+	VFMADD231PD  160(DX), Y9, acc  \
+	VCVTPS2PD    X6, Y10           \
+	VFMADD231PD  192(DX), Y10, acc \
+	VCVTPS2PD    X7, Y11           \
+	VFMADD231PD  224(DX), Y11, acc
+
+#define LOAD_F32(base) \
+	VMOVUPS (base), Y4       \
+	VMOVUPS (base)(BX*1), Y5 \
+	VMOVUPS (base)(BX*2), Y6 \
+	VMOVUPS (base)(R8*1), Y7
+
+// func gemv16F32AVX2(acc *[16]float64, xb *float64, w *float32, lds, k int)
+// acc[r] = fma(x[kk], W[r][kk], acc[r]) for kk < k in order, r < 16, rows
+// lds elements apart; k%8 == 0, k > 0.
+TEXT ·gemv16F32AVX2(SB), NOSPLIT, $0-40
+	MOVQ acc+0(FP), DI
+	MOVQ xb+8(FP), DX
+	MOVQ w+16(FP), SI
+	MOVQ lds+24(FP), BX
+	SHLQ $2, BX
+	MOVQ k+32(FP), CX
+	SHRQ $3, CX
+	LEAQ (BX)(BX*2), R8
+	LEAQ (SI)(BX*4), R9
+	LEAQ (R9)(BX*4), R10
+	LEAQ (R10)(BX*4), R11
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+
+loopGemvF32:
+	LOAD_F32(SI)
+	GEMV_QUAD(Y0)
+	LOAD_F32(R9)
+	GEMV_QUAD(Y1)
+	LOAD_F32(R10)
+	GEMV_QUAD(Y2)
+	LOAD_F32(R11)
+	GEMV_QUAD(Y3)
+	ADDQ $32, SI
+	ADDQ $32, R9
+	ADDQ $32, R10
+	ADDQ $32, R11
+	ADDQ $256, DX
+	DECQ CX
+	JNZ  loopGemvF32
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	VZEROUPPER
+	RET
+
+// GEMV_QUAD16_BF16 runs 16 k of one quad of bfloat16 rows: a bfloat16 is
+// the top half of its fp32, so interleaving words with zero widens it; the
+// low and high interleaves hold k 0-3|8-11 and 4-7|12-15 of each row,
+// whose in-lane transposes then give the FMAs in k order.
+#define GEMV_QUAD16_BF16(base, acc) \
+	VMOVDQU      (base), Y12             \
+	VMOVDQU      (base)(BX*1), Y13       \
+	VMOVDQU      (base)(BX*2), Y14       \
+	VMOVDQU      (base)(R8*1), Y15       \
+	VPXOR        Y4, Y4, Y4              \
+	VPUNPCKHWD   Y12, Y4, Y8             \
+	VPUNPCKHWD   Y13, Y4, Y9             \
+	VPUNPCKHWD   Y14, Y4, Y10            \
+	VPUNPCKHWD   Y15, Y4, Y11            \
+	VPUNPCKLWD   Y13, Y4, Y5             \
+	VPUNPCKLWD   Y14, Y4, Y6             \
+	VPUNPCKLWD   Y15, Y4, Y7             \
+	VPUNPCKLWD   Y12, Y4, Y4             \
+	VUNPCKLPS    Y5, Y4, Y12             \
+	VUNPCKHPS    Y5, Y4, Y13             \
+	VUNPCKLPS    Y7, Y6, Y14             \
+	VUNPCKHPS    Y7, Y6, Y15             \
+	VSHUFPS      $0x44, Y14, Y12, Y4     \
+	VSHUFPS      $0xEE, Y14, Y12, Y5     \
+	VSHUFPS      $0x44, Y15, Y13, Y6     \
+	VSHUFPS      $0xEE, Y15, Y13, Y7     \
+	VUNPCKLPS    Y9, Y8, Y12             \
+	VUNPCKHPS    Y9, Y8, Y13             \
+	VUNPCKLPS    Y11, Y10, Y14           \
+	VUNPCKHPS    Y11, Y10, Y15           \
+	VSHUFPS      $0x44, Y14, Y12, Y8     \
+	VSHUFPS      $0xEE, Y14, Y12, Y9     \
+	VSHUFPS      $0x44, Y15, Y13, Y10    \
+	VSHUFPS      $0xEE, Y15, Y13, Y11    \
+	VCVTPS2PD    X4, Y12                 \
+	VFMADD231PD  0(DX), Y12, acc         \
+	VCVTPS2PD    X5, Y13                 \
+	VFMADD231PD  32(DX), Y13, acc        \
+	VCVTPS2PD    X6, Y14                 \
+	VFMADD231PD  64(DX), Y14, acc        \
+	VCVTPS2PD    X7, Y15                 \
+	VFMADD231PD  96(DX), Y15, acc        \
+	VCVTPS2PD    X8, Y12                 \
+	VFMADD231PD  128(DX), Y12, acc       \
+	VCVTPS2PD    X9, Y13                 \
+	VFMADD231PD  160(DX), Y13, acc       \
+	VCVTPS2PD    X10, Y14                \
+	VFMADD231PD  192(DX), Y14, acc       \
+	VCVTPS2PD    X11, Y15                \
+	VFMADD231PD  224(DX), Y15, acc       \
+	VEXTRACTF128 $1, Y4, X4              \
+	VEXTRACTF128 $1, Y5, X5              \
+	VEXTRACTF128 $1, Y6, X6              \
+	VEXTRACTF128 $1, Y7, X7              \
+	VCVTPS2PD    X4, Y12                 \
+	VFMADD231PD  256(DX), Y12, acc       \
+	VCVTPS2PD    X5, Y13                 \
+	VFMADD231PD  288(DX), Y13, acc       \
+	VCVTPS2PD    X6, Y14                 \
+	VFMADD231PD  320(DX), Y14, acc       \
+	VCVTPS2PD    X7, Y15                 \
+	VFMADD231PD  352(DX), Y15, acc       \
+	VEXTRACTF128 $1, Y8, X8              \
+	VEXTRACTF128 $1, Y9, X9              \
+	VEXTRACTF128 $1, Y10, X10            \
+	VEXTRACTF128 $1, Y11, X11            \
+	VCVTPS2PD    X8, Y12                 \
+	VFMADD231PD  384(DX), Y12, acc       \
+	VCVTPS2PD    X9, Y13                 \
+	VFMADD231PD  416(DX), Y13, acc       \
+	VCVTPS2PD    X10, Y14                \
+	VFMADD231PD  448(DX), Y14, acc       \
+	VCVTPS2PD    X11, Y15                \
+	VFMADD231PD  480(DX), Y15, acc
+
+// func gemv16BF16AVX2(acc *[16]float64, xb *float64, w *uint16, lds, k int)
+// As gemv16F32AVX2 for bfloat16 rows; k%16 == 0, k > 0.
+TEXT ·gemv16BF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ acc+0(FP), DI
+	MOVQ xb+8(FP), DX
+	MOVQ w+16(FP), SI
+	MOVQ lds+24(FP), BX
+	SHLQ $1, BX
+	MOVQ k+32(FP), CX
+	SHRQ $4, CX
+	LEAQ (BX)(BX*2), R8
+	LEAQ (SI)(BX*4), R9
+	LEAQ (R9)(BX*4), R10
+	LEAQ (R10)(BX*4), R11
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+
+loopGemvBF16:
+	GEMV_QUAD16_BF16(SI, Y0)
+	GEMV_QUAD16_BF16(R9, Y1)
+	GEMV_QUAD16_BF16(R10, Y2)
+	GEMV_QUAD16_BF16(R11, Y3)
+	ADDQ $32, SI
+	ADDQ $32, R9
+	ADDQ $32, R10
+	ADDQ $32, R11
+	ADDQ $512, DX
+	DECQ CX
+	JNZ  loopGemvBF16
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	VZEROUPPER
+	RET
