@@ -24,8 +24,8 @@ func TestProcessGroups(t *testing.T) {
 		shards int
 	}{{"tiny", 2}, {"small", 0}} {
 		t.Run(tc.preset, func(t *testing.T) {
-			if tc.preset == "small" && testing.Short() {
-				t.Skip("small model: skipped in -short mode")
+			if tc.preset == "small" && (testing.Short() || raceEnabled) {
+				t.Skip("small model: skipped in -short mode and under the race detector")
 			}
 			dir := testmodel.Dir(t, tc.preset, 1, tc.shards)
 			ref := loadReference(t, dir)
