@@ -319,3 +319,31 @@ func TestRankFailure(t *testing.T) {
 	}
 	g.checkFreed(t)
 }
+
+// TestFullSlots: with one micro-batch of one sequence, later sequences wait
+// for room and still decode exactly, one per step.
+func TestFullSlots(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := loadMonolith(t, dir)
+	opt := fastOpts(dir, 2)
+	opt.MicroBatches, opt.MaxBatch = 1, 1
+	g := startGroup(t, opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := NewCollector()
+	for i := 0; i < 3; i++ {
+		if err := g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: prompt(4, ref.Cfg.VocabSize, i), MaxTokens: 6, Sink: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		got, _, err := c.Wait(ctx, name("s%d", i))
+		if err != nil || !slices.Equal(got, ref.generate(t, prompt(4, ref.Cfg.VocabSize, i), 6)) {
+			t.Fatalf("s%d: %v %v", i, got, err)
+		}
+	}
+	if st := g.Head().Stats(); st.LargestDecodeStep != 1 || st.DecodeSteps != 18 {
+		t.Fatalf("%d decode steps, largest %d; want 18 of one sequence", st.DecodeSteps, st.LargestDecodeStep)
+	}
+	g.checkFreed(t)
+}
