@@ -135,7 +135,58 @@ func (rc *rconn) run() {
 
 // readLoop returns when the connection ends; fatal says the peer broke the
 // protocol and the session must fail with err.
+// verifyJob is a chunk read into its buffer, waiting for its checksum.
+type verifyJob struct {
+	seq uint64
+	dst []byte
+	cl  claim
+	pl  placement
+	crc uint32
+}
+
+// verifyLoop checksums, settles and acknowledges chunks in arrival order,
+// while the reader already receives the next one.
+func (rc *rconn) verifyLoop(jobs <-chan verifyJob, failed chan<- error) {
+	var err error
+	for j := range jobs {
+		ok := true
+		if j.pl == placeClaimed {
+			ok = crc32.Checksum(j.dst, castagnoli) == j.crc
+			if !ok {
+				rc.srv.checksumFailures.Add(1)
+			}
+			rc.s.finish(j.cl, ok)
+		}
+		if err == nil {
+			if err = rc.ack(j.seq, j.pl, ok); err != nil {
+				failed <- err
+				rc.c.Close() // stops the reader
+			}
+		}
+	}
+}
+
+// readLoop returns when the connection ends; fatal says the peer broke the
+// protocol and the session must fail with err.
 func (rc *rconn) readLoop() (fatal bool, err error) {
+	jobs := make(chan verifyJob, 2)
+	failed := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rc.verifyLoop(jobs, failed)
+	}()
+	defer func() {
+		close(jobs)
+		<-done // every chunk read is settled before the connection is let go
+		select {
+		case ferr := <-failed:
+			if !fatal {
+				err = ferr
+			}
+		default:
+		}
+	}()
 	var h header
 	expect := uint64(1)
 	for {
@@ -177,17 +228,7 @@ func (rc *rconn) readLoop() (fatal bool, err error) {
 		switch h.Type {
 		case frameData:
 			expect++
-			ok := true
-			if pl == placeClaimed {
-				ok = crc32.Checksum(dst, castagnoli) == h.CRC
-				if !ok {
-					rc.srv.checksumFailures.Add(1)
-				}
-				rc.s.finish(cl, ok)
-			}
-			if err := rc.ack(h.Seq, pl, ok); err != nil {
-				return false, err
-			}
+			jobs <- verifyJob{seq: h.Seq, dst: dst, cl: cl, pl: pl, crc: h.CRC}
 		case frameEnd:
 			if err := rc.s.end(&h); err != nil {
 				return true, err
