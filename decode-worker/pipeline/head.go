@@ -146,8 +146,7 @@ func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 	}
 	w.counters.admitted++
 	s.timing.Admitted = time.Now()
-	s.reply <- nil
-	s.reply = nil
+	s.reply <- nil // kept: it also identifies the Submit call (see its abandon path)
 	w.log.Info("sequence admitted", zap.String("seq", s.id), zap.Int("tokens", len(s.req.Tokens)),
 		zap.Int("cached", s.admit.Cached), zap.Bool("remote", s.admit.Remote), zap.Int("max_tokens", s.req.MaxTokens))
 	switch {

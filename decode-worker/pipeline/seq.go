@@ -24,7 +24,7 @@ type seq struct {
 	// Head.
 	req       Request
 	admitting bool       // the admission is going around the ring
-	reply     chan error // answers Submit
+	reply     chan error // answers Submit, once
 	cancelled bool       // Cancel came during the admission
 	failure   error      // a rank refused the state during the admission
 	ready     []bool     // ranks whose state is in place (remote)
