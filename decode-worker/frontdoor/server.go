@@ -3,6 +3,7 @@ package frontdoor
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
@@ -116,7 +117,7 @@ func (c *conn) handle(req *request) {
 		}
 	case opStats:
 		st := c.w.Stats()
-		c.push(&reply{Op: opStats, Stats: &st, Goroutines: pipeline.Goroutines()})
+		c.push(&reply{Op: opStats, Stats: &st, Goroutines: runtime.NumGoroutine()})
 	default:
 		c.push(&reply{Op: opError, Seq: req.Seq, Err: "unknown operation " + req.Op})
 	}

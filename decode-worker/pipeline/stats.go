@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"runtime"
 	"time"
 
 	"go.uber.org/zap"
@@ -84,7 +83,3 @@ func (w *Worker) publish() {
 		w.lastLog, w.logged = now, *c
 	}
 }
-
-// Goroutines is the process's goroutine count, for leak checks across
-// processes.
-func Goroutines() int { return runtime.NumGoroutine() }
