@@ -46,11 +46,12 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
+	base, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		return err
 	}
-	defer log.Sync()
+	defer base.Sync()
+	log := base
 
 	mcfg, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
 	if err != nil {
@@ -63,7 +64,7 @@ func run(ctx context.Context, args []string) error {
 	if cfg.Rank > layout.Last() {
 		return fmt.Errorf("--rank %d: group %q has ranks 0..%d", cfg.Rank, layout.Group, layout.Last())
 	}
-	log = log.With(zap.String("group", layout.Group), zap.Int("rank", cfg.Rank))
+	log = base.With(zap.String("group", layout.Group), zap.Int("rank", cfg.Rank)) // the pipeline adds these itself
 	spec := layout.Ranks[cfg.Rank]
 	log.Info("loading weights", zap.String("model", cfg.Model), zap.Int("lo", spec.Lo), zap.Int("hi", spec.Hi))
 	m, err := rank.LoadShard(cfg.Model, cpu.New(cfg.Threads), layout, cfg.Rank, cfg.LatentEps)
@@ -86,7 +87,7 @@ func run(ctx context.Context, args []string) error {
 
 	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret,
 		Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
-		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout, Log: log})
+		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout, Log: base})
 	if err != nil {
 		return err
 	}

@@ -65,7 +65,8 @@ type Config struct {
 	StepTimeout time.Duration
 	// FormRetry is how often rank 0 retries forming the ring (default 250 ms).
 	FormRetry time.Duration
-	Log       *zap.Logger
+	// Log receives the rank's logs, with the group and rank added.
+	Log *zap.Logger
 }
 
 // Worker is one rank of a decode group.
