@@ -18,6 +18,10 @@ type Costs struct {
 	// (KDA recurrent states and conv tails); StatePerToken is what each
 	// prompt token adds (MLA cache rows, all MLA layers).
 	StateFixed, StatePerToken int64
+	// KDALayerState is one KDA layer's state, LatentRowBytes one MLA layer's
+	// cache bytes per token: the largest single layer state bounds what a
+	// sink queue holds.
+	KDALayerState, LatentRowBytes int64
 	// Temporaries of one layer call over a tile of rows holding seqs
 	// sequences: TempFixed + rows*TempPerRow + seqs*TempPerSeq, the maximum
 	// over the layers of each term (estimate.go).
@@ -31,6 +35,12 @@ func (c Costs) Temps(rows, seqs int) int64 {
 
 // State is the whole decode state of a sequence of tokens tokens.
 func (c Costs) State(tokens int) int64 { return c.StateFixed + int64(tokens)*c.StatePerToken }
+
+// LayerState is the largest single layer's state of a sequence of tokens
+// tokens.
+func (c Costs) LayerState(tokens int) int64 {
+	return max(c.KDALayerState, int64(tokens)*c.LatentRowBytes)
+}
 
 // ModelCosts derives the memory model from the configuration. slotBytes is
 // the ring slot size (the streamer's layout knows it), embedRowBytes the
@@ -46,9 +56,11 @@ func ModelCosts(c *model.Config, latent model.DType, slotBytes, embedRowBytes in
 	for L := 0; L < c.NumLayers; L++ {
 		switch c.LayerKind(L) {
 		case model.KDA:
-			co.StateFixed += (H*D*D + 3*P*K1) * 4
+			co.KDALayerState = (H*D*D + 3*P*K1) * 4
+			co.StateFixed += co.KDALayerState
 		case model.MLA:
-			co.StatePerToken += lat * int64(latent.Size())
+			co.LatentRowBytes = lat * int64(latent.Size())
+			co.StatePerToken += co.LatentRowBytes
 		}
 		t := LayerTemps(c, L, threads)
 		co.TempFixed = max(co.TempFixed, t.Fixed)

@@ -44,6 +44,9 @@ type Input struct {
 	// Jobs in priority order: jobs already in progress (Done > 0) must come
 	// first, then new jobs in arrival order.
 	Jobs []Job
+	// Draining is memory the pass does not own but must leave alone: layer
+	// states of finished jobs still queued towards their sinks.
+	Draining int64
 }
 
 // Piece is the tokens [Lo, Hi) of one job that a pass prefills. Final says
@@ -68,7 +71,7 @@ type Reject struct {
 
 // Memory is a plan's peak memory by part, in bytes.
 type Memory struct {
-	Ring, States, Activations, Temporaries, Total, Budget int64
+	Ring, Draining, States, Activations, Temporaries, Total, Budget int64
 }
 
 // Plan is one pass's decisions.
@@ -110,12 +113,23 @@ func Make(in Input) (Plan, error) {
 	p := Plan{Depth: depth, SlotBytes: c.SlotBytes, Tile: Align}
 	p.Mem.Budget = in.Budget
 	p.Mem.Ring = int64(depth+1) * c.SlotBytes
-	room := in.Budget - p.Mem.Ring // for states, activations and temporaries
+	p.Mem.Draining = max(in.Draining, 0)
+	// Room for states, activations and temporaries: for good, and now,
+	// while finished jobs' states drain to their sinks.
+	whole := in.Budget - p.Mem.Ring
+	room := whole - p.Mem.Draining
 
 	// Admit jobs in order while their states and at least one aligned piece
 	// (or the rest of the prompt) fit beside a minimal tile's temporaries.
 	// A new job that does not fit stops later new jobs from overtaking it.
-	var used int64 // states + activations of admitted pieces
+	// Jobs in progress hold their whole state already, in the pass or not.
+	var used int64 // states + activations
+	for _, j := range in.Jobs {
+		if j.Done > 0 && j.Done < j.Total {
+			used += c.State(j.Total)
+		}
+	}
+	p.Mem.States = used
 	seqs := 0
 	blocked := false
 	for i, j := range in.Jobs {
@@ -125,15 +139,18 @@ func Make(in Input) (Plan, error) {
 		}
 		st := c.State(j.Total)
 		need := min(rest, Align)
-		if alone := st + int64(need)*c.ActPerToken + c.Temps(need, 1); alone > room {
+		if alone := st + int64(need)*c.ActPerToken + c.Temps(Align, 1); j.Done == 0 && alone > whole {
 			p.Rejected = append(p.Rejected, Reject{Job: i, ID: j.ID, Reason: fmt.Sprintf(
 				"a prompt of %d tokens needs %s of state plus %s to run its first %d tokens, and the budget leaves %s beside the weight ring (%s)",
-				j.Total, human(st), human(int64(need)*c.ActPerToken+c.Temps(need, 1)), need, human(room), human(p.Mem.Ring))})
+				j.Total, human(st), human(int64(need)*c.ActPerToken+c.Temps(Align, 1)), need, human(whole), human(p.Mem.Ring))})
 			continue
 		}
 		if blocked && j.Done == 0 {
 			p.Waiting = append(p.Waiting, j.ID)
 			continue
+		}
+		if j.Done > 0 {
+			st = 0 // counted above
 		}
 		free := room - used - st - c.Temps(Align, seqs+1)
 		give := int64(0)
@@ -158,7 +175,7 @@ func Make(in Input) (Plan, error) {
 		p.Tokens += n
 	}
 	if len(p.Pieces) == 0 {
-		p.Mem.Total = p.Mem.Ring
+		p.Mem.Total = p.Mem.Ring + p.Mem.Draining + p.Mem.States
 		return p, nil
 	}
 	p.Mem.Activations = int64(p.Tokens) * c.ActPerToken
@@ -173,22 +190,19 @@ func Make(in Input) (Plan, error) {
 	tile = min(tile, roundUp(p.Tokens, Align))
 	p.Tile = max(Align, tile-tile%Align)
 	p.Mem.Temporaries = c.Temps(p.Tile, seqs)
-	p.Mem.Total = p.Mem.Ring + p.Mem.States + p.Mem.Activations + p.Mem.Temporaries
+	p.Mem.Total = p.Mem.Ring + p.Mem.Draining + p.Mem.States + p.Mem.Activations + p.Mem.Temporaries
 	return p, nil
 }
 
 // chooseDepth returns the fixed depth when it fits. Otherwise it picks the
 // deepest depth of at least 2 whose ring leaves half the budget for work,
 // else 1 (double buffering: reads still overlap compute) or, on a budget
-// that holds only one slot beside the minimal work of the first job, 0.
+// that holds only one slot beside the least work, 0.
 func chooseDepth(in Input) (int, error) {
 	c := in.Costs
-	minWork := c.Temps(Align, 1) + Align*c.ActPerToken
-	if len(in.Jobs) > 0 {
-		j := in.Jobs[0]
-		n := min(max(j.Total-j.Done, 1), Align)
-		minWork = c.State(j.Total) + int64(n)*c.ActPerToken + c.Temps(n, 1)
-	}
+	// The least work a pass can do: one 64-token prompt. Jobs that need more
+	// than the chosen ring leaves are rejected one by one, with their reason.
+	minWork := c.State(Align) + Align*c.ActPerToken + c.Temps(Align, 1)
 	fits := func(d int) bool { return int64(d+1)*c.SlotBytes+minWork <= in.Budget }
 	if in.Depth >= 0 {
 		if !fits(in.Depth) {
@@ -245,7 +259,10 @@ func (p Plan) String() string {
 		fmt.Fprintf(&b, "; rejected %s: %s", r.ID, r.Reason)
 	}
 	m := p.Mem
-	fmt.Fprintf(&b, "; memory: ring %s + states %s + activations %s + temporaries %s = %s of %s budget",
-		human(m.Ring), human(m.States), human(m.Activations), human(m.Temporaries), human(m.Total), human(m.Budget))
+	fmt.Fprintf(&b, "; memory: ring %s + states %s + activations %s + temporaries %s", human(m.Ring), human(m.States), human(m.Activations), human(m.Temporaries))
+	if m.Draining > 0 {
+		fmt.Fprintf(&b, " + draining to sinks %s", human(m.Draining))
+	}
+	fmt.Fprintf(&b, " = %s of %s budget", human(m.Total), human(m.Budget))
 	return b.String()
 }

@@ -21,9 +21,10 @@ type Queue struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	err    error
-	closed bool // ch closed
+	mu      sync.Mutex
+	err     error
+	closed  bool // ch closed
+	aborted sync.Once
 }
 
 // ErrAborted is the error of puts to an aborted queue.
@@ -114,12 +115,14 @@ func (q *Queue) Close(ctx context.Context, tokens int) error {
 }
 
 // Abort drops whatever is queued, interrupts a put in progress and aborts
-// the sink with err. It is safe to call from any goroutine, and it does not
-// wait for the sink.
+// the sink with err (once; later calls do nothing). It is safe to call from
+// any goroutine, and it does not wait for the sink.
 func (q *Queue) Abort(err error) {
-	q.setErr(fmt.Errorf("%w: %w", ErrAborted, err))
-	q.cancel()
-	q.sink.Abort(err)
+	q.aborted.Do(func() {
+		q.setErr(fmt.Errorf("%w: %w", ErrAborted, err))
+		q.cancel()
+		q.sink.Abort(err)
+	})
 }
 
 func (q *Queue) closeCh() {

@@ -1,0 +1,439 @@
+// Package scheduler batches prefill jobs into weight passes. Jobs that
+// arrive while a pass runs wait for the next one; every job waiting when a
+// pass starts shares it (each layer's weights are read once and applied to
+// all of them), as far as the memory budget allows: the planner decides
+// which tokens of which jobs go in, splitting long prompts into super-chunks
+// that continue in later passes. Jobs in progress go first, then new jobs in
+// arrival order.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/prefill-worker/executor"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/sink"
+)
+
+// Config wires a scheduler.
+type Config struct {
+	Exec   *executor.Executor
+	Costs  planner.Costs
+	Budget int64
+	// Depth is the prefetch depth of every pass; the streamer's ring holds
+	// Depth+1 slots.
+	Depth   int
+	MaxTile int
+	// SinkQueue is each job's queue of layer states (default 4);
+	// SinkTimeout how long a pass waits for room in it before failing the
+	// job (default a minute); CloseTimeout how long the sink may take to
+	// commit the state after the last layer (default 5 minutes).
+	SinkQueue                 int
+	SinkTimeout, CloseTimeout time.Duration
+	Log                       *zap.Logger
+	// OnPass, if set, is called after every pass.
+	OnPass func(PassReport)
+}
+
+// PassReport describes a finished pass.
+type PassReport struct {
+	Pass  int
+	Plan  planner.Plan
+	Stats executor.Stats
+	Err   error
+}
+
+// Stats are the scheduler's counters.
+type Stats struct {
+	Queued, InProgress              int
+	Passes                          int
+	Completed, Failed, Cancelled    int
+	TokensPrefilled, BytesRead      int64
+	ComputeTime, PassTime, ReadWait time.Duration
+	LastPass                        *PassReport
+}
+
+// Scheduler owns the job queue and runs passes.
+type Scheduler struct {
+	cfg Config
+	log *zap.Logger
+
+	mu       sync.Mutex
+	jobs     map[string]*Job
+	waiting  []*Job // not started, in arrival order
+	progress []*Job // started, not finished, in start order
+	wake     chan struct{}
+	stats    Stats
+	stopped  bool
+}
+
+// New returns a scheduler; call Run to start passes.
+func New(cfg Config) *Scheduler {
+	if cfg.SinkQueue <= 0 {
+		cfg.SinkQueue = 4
+	}
+	if cfg.SinkTimeout <= 0 {
+		cfg.SinkTimeout = time.Minute
+	}
+	if cfg.CloseTimeout <= 0 {
+		cfg.CloseTimeout = 5 * time.Minute
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Scheduler{cfg: cfg, log: log, jobs: make(map[string]*Job), wake: make(chan struct{}, 1)}
+}
+
+// ErrStopped is returned by Submit after Run has returned.
+var ErrStopped = errors.New("scheduler stopped")
+
+// Submit queues a job for the next pass.
+func (s *Scheduler) Submit(spec Spec) (*Job, error) {
+	if spec.ID == "" {
+		return nil, errors.New("scheduler: job id is empty")
+	}
+	if spec.Sink == nil {
+		return nil, fmt.Errorf("scheduler: job %s has no sink", spec.ID)
+	}
+	c := s.cfg.Exec.Model.Cfg
+	for i, id := range spec.Tokens {
+		if id < 0 || int(id) >= c.VocabSize {
+			return nil, fmt.Errorf("scheduler: job %s: token id %d at position %d is outside the vocabulary [0, %d)", spec.ID, id, i, c.VocabSize)
+		}
+	}
+	j := &Job{spec: spec, submitted: time.Now(), finish: make(chan struct{})}
+	j.ctx, j.cancel = context.WithCancelCause(context.Background())
+	if !spec.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		j.ctx, cancel = context.WithDeadlineCause(j.ctx, spec.Deadline, fmt.Errorf("job %s: deadline %s passed", spec.ID, spec.Deadline.Format(time.RFC3339)))
+		go func() { <-j.finish; cancel() }()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return nil, ErrStopped
+	}
+	if _, dup := s.jobs[spec.ID]; dup {
+		return nil, fmt.Errorf("scheduler: job %s is already queued or running", spec.ID)
+	}
+	s.jobs[spec.ID] = j
+	if len(spec.Tokens) == 0 {
+		go s.finishEmpty(j)
+		return j, nil
+	}
+	s.waiting = append(s.waiting, j)
+	s.stats.Queued = len(s.waiting)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return j, nil
+}
+
+// finishEmpty serves a prompt of one token: nothing to prefill, so the sink
+// gets every layer's empty state and the job is done.
+func (s *Scheduler) finishEmpty(j *Job) {
+	c := s.cfg.Exec.Model.Cfg
+	ctx, cancel := context.WithTimeout(j.ctx, s.cfg.CloseTimeout)
+	defer cancel()
+	var err error
+	for L := 0; L < c.NumLayers && err == nil; L++ {
+		err = j.spec.Sink.PutLayer(ctx, c.NewLayerState(L, s.cfg.Exec.Model.State))
+	}
+	if err == nil {
+		err = j.spec.Sink.Close(ctx, 0)
+	}
+	if err != nil {
+		err = fmt.Errorf("job %s: %w", j.spec.ID, err)
+	}
+	s.finish(j, err)
+}
+
+// Cancel cancels a job wherever it is: a waiting job finishes at once, a
+// job in a pass is dropped at the next layer boundary. It reports whether
+// the job was known and not yet finished.
+func (s *Scheduler) Cancel(id string) bool {
+	s.mu.Lock()
+	j, ok := s.jobs[id]
+	if ok {
+		for i, w := range s.waiting {
+			if w == j {
+				s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	if !ok || j.finished() {
+		return false
+	}
+	err := fmt.Errorf("job %s: %w", id, ErrCancelled)
+	j.cancel(err)
+	s.mu.Lock()
+	inProgress := false
+	for _, p := range s.progress {
+		inProgress = inProgress || p == j
+	}
+	s.mu.Unlock()
+	if !inProgress {
+		s.finish(j, err)
+	} else {
+		select { // a loop waiting for memory re-plans without the job
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// finish ends a job and updates the books.
+func (s *Scheduler) finish(j *Job, err error) {
+	if j.finished() {
+		return
+	}
+	j.end(err)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.jobs, j.spec.ID)
+	for i, p := range s.progress {
+		if p == j {
+			s.progress = append(s.progress[:i], s.progress[i+1:]...)
+			break
+		}
+	}
+	for i, w := range s.waiting {
+		if w == j {
+			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+			break
+		}
+	}
+	switch {
+	case err == nil:
+		s.stats.Completed++
+	case errors.Is(err, ErrCancelled) || errors.Is(err, context.Canceled):
+		s.stats.Cancelled++
+	default:
+		s.stats.Failed++
+	}
+	s.stats.Queued, s.stats.InProgress = len(s.waiting), len(s.progress)
+	select { // a committed job frees memory a waiting pass may need
+	case s.wake <- struct{}{}:
+	default:
+	}
+	if err != nil {
+		s.log.Info("job failed", zap.String("job", j.spec.ID), zap.Error(err))
+	} else {
+		s.log.Info("job done", zap.String("job", j.spec.ID), zap.Int("tokens", len(j.spec.Tokens)),
+			zap.Int("passes", j.passes), zap.Duration("prefill", j.result.Prefill.Round(time.Millisecond)))
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Queued, st.InProgress = len(s.waiting), len(s.progress)
+	return st
+}
+
+// Plan is what the next pass would do with the queue as it is now (or with
+// the given jobs, when jobs is not nil), without running it.
+func (s *Scheduler) Plan(jobs []planner.Job) (planner.Plan, error) {
+	var draining int64
+	if jobs == nil {
+		jobs, _, draining = s.snapshot()
+	}
+	return planner.Make(s.input(jobs, draining))
+}
+
+func (s *Scheduler) input(jobs []planner.Job, draining int64) planner.Input {
+	return planner.Input{Costs: s.cfg.Costs, Budget: s.cfg.Budget, Depth: s.cfg.Depth, MaxTile: s.cfg.MaxTile, Jobs: jobs, Draining: draining}
+}
+
+// snapshot lists the jobs a pass could take, in progress first, as the
+// planner wants them, and the memory still held by committing jobs' sink
+// queues. Cancelled jobs are finished on the way.
+func (s *Scheduler) snapshot() ([]planner.Job, []*Job, int64) {
+	s.mu.Lock()
+	all := append(append([]*Job(nil), s.progress...), s.waiting...)
+	s.mu.Unlock()
+	var pj []planner.Job
+	var js []*Job
+	var draining int64
+	for _, j := range all {
+		if j.committing {
+			draining += int64(s.cfg.SinkQueue+1) * s.cfg.Costs.LayerState(len(j.spec.Tokens))
+			continue
+		}
+		if j.ctx.Err() != nil {
+			s.finish(j, context.Cause(j.ctx))
+			continue
+		}
+		pj = append(pj, planner.Job{ID: j.spec.ID, Total: len(j.spec.Tokens), Done: j.done})
+		js = append(js, j)
+	}
+	return pj, js, draining
+}
+
+// Run runs passes until ctx ends; then it fails every unfinished job with
+// the context's error and returns it.
+func (s *Scheduler) Run(ctx context.Context) error {
+	defer s.stop(ctx)
+	for pass := 1; ; {
+		pj, js, draining := s.snapshot()
+		if len(js) == 0 {
+			select {
+			case <-s.wake:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		plan, err := planner.Make(s.input(pj, draining))
+		if err != nil {
+			// Not even the first job fits beside the ring: it can never run.
+			s.finish(js[0], fmt.Errorf("job %s: %w", js[0].spec.ID, err))
+			continue
+		}
+		for _, r := range plan.Rejected {
+			s.finish(js[r.Job], fmt.Errorf("job %s: %w: %s", r.ID, planner.ErrBudget, r.Reason))
+		}
+		if len(plan.Pieces) == 0 {
+			if len(plan.Rejected) > 0 {
+				continue
+			}
+			if draining == 0 {
+				s.finish(js[0], fmt.Errorf("job %s: no pass can take it (%s)", js[0].spec.ID, plan))
+				continue
+			}
+			// Finished jobs' states are still draining to their sinks: wait
+			// for one to commit.
+			select {
+			case <-s.wake:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		s.runPass(ctx, pass, plan, js)
+		pass++
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func (s *Scheduler) stop(ctx context.Context) {
+	s.mu.Lock()
+	s.stopped = true
+	all := make([]*Job, 0, len(s.jobs))
+	for _, j := range s.jobs {
+		all = append(all, j)
+	}
+	s.mu.Unlock()
+	err := fmt.Errorf("prefill worker stopping: %w", context.Cause(ctx))
+	for _, j := range all {
+		s.finish(j, fmt.Errorf("job %s: %w", j.spec.ID, err))
+	}
+}
+
+// runPass runs one planned pass and settles its jobs.
+func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js []*Job) {
+	c := s.cfg.Exec.Model.Cfg
+	s.log.Info("pass plan", zap.Int("pass", pass), zap.String("plan", plan.String()))
+	seqs := make([]*executor.Seq, len(plan.Pieces))
+	jobs := make([]*Job, len(plan.Pieces))
+	now := time.Now()
+	s.mu.Lock()
+	for i, pc := range plan.Pieces {
+		j := js[pc.Job]
+		if j.state == nil {
+			j.state = c.NewSeqState(0, c.NumLayers, model.StateOptions{LatentDType: s.cfg.Exec.Model.State.LatentDType, LatentCapacity: len(j.spec.Tokens)})
+			j.out = sink.NewQueue(j.spec.Sink, s.cfg.SinkQueue)
+			j.started = now
+			for k, w := range s.waiting {
+				if w == j {
+					s.waiting = append(s.waiting[:k], s.waiting[k+1:]...)
+					break
+				}
+			}
+			s.progress = append(s.progress, j)
+		}
+		j.passes++
+		jobs[i] = j
+		seqs[i] = &executor.Seq{ID: j.spec.ID, Ctx: j.ctx, State: j.state, Tokens: j.spec.Tokens[pc.Lo:pc.Hi], Final: pc.Final, Out: j.out}
+	}
+	s.stats.Queued, s.stats.InProgress = len(s.waiting), len(s.progress)
+	s.mu.Unlock()
+
+	progress := func(p executor.Progress) {
+		for i, sq := range seqs {
+			if f := jobs[i].spec.Progress; f != nil && sq.Err == nil {
+				pc := plan.Pieces[i]
+				f(Progress{Job: sq.ID, Pass: pass, Layer: p.Layer, Layers: p.Layers, Done: pc.Lo, InPass: pc.Len(), Total: len(jobs[i].spec.Tokens),
+					ReadGBps: p.ReadGBps, Elapsed: p.Elapsed, ETA: p.ETA, Final: pc.Final})
+			}
+		}
+	}
+	st, err := s.cfg.Exec.Run(ctx, seqs, executor.Options{Depth: plan.Depth, Tile: plan.Tile, Pass: pass,
+		SinkTimeout: s.cfg.SinkTimeout, Progress: progress})
+	if err != nil {
+		s.log.Error("pass failed", zap.Int("pass", pass), zap.Error(err))
+	}
+	for i, sq := range seqs {
+		j := jobs[i]
+		switch {
+		case sq.Err != nil:
+			cause := sq.Err
+			if c := context.Cause(j.ctx); c != nil && errors.Is(sq.Err, context.Canceled) {
+				cause = fmt.Errorf("%w (%w)", sq.Err, c)
+			}
+			s.finish(j, cause)
+		case err != nil:
+			s.finish(j, fmt.Errorf("job %s: %w", j.spec.ID, err))
+		default:
+			j.done += len(sq.Tokens)
+			if sq.Final {
+				j.state = nil // every layer went to the sink
+				j.committing = true
+				go s.commit(j)
+			}
+		}
+	}
+	rep := PassReport{Pass: pass, Plan: plan, Stats: st, Err: err}
+	s.mu.Lock()
+	s.stats.Passes++
+	s.stats.TokensPrefilled += int64(st.Tokens)
+	s.stats.BytesRead += st.Bytes
+	s.stats.ComputeTime += st.Compute
+	s.stats.PassTime += st.Wall
+	s.stats.ReadWait += st.ReadWait
+	s.stats.LastPass = &rep
+	s.mu.Unlock()
+	s.log.Info("pass done", zap.Int("pass", pass), zap.Int("tokens", st.Tokens), zap.Int("layers", st.Layers),
+		zap.Float64("read_gb", float64(st.Bytes)/1e9), zap.Duration("wall", st.Wall.Round(time.Millisecond)),
+		zap.Duration("compute", st.Compute.Round(time.Millisecond)), zap.Duration("read_wait", st.ReadWait.Round(time.Millisecond)))
+	if s.cfg.OnPass != nil {
+		s.cfg.OnPass(rep)
+	}
+}
+
+// commit waits for the sink to take the last layers and commit the state.
+func (s *Scheduler) commit(j *Job) {
+	ctx, cancel := context.WithTimeout(j.ctx, s.cfg.CloseTimeout)
+	defer cancel()
+	err := j.out.Close(ctx, len(j.spec.Tokens))
+	if err != nil {
+		err = fmt.Errorf("job %s: committing the state: %w", j.spec.ID, err)
+	}
+	s.finish(j, err)
+}

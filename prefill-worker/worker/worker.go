@@ -1,0 +1,213 @@
+// Package worker is the prefill worker as a library: it opens a checkpoint,
+// sizes the weight streamer's ring from the memory budget, and serves
+// prefill jobs in batched layer-streamed passes. A control-plane adapter
+// (NATS assignments, kvtransfer sinks) and the standalone binary both drive
+// it through Submit, Cancel, Stats and Close.
+//
+// Memory: the planner keeps the ring, states, activations and layer
+// temporaries within Config.Budget. The Go runtime bounds garbage only if
+// told: processes that run a worker should call debug.SetMemoryLimit with
+// the budget (the binary and bench do), so that collection keeps the heap
+// within it.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/safetensors"
+	"github.com/tandem-inference/tandem/prefill-worker/executor"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
+	"github.com/tandem-inference/tandem/prefill-worker/streamer"
+)
+
+// Config configures a worker. Zero values take the documented defaults.
+type Config struct {
+	// Model is the checkpoint directory (config.json + safetensors shards).
+	Model string
+	// Budget bounds the worker's memory (bytes).
+	Budget int64
+	// Depth is the prefetch depth (layers read ahead of compute), or -1 to
+	// let the planner choose from the budget.
+	Depth int
+	// Backend runs the layers; nil means the CPU backend with Threads
+	// threads (0: all cores).
+	Backend kernels.Backend
+	Threads int
+	// LatentDType is the MLA cache dtype (default BF16, the state contract);
+	// LatentNormEps overrides the config's MLA latent norm eps when > 0.
+	LatentDType   model.DType
+	LatentNormEps float64
+	// Weight streamer: request size, requests in flight, I/O mode.
+	ReadSize int64
+	Readers  int
+	IO       streamer.IOMode
+	// MaxTile caps the rows of one layer call (0: planner default).
+	MaxTile int
+	// Sink queue depth and timeouts (see scheduler.Config).
+	SinkQueue                 int
+	SinkTimeout, CloseTimeout time.Duration
+	Log                       *zap.Logger
+	// OnPass, if set, is called after every pass.
+	OnPass func(scheduler.PassReport)
+}
+
+// Worker serves prefill jobs.
+type Worker struct {
+	cfg    Config
+	model  *model.Config
+	stream *streamer.Streamer
+	sched  *scheduler.Scheduler
+	costs  planner.Costs
+	depth  int
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// New opens the model, allocates the ring and starts serving.
+func New(cfg Config) (*Worker, error) {
+	if cfg.Model == "" {
+		return nil, errors.New("worker: no model directory")
+	}
+	if cfg.Budget <= 0 {
+		return nil, fmt.Errorf("worker: memory budget %d bytes", cfg.Budget)
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.LatentDType == 0 {
+		cfg.LatentDType = model.BF16
+	}
+	if cfg.LatentDType != model.BF16 && cfg.LatentDType != model.F32 {
+		return nil, fmt.Errorf("worker: MLA cache dtype %s; want BF16 or F32", cfg.LatentDType)
+	}
+	be := cfg.Backend
+	if be == nil {
+		be = cpu.New(cfg.Threads)
+	}
+	mc, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	if cfg.LatentNormEps > 0 {
+		mc.LatentNormEps = cfg.LatentNormEps
+	}
+	ck, err := safetensors.Open(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	// The headers are all the worker needs from the open checkpoint; the
+	// streamer opens shards per pass.
+	defer ck.Close()
+	lay, err := streamer.NewLayout(ck, mc.NumLayers, streamer.DefaultAlign)
+	if err != nil {
+		return nil, err
+	}
+	emb, err := executor.NewEmbedder(ck, mc)
+	if err != nil {
+		return nil, err
+	}
+	costs := planner.ModelCosts(mc, cfg.LatentDType, lay.SlotBytes, int64(emb.RowBytes), be.Threads())
+	// The ring is sized once: the plan of an empty queue picks the depth.
+	p, err := planner.Make(planner.Input{Costs: costs, Budget: cfg.Budget, Depth: cfg.Depth, MaxTile: cfg.MaxTile})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %s: %w", cfg.Model, err)
+	}
+	st, err := streamer.New(lay, be, streamer.Options{Slots: p.Depth + 1, ReadSize: cfg.ReadSize, Readers: cfg.Readers, IO: cfg.IO, Log: cfg.Log})
+	if err != nil {
+		return nil, err
+	}
+	m := model.New(mc, be)
+	m.State.LatentDType = cfg.LatentDType
+	exec := &executor.Executor{Model: m, Stream: st, Embed: emb, Log: cfg.Log}
+	w := &Worker{cfg: cfg, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1)}
+	w.sched = scheduler.New(scheduler.Config{Exec: exec, Costs: costs, Budget: cfg.Budget, Depth: p.Depth, MaxTile: cfg.MaxTile,
+		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: cfg.OnPass})
+	cfg.Log.Info("prefill worker ready", zap.String("model", cfg.Model), zap.Int("layers", mc.NumLayers),
+		zap.String("layer_bytes", humanBytes(lay.TensorBytes)), zap.String("budget", humanBytes(cfg.Budget)),
+		zap.Int("depth", p.Depth), zap.String("ring", humanBytes(p.Mem.Ring)), zap.String("io", st.IOName()),
+		zap.String("backend", be.Name()), zap.String("cache_dtype", cfg.LatentDType.String()))
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	go func() { w.done <- w.sched.Run(ctx) }()
+	return w, nil
+}
+
+// Job is a submitted job (see scheduler.Job: Wait, Done, Result).
+type Job = scheduler.Job
+
+// Spec describes a job (see scheduler.Spec). Tokens are the prompt without
+// its last token.
+type Spec = scheduler.Spec
+
+// Submit queues a job for the next pass.
+func (w *Worker) Submit(spec Spec) (*Job, error) { return w.sched.Submit(spec) }
+
+// Cancel cancels a job; a job in a pass leaves it at the next layer.
+func (w *Worker) Cancel(id string) bool { return w.sched.Cancel(id) }
+
+// Stats are the worker's counters and rates.
+type Stats struct {
+	scheduler.Stats
+	// PrefillTokensPerSec is tokens prefilled per second of compute;
+	// PassFloor the mean time to read one pass's weights (the floor of a
+	// pass with nothing to compute). Zero before the first pass.
+	PrefillTokensPerSec float64
+	PassFloor           time.Duration
+}
+
+// Stats returns the counters and the rates a control plane reports.
+func (w *Worker) Stats() Stats {
+	s := Stats{Stats: w.sched.Stats()}
+	if s.ComputeTime > 0 {
+		s.PrefillTokensPerSec = float64(s.TokensPrefilled) / s.ComputeTime.Seconds()
+	}
+	if s.Passes > 0 && s.LastPass != nil {
+		s.PassFloor = s.LastPass.Stats.ReadWall
+	}
+	return s
+}
+
+// Plan is what a pass over jobs of the given prompt lengths (tokens to
+// prefill each) would do, without running it: the --dry-run answer.
+func (w *Worker) Plan(lens []int) (planner.Plan, error) {
+	jobs := make([]planner.Job, len(lens))
+	for i, n := range lens {
+		jobs[i] = planner.Job{ID: fmt.Sprintf("prompt%d", i), Total: n}
+	}
+	return w.sched.Plan(jobs)
+}
+
+// Model is the model's configuration.
+func (w *Worker) Model() *model.Config { return w.model }
+
+// Depth is the prefetch depth of every pass.
+func (w *Worker) Depth() int { return w.depth }
+
+// Costs is the planner's memory model of this worker.
+func (w *Worker) Costs() planner.Costs { return w.costs }
+
+// Streamer exposes the weight streamer (for benchmarks: RawRead, I/O mode).
+func (w *Worker) Streamer() *streamer.Streamer { return w.stream }
+
+// Close stops serving: unfinished jobs fail, the pass in progress stops at
+// the next layer, and the ring is freed.
+func (w *Worker) Close() error {
+	w.cancel()
+	err := <-w.done
+	w.done <- err // Close may be called again
+	w.stream.Close()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
