@@ -63,7 +63,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	fs.IntVar(&mf.threads, "threads", 0, "CPU threads per rank (0: all)")
 	fs.StringVar(&mf.cache, "cache-dtype", "bf16", "MLA latent cache dtype: bf16 or f32")
 	rankList := fs.String("ranks", "1,2,3", "group sizes to measure")
-	seqList := fs.String("seqs", "1,4,8", "concurrent sequences to measure")
+	seqList := fs.String("seqs", "1,4,8,16", "concurrent sequences to measure")
 	tokens := fs.Int("tokens", 32, "tokens generated per sequence")
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
