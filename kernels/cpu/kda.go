@@ -66,6 +66,7 @@ func (b *Backend) KDA(o, q, k, v, g, beta *kernels.Tensor, span kernels.Span, S 
 	}
 	b.parallel(heads, 1, func(lo, hi int) {
 		w := newKDAWork(dk, dv, chunk)
+		w.ks = kernelsInUse
 		for h := lo; h < hi; h++ {
 			hv := kdaHead{q: q, k: k, v: v, g: g, beta: beta, o: o, h: h, dk: dk, dv: dv,
 				S: S[h*dk*dv : (h+1)*dk*dv]}
@@ -94,20 +95,25 @@ func (hv *kdaHead) betaAt(t int) float64 { return float64(hv.beta.Data[t*hv.beta
 
 // kdaWork is per-worker scratch, reused across heads.
 type kdaWork struct {
-	S, r            []float64 // state [dk, dv], read vector
+	ks              *kernelSet
+	S, r, acc       []float64 // state [dk, dv], read vector, output row
 	gam, kp, kn, qp []float64 // [C, dk]
+	knT             []float64 // kn transposed, [dk, cp] (vector kernels)
 	vv, wm, u       []float64 // [C, dv], [C, dk], [C, dv]
-	lmat, aqk       []float64 // [C, C]
+	lmat, aqk       []float64 // [C, cp]
 	decayC          []float64 // [dk]
+	cp              int       // row stride of lmat, aqk and knT: C rounded up to 8
 }
 
 func newKDAWork(dk, dv, chunk int) *kdaWork {
 	C := max(chunk, 1)
+	cp := (C + 7) &^ 7
 	return &kdaWork{
-		S: make([]float64, dk*dv), r: make([]float64, dv),
+		S: make([]float64, dk*dv), r: make([]float64, dv), acc: make([]float64, dv),
 		gam: make([]float64, C*dk), kp: make([]float64, C*dk), kn: make([]float64, C*dk), qp: make([]float64, C*dk),
-		vv: make([]float64, C*dv), wm: make([]float64, C*dk), u: make([]float64, C*dv),
-		lmat: make([]float64, C*C), aqk: make([]float64, C*C), decayC: make([]float64, dk),
+		knT: make([]float64, dk*cp),
+		vv:  make([]float64, C*dv), wm: make([]float64, C*dk), u: make([]float64, C*dv),
+		lmat: make([]float64, C*cp), aqk: make([]float64, C*cp), decayC: make([]float64, dk), cp: cp,
 	}
 }
 
@@ -138,26 +144,16 @@ func (hv *kdaHead) recurrent(span kernels.Span, w *kdaWork) {
 		beta := hv.betaAt(t)
 		clear(r)
 		for c := 0; c < dk; c++ {
-			a := math.Exp(float64(g[c]))
-			row := S[c*dv : (c+1)*dv]
-			kc := float64(k[c])
-			for j := range row {
-				row[j] *= a
-				r[j] += kc * row[j]
-			}
+			w.ks.decayRead(S[c*dv:(c+1)*dv], r, math.Exp(float64(g[c])), float64(k[c]))
 		}
 		for j := range r {
 			r[j] = beta * (float64(v[j]) - r[j])
 		}
 		out := hv.oRow(t)
-		acc := make([]float64, dv) // small; dv floats per token
+		acc := w.acc
+		clear(acc)
 		for c := 0; c < dk; c++ {
-			row := S[c*dv : (c+1)*dv]
-			kc, qc := float64(k[c]), float64(q[c])
-			for j := range row {
-				row[j] += kc * r[j]
-				acc[j] += qc * row[j]
-			}
+			w.ks.writeRead(S[c*dv:(c+1)*dv], r, acc, float64(k[c]), float64(q[c]))
 		}
 		for j := range out {
 			out[j] = float32(acc[j])
@@ -199,10 +195,26 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 			}
 		}
 		// L[i,j] = β_i Σ_c k_i k_j e^{Γi−Γj} (j < i); A_qk[i,j] likewise for q, j ≤ i.
-		L, A := w.lmat, w.aqk
+		L, A, cp := w.lmat, w.aqk, w.cp
+		if w.ks.kdaDots != nil {
+			// Vector kernels take K⊙e^−Γ column-major, so that each lane's sum
+			// runs over c in order for its own j.
+			for j := 0; j < n; j++ {
+				for c, x := range kn[j*dk : (j+1)*dk] {
+					w.knT[c*cp+j] = x
+				}
+			}
+		}
 		for i := 0; i < n; i++ {
 			bi := hv.betaAt(c0 + i)
 			kpi, qpi := kp[i*dk:(i+1)*dk], qp[i*dk:(i+1)*dk]
+			if w.ks.kdaDots != nil {
+				w.ks.kdaDots(L[i*cp:(i+1)*cp], A[i*cp:(i+1)*cp], kpi, qpi, w.knT, cp, i+1)
+				for j := 0; j <= i; j++ {
+					L[i*cp+j] = bi * L[i*cp+j]
+				}
+				continue
+			}
 			for j := 0; j <= i; j++ {
 				knj := kn[j*dk : (j+1)*dk]
 				var sl, sa float64
@@ -210,8 +222,8 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 					sl += kpi[c] * x
 					sa += qpi[c] * x
 				}
-				L[i*C+j] = bi * sl
-				A[i*C+j] = sa
+				L[i*cp+j] = bi * sl
+				A[i*cp+j] = sa
 			}
 		}
 		// W = (I+L)⁻¹ diag(β) (K⊙e^Γ), U = (I+L)⁻¹ diag(β) V by forward substitution.
@@ -226,17 +238,12 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 				ui[j] = bi * vv[i*dv+j]
 			}
 			for j := 0; j < i; j++ {
-				l := L[i*C+j]
+				l := L[i*cp+j]
 				if l == 0 {
 					continue
 				}
-				wj, uj := wm[j*dk:(j+1)*dk], u[j*dv:(j+1)*dv]
-				for c := range wi {
-					wi[c] -= l * wj[c]
-				}
-				for x := range ui {
-					ui[x] -= l * uj[x]
-				}
+				w.ks.axmy(wi, wm[j*dk:(j+1)*dk], l)
+				w.ks.axmy(ui, u[j*dv:(j+1)*dv], l)
 			}
 		}
 		// Ṽ = U − W S (in place in u); O = (Q⊙e^Γ) S + A_qk Ṽ.
@@ -246,10 +253,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 				if x == 0 {
 					continue
 				}
-				row := S[c*dv : (c+1)*dv]
-				for j := range ui {
-					ui[j] -= x * row[j]
-				}
+				w.ks.axmy(ui, S[c*dv:(c+1)*dv], x)
 			}
 		}
 		for i := 0; i < n; i++ {
@@ -260,17 +264,10 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 				if x == 0 {
 					continue
 				}
-				row := S[c*dv : (c+1)*dv]
-				for j := range acc {
-					acc[j] += x * row[j]
-				}
+				w.ks.axpy(acc, S[c*dv:(c+1)*dv], x)
 			}
 			for j := 0; j <= i; j++ {
-				a := A[i*C+j]
-				uj := u[j*dv : (j+1)*dv]
-				for x := range acc {
-					acc[x] += a * uj[x]
-				}
+				w.ks.axpy(acc, u[j*dv:(j+1)*dv], A[i*cp+j])
 			}
 			out := hv.oRow(c0 + i)
 			for j := range out {
@@ -282,10 +279,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 		for c := 0; c < dk; c++ {
 			eC := math.Exp(gam[last+c])
 			w.decayC[c] = eC
-			row := S[c*dv : (c+1)*dv]
-			for j := range row {
-				row[j] *= eC
-			}
+			w.ks.scal(S[c*dv:(c+1)*dv], eC)
 		}
 		for i := 0; i < n; i++ {
 			ui := u[i*dv : (i+1)*dv]
@@ -294,10 +288,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 				if f == 0 {
 					continue
 				}
-				row := S[c*dv : (c+1)*dv]
-				for j := range row {
-					row[j] += f * ui[j]
-				}
+				w.ks.axpy(S[c*dv:(c+1)*dv], ui, f)
 			}
 		}
 		hv.storeS(w)

@@ -9,7 +9,7 @@ import (
 )
 
 // AVX2+FMA kernels, in kernel_amd64.s. Their contracts are those of the
-// tileKernels fields; they are tested bit for bit against goKernels.
+// kernelSet fields; they are tested bit for bit against goKernels.
 //
 //go:noescape
 func tile6x8AVX2(c, x, w *float64, k int)
@@ -30,6 +30,9 @@ func packF32AVX2(dst *float64, src *float32, lds, k int)
 func packBF16AVX2(dst *float64, src *uint16, lds, k int)
 
 //go:noescape
+func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
+
+//go:noescape
 func gemv16F32AVX2(acc *[16]float64, xb *float64, w *float32, lds, k int)
 
 //go:noescape
@@ -46,6 +49,7 @@ func mxfp4AVX2(dst *float32, packed, scales *byte, nblk int, tab *mxfp4Table)
 type mxfp4Table struct {
 	lo, hi [16]byte
 	scale  [256]float32
+	mag    [8]float32 // E2M1 magnitudes; code c|8 is -E2M1[c]
 }
 
 var mxfp4Tab, mxfp4TabOK = newMXFP4Table()
@@ -57,6 +61,11 @@ func newMXFP4Table() (t mxfp4Table, ok bool) {
 			return t, false
 		}
 		t.lo[c], t.hi[c] = byte(u>>16), byte(u>>24)
+		if c < 8 {
+			t.mag[c] = v
+		} else if u != math.Float32bits(mxfp.E2M1[c-8])|1<<31 {
+			return t, false
+		}
 	}
 	for s := range t.scale {
 		t.scale[s] = mxfp.E8M0(uint8(s))
@@ -74,8 +83,8 @@ func mxfp4Vec(dst []float32, packed, scales []byte) {
 	}
 }
 
-var avx2Kernels = func() tileKernels {
-	k := tileKernels{
+var avx2Kernels = func() kernelSet {
+	k := kernelSet{
 		name:     "avx2",
 		tile6x8:  tile6x8AVX2,
 		tile4x8:  tile4x8AVX2,
@@ -85,17 +94,34 @@ var avx2Kernels = func() tileKernels {
 		packBF16: packBF16AVX2,
 		mxfp4:    mxfp4Vec,
 		gemvF32:  gemv16F32AVX2,
+		mxfp4Panel: func(dst *float64, packed []byte, lds int, scales []byte, sb int, sc []float32) {
+			nblk := len(sc) / packW
+			for b := 0; b < nblk; b++ {
+				for r := 0; r < packW; r++ {
+					sc[b*packW+r] = mxfp4Tab.scale[scales[r*sb+b]]
+				}
+			}
+			mxfp4PanelAVX2(dst, &packed[0], lds, &sc[0], nblk, &mxfp4Tab.mag)
+		},
 		gemvBF16: gemv16BF16AVX2,
+
+		axpy:      axpyVec,
+		axmy:      axmyVec,
+		scal:      scalVec,
+		decayRead: decayReadVec,
+		writeRead: writeReadVec,
+		kdaDots:   kdaDotsVec,
 	}
 	if !mxfp4TabOK {
 		k.mxfp4 = dequantMXFP4
+		k.mxfp4Panel = nil
 	}
 	return k
 }()
 
 // archKernels returns the AVX2 kernels when the CPU and OS support AVX2 and
 // FMA (GODEBUG=cpu.avx2=off or cpu.fma=off turns them off).
-func archKernels() *tileKernels {
+func archKernels() *kernelSet {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		return &avx2Kernels
 	}

@@ -558,3 +558,80 @@ loopGemvBF16:
 	VMOVUPD Y3, 96(DI)
 	VZEROUPPER
 	RET
+
+// MXFP4_K decodes nibble m of the eight rows' dwords in G (bits 4m..4m+3,
+// column 8g+m) and stores the eight fp64 weights at off(DI): magnitude by
+// VPERMPS from the 8-entry table (it reads the low three bits), sign from
+// bit 3, one fp32 VMULPS by the rows' block multipliers (Y14), as
+// mxfp.DequantMXFP4 forms each weight, then widened.
+#define MXFP4_K(G, m, off) \
+	VPSRLD       $(4*m), G, Y8      \
+	VPERMPS      (R10), Y8, Y9      \
+	VPSLLD       $(28-4*m), G, Y10  \
+	VPAND        Y15, Y10, Y10      \
+	VORPS        Y10, Y9, Y9        \
+	VMULPS       Y14, Y9, Y9        \
+	VCVTPS2PD    X9, Y11            \
+	VMOVUPD      Y11, (off)(DI)     \
+	VEXTRACTF128 $1, Y9, X9         \
+	VCVTPS2PD    X9, Y12            \
+	VMOVUPD      Y12, (off+32)(DI)
+
+#define MXFP4_GROUP(G, off) \
+	MXFP4_K(G, 0, off+0*256) \
+	MXFP4_K(G, 1, off+1*256) \
+	MXFP4_K(G, 2, off+2*256) \
+	MXFP4_K(G, 3, off+3*256) \
+	MXFP4_K(G, 4, off+4*256) \
+	MXFP4_K(G, 5, off+5*256) \
+	MXFP4_K(G, 6, off+6*256) \
+	MXFP4_K(G, 7, off+7*256)
+
+// func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
+// Packs eight MXFP4 rows (lds bytes apart) of nblk blocks into a panel:
+// dst[k*32+j] = float64(E2M1(row j, k) * sc[(k/32)*8+j]). Per block the
+// rows' 16 bytes are transposed as dwords (eight columns each), so that one
+// shift selects a column of all eight rows.
+TEXT ·mxfp4PanelAVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ packed+8(FP), SI
+	MOVQ lds+16(FP), BX
+	MOVQ sc+24(FP), DX
+	MOVQ nblk+32(FP), CX
+	MOVQ mag+40(FP), R10
+	LEAQ (BX)(BX*2), R8
+	LEAQ (SI)(BX*4), R9
+	MOVL $0x80000000, AX
+	MOVQ AX, X15
+	VPBROADCASTD X15, Y15
+
+loopMXFP4Panel:
+	VMOVDQU     (SI), X0
+	VMOVDQU     (SI)(BX*1), X1
+	VMOVDQU     (SI)(BX*2), X2
+	VMOVDQU     (SI)(R8*1), X3
+	VINSERTI128 $1, (R9), Y0, Y0
+	VINSERTI128 $1, (R9)(BX*1), Y1, Y1
+	VINSERTI128 $1, (R9)(BX*2), Y2, Y2
+	VINSERTI128 $1, (R9)(R8*1), Y3, Y3
+	VPUNPCKLDQ  Y1, Y0, Y4
+	VPUNPCKHDQ  Y1, Y0, Y5
+	VPUNPCKLDQ  Y3, Y2, Y6
+	VPUNPCKHDQ  Y3, Y2, Y7
+	VPUNPCKLQDQ Y6, Y4, Y0
+	VPUNPCKHQDQ Y6, Y4, Y1
+	VPUNPCKLQDQ Y7, Y5, Y2
+	VPUNPCKHQDQ Y7, Y5, Y3
+	VMOVUPS     (DX), Y14
+	MXFP4_GROUP(Y0, 0)
+	MXFP4_GROUP(Y1, 2048)
+	MXFP4_GROUP(Y2, 4096)
+	MXFP4_GROUP(Y3, 6144)
+	ADDQ $16, SI
+	ADDQ $16, R9
+	ADDQ $32, DX
+	ADDQ $8192, DI
+	DECQ CX
+	JNZ  loopMXFP4Panel
+	VZEROUPPER
+	RET

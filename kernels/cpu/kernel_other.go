@@ -4,4 +4,4 @@ package cpu
 
 // archKernels: no assembly on this architecture; the Go kernels compile to
 // native fused multiply-adds on arm64.
-func archKernels() *tileKernels { return nil }
+func archKernels() *kernelSet { return nil }

@@ -82,7 +82,7 @@ func gemmSerial[X, Y float](dst []Y, x []X, T int, w *kernels.Matrix, s *gemmScr
 }
 
 // gemmGroup computes output columns [32g, 32g+32) of the n packed rows xp.
-func gemmGroup[Y float](kn *tileKernels, dst []Y, xp []float64, n int, w *kernels.Matrix, g int, s *gemmScratch) {
+func gemmGroup[Y float](kn *kernelSet, dst []Y, xp []float64, n int, w *kernels.Matrix, g int, s *gemmScratch) {
 	if n == 1 {
 		gemvGroup(kn, dst, xp, w, g, s)
 		return
@@ -114,17 +114,18 @@ func gemmGroup[Y float](kn *tileKernels, dst []Y, xp []float64, n int, w *kernel
 // every weight is used once, so instead of packing a panel the kernel
 // transposes 16 weight rows in registers and feeds its FMAs directly;
 // xb is the row broadcast four-wide (packX).
-func gemvGroup[Y float](kn *tileKernels, dst []Y, xb []float64, w *kernels.Matrix, g int, s *gemmScratch) {
+func gemvGroup[Y float](kn *kernelSet, dst []Y, xb []float64, w *kernels.Matrix, g int, s *gemmScratch) {
 	I, O := w.Cols, w.Rows
 	for r0 := g * groupW; r0 < min(O, (g+1)*groupW); r0 += gemvRows {
 		nr := min(gemvRows, O-r0)
-		var acc [gemvRows]float64
+		acc := &s.acc
+		*acc = [gemvRows]float64{}
 		if w.Format == kernels.BF16 && nr == gemvRows {
 			// Straight from the weight bytes, whole rows at once.
 			rows := u16view(w.Data)[r0*I:]
 			k16 := I &^ 15
 			if k16 > 0 {
-				kn.gemvBF16(&acc, &xb[0], &rows[0], I, k16)
+				kn.gemvBF16(acc, &xb[0], &rows[0], I, k16)
 			}
 			for r := range acc {
 				for k := k16; k < I; k++ {
@@ -153,7 +154,7 @@ func gemvGroup[Y float](kn *tileKernels, dst []Y, xb []float64, w *kernels.Matri
 				}
 				k8 := kc &^ 7
 				if k8 > 0 {
-					kn.gemvF32(&acc, &xb[4*k0], &rows[0], lds, k8)
+					kn.gemvF32(acc, &xb[4*k0], &rows[0], lds, k8)
 				}
 				for r := range acc {
 					for k := k8; k < kc; k++ {

@@ -136,15 +136,15 @@ var allFormats = []kernels.Format{kernels.F32, kernels.BF16, kernels.F16, kernel
 
 // kernelSets are the kernels a test compares: the portable ones and, where
 // the CPU has them, the assembly.
-func kernelSets() []*tileKernels {
-	ks := []*tileKernels{&goKernels}
+func kernelSets() []*kernelSet {
+	ks := []*kernelSet{&goKernels}
 	if k := archKernels(); k != nil {
 		ks = append(ks, k)
 	}
 	return ks
 }
 
-func useKernels(t testing.TB, k *tileKernels) {
+func useKernels(t testing.TB, k *kernelSet) {
 	old := kernelsInUse
 	kernelsInUse = k
 	t.Cleanup(func() { kernelsInUse = old })

@@ -20,6 +20,8 @@ type gemmScratch struct {
 	f64b []float64
 	f32  []float32 // gathered expert rows
 	y    []float64 // expert outputs
+	acc  [gemvRows]float64
+	sc   [panelK / kernels.MXBlock * packW]float32 // MX block multipliers
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -91,7 +93,7 @@ func packX[X float](xp []float64, x []X, n, I int) {
 
 // packWeights fills s.wp with the panel of output columns [o0, o0+groupW)
 // and k in [k0, k0+kc): weight rows past w.Rows pack as zeros.
-func packWeights(kn *tileKernels, s *gemmScratch, w *kernels.Matrix, o0, k0, kc int) {
+func packWeights(kn *kernelSet, s *gemmScratch, w *kernels.Matrix, o0, k0, kc int) {
 	I := w.Cols
 	k8 := kc &^ 7
 	for g := 0; g < groupW; g += packW {
@@ -120,6 +122,11 @@ func packWeights(kn *tileKernels, s *gemmScratch, w *kernels.Matrix, o0, k0, kc 
 				}
 			}
 			continue
+		case w.Format == kernels.MXFP4 && nr == packW && kn.mxfp4Panel != nil:
+			sb := I / kernels.MXBlock
+			nb := kc / kernels.MXBlock
+			kn.mxfp4Panel(&dst[0], w.Data[r0*I/2+k0/2:], I/2, w.Scales[r0*sb+k0/kernels.MXBlock:], sb, s.sc[:nb*packW])
+			continue
 		default:
 			lds = panelK
 			src = s.rows
@@ -145,7 +152,7 @@ func packWeights(kn *tileKernels, s *gemmScratch, w *kernels.Matrix, o0, k0, kc 
 
 // decodeSegment writes W[r][k0:k0+len(dst)] as fp32 (exact for every
 // format: MX elements times their power-of-two scale, as mxfp decodes them).
-func decodeSegment(kn *tileKernels, dst []float32, w *kernels.Matrix, r, k0 int) {
+func decodeSegment(kn *kernelSet, dst []float32, w *kernels.Matrix, r, k0 int) {
 	I, n := w.Cols, len(dst)
 	switch w.Format {
 	case kernels.F32:

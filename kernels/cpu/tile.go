@@ -26,44 +26,6 @@ const (
 	gemvK    = 256 // k values decoded at a time for the one-row kernels
 )
 
-// tileKernels are the micro-kernels of one instruction set. tile6x8 and
-// tile4x8 cover 8 columns at c, x, w; tile2x16 16 columns; tile1x32 all 32.
-// k ≥ 1. c rows and w rows are groupW values apart; x holds mr values per k.
-type tileKernels struct {
-	name     string
-	tile6x8  func(c, x, w *float64, k int)
-	tile4x8  func(c, x, w *float64, k int)
-	tile2x16 func(c, x, w *float64, k int)
-	tile1x32 func(c, x, w *float64, k int)
-	// packF32 and packBF16 transpose packW rows of lds elements apart into
-	// a panel: dst[kk*groupW+j] = float64(row j [kk]) for kk < k, k%8 == 0.
-	packF32  func(dst *float64, src *float32, lds, k int)
-	packBF16 func(dst *float64, src *uint16, lds, k int)
-	// mxfp4 decodes nblk blocks of MXFP4 into fp32, as mxfp.DequantMXFP4.
-	mxfp4 func(dst []float32, packed, scales []byte)
-	// gemvF32 and gemvBF16 are the one-row kernels: for 16 weight rows lds
-	// elements apart, acc[r] = fma(x[kk], W[r][kk], acc[r]) for kk < k in
-	// order, with x broadcast in memory: xb[kk*4+l] = x[kk]; k%8 == 0 for
-	// gemvF32, k%16 == 0 for gemvBF16.
-	gemvF32  func(acc *[16]float64, xb *float64, w *float32, lds, k int)
-	gemvBF16 func(acc *[16]float64, xb *float64, w *uint16, lds, k int)
-}
-
-// goKernels are the portable kernels: the definition the assembly is
-// tested against, and what runs where there is no assembly.
-var goKernels = tileKernels{
-	name:     "go",
-	tile6x8:  func(c, x, w *float64, k int) { tileGo(6, 8, c, x, w, k) },
-	tile4x8:  func(c, x, w *float64, k int) { tileGo(4, 8, c, x, w, k) },
-	tile2x16: func(c, x, w *float64, k int) { tileGo(2, 16, c, x, w, k) },
-	tile1x32: func(c, x, w *float64, k int) { tileGo(1, 32, c, x, w, k) },
-	packF32:  packF32Go,
-	packBF16: packBF16Go,
-	mxfp4:    dequantMXFP4,
-	gemvF32:  gemv16F32Go,
-	gemvBF16: gemv16BF16Go,
-}
-
 // tileRows is the tile height used for the next rows of a block with r rows
 // left: 6 while it fits, then 4, 2, 1; 5 and 3 round up with a zero row.
 func tileRows(r int) int {
@@ -79,7 +41,7 @@ func tileRows(r int) int {
 // runTile accumulates one k chunk of a tile of mr rows into its 32
 // accumulator columns; cols is how many of them are real (wider panels of
 // a partial group are skipped).
-func (kn *tileKernels) runTile(mr, cols int, c, x, w []float64, k int) {
+func (kn *kernelSet) runTile(mr, cols int, c, x, w []float64, k int) {
 	switch mr {
 	case 6, 4:
 		f := kn.tile6x8

@@ -1,0 +1,63 @@
+package cpu
+
+// Assembly of vec_amd64.s; the wrappers check lengths the way the Go loops
+// would (by slicing) before handing pointers over.
+
+//go:noescape
+func axpyAVX2(y, x *float64, n int, a float64)
+
+//go:noescape
+func axmyAVX2(y, x *float64, n int, a float64)
+
+//go:noescape
+func scalAVX2(y *float64, n int, a float64)
+
+//go:noescape
+func decayReadAVX2(row, r *float64, n int, a, kc float64)
+
+//go:noescape
+func writeReadAVX2(row, r, acc *float64, n int, kc, qc float64)
+
+//go:noescape
+func kdaDotsAVX2(l, a, kp, qp, knT *float64, ld, dk, nj int)
+
+func axpyVec(y, x []float64, a float64) {
+	if len(y) > 0 {
+		axpyAVX2(&y[0], &x[:len(y)][0], len(y), a)
+	}
+}
+
+func axmyVec(y, x []float64, a float64) {
+	if len(y) > 0 {
+		axmyAVX2(&y[0], &x[:len(y)][0], len(y), a)
+	}
+}
+
+func scalVec(y []float64, a float64) {
+	if len(y) > 0 {
+		scalAVX2(&y[0], len(y), a)
+	}
+}
+
+func decayReadVec(row, r []float64, a, kc float64) {
+	if len(row) > 0 {
+		decayReadAVX2(&row[0], &r[:len(row)][0], len(row), a, kc)
+	}
+}
+
+func writeReadVec(row, r, acc []float64, kc, qc float64) {
+	if len(row) > 0 {
+		writeReadAVX2(&row[0], &r[:len(row)][0], &acc[:len(row)][0], len(row), kc, qc)
+	}
+}
+
+func kdaDotsVec(l, a, kp, qp, knT []float64, ld, nj int) {
+	dk := len(kp)
+	if nj <= 0 || dk == 0 {
+		return
+	}
+	n8 := (nj + 7) &^ 7
+	_, _, _ = l[n8-1], a[n8-1], qp[dk-1]
+	_ = knT[(dk-1)*ld+n8-1]
+	kdaDotsAVX2(&l[0], &a[0], &kp[0], &qp[0], &knT[0], ld, dk, nj)
+}

@@ -1,0 +1,258 @@
+#include "textflag.h"
+
+// AVX2 forms of vec.go: per element one multiply, then one add or
+// subtract, exactly as the scalar Go loops round on amd64.
+
+// func axpyAVX2(y, x *float64, n int, a float64)
+// y[j] += a*x[j]
+TEXT ·axpyAVX2(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSD a+24(FP), Y0
+	CMPQ         CX, $4
+	JLT          axpyTail
+
+axpyLoop:
+	VMULPD  (SI), Y0, Y1
+	VADDPD  (DI), Y1, Y1
+	VMOVUPD Y1, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	SUBQ    $4, CX
+	CMPQ    CX, $4
+	JGE     axpyLoop
+
+axpyTail:
+	TESTQ CX, CX
+	JZ    axpyDone
+
+axpyOne:
+	VMOVSD (SI), X1
+	VMULSD X0, X1, X1
+	VADDSD (DI), X1, X1
+	VMOVSD X1, (DI)
+	ADDQ   $8, SI
+	ADDQ   $8, DI
+	DECQ   CX
+	JNZ    axpyOne
+
+axpyDone:
+	VZEROUPPER
+	RET
+
+// func axmyAVX2(y, x *float64, n int, a float64)
+// y[j] -= a*x[j]
+TEXT ·axmyAVX2(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSD a+24(FP), Y0
+	CMPQ         CX, $4
+	JLT          axmyTail
+
+axmyLoop:
+	VMULPD  (SI), Y0, Y1
+	VMOVUPD (DI), Y2
+	VSUBPD  Y1, Y2, Y2
+	VMOVUPD Y2, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	SUBQ    $4, CX
+	CMPQ    CX, $4
+	JGE     axmyLoop
+
+axmyTail:
+	TESTQ CX, CX
+	JZ    axmyDone
+
+axmyOne:
+	VMOVSD (SI), X1
+	VMULSD X0, X1, X1
+	VMOVSD (DI), X2
+	VSUBSD X1, X2, X2
+	VMOVSD X2, (DI)
+	ADDQ   $8, SI
+	ADDQ   $8, DI
+	DECQ   CX
+	JNZ    axmyOne
+
+axmyDone:
+	VZEROUPPER
+	RET
+
+// func scalAVX2(y *float64, n int, a float64)
+// y[j] *= a
+TEXT ·scalAVX2(SB), NOSPLIT, $0-24
+	MOVQ         y+0(FP), DI
+	MOVQ         n+8(FP), CX
+	VBROADCASTSD a+16(FP), Y0
+	CMPQ         CX, $4
+	JLT          scalTail
+
+scalLoop:
+	VMULPD  (DI), Y0, Y1
+	VMOVUPD Y1, (DI)
+	ADDQ    $32, DI
+	SUBQ    $4, CX
+	CMPQ    CX, $4
+	JGE     scalLoop
+
+scalTail:
+	TESTQ CX, CX
+	JZ    scalDone
+
+scalOne:
+	VMOVSD (DI), X1
+	VMULSD X0, X1, X1
+	VMOVSD X1, (DI)
+	ADDQ   $8, DI
+	DECQ   CX
+	JNZ    scalOne
+
+scalDone:
+	VZEROUPPER
+	RET
+
+// func decayReadAVX2(row, r *float64, n int, a, kc float64)
+// row[j] *= a; r[j] += kc*row[j]
+TEXT ·decayReadAVX2(SB), NOSPLIT, $0-40
+	MOVQ         row+0(FP), DI
+	MOVQ         r+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSD a+24(FP), Y0
+	VBROADCASTSD kc+32(FP), Y1
+	CMPQ         CX, $4
+	JLT          decayTail
+
+decayLoop:
+	VMULPD  (DI), Y0, Y2
+	VMOVUPD Y2, (DI)
+	VMULPD  Y2, Y1, Y3
+	VADDPD  (SI), Y3, Y3
+	VMOVUPD Y3, (SI)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	SUBQ    $4, CX
+	CMPQ    CX, $4
+	JGE     decayLoop
+
+decayTail:
+	TESTQ CX, CX
+	JZ    decayDone
+
+decayOne:
+	VMOVSD (DI), X2
+	VMULSD X0, X2, X2
+	VMOVSD X2, (DI)
+	VMULSD X2, X1, X3
+	VADDSD (SI), X3, X3
+	VMOVSD X3, (SI)
+	ADDQ   $8, SI
+	ADDQ   $8, DI
+	DECQ   CX
+	JNZ    decayOne
+
+decayDone:
+	VZEROUPPER
+	RET
+
+// func writeReadAVX2(row, r, acc *float64, n int, kc, qc float64)
+// row[j] += kc*r[j]; acc[j] += qc*row[j]
+TEXT ·writeReadAVX2(SB), NOSPLIT, $0-48
+	MOVQ         row+0(FP), DI
+	MOVQ         r+8(FP), SI
+	MOVQ         acc+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSD kc+32(FP), Y0
+	VBROADCASTSD qc+40(FP), Y1
+	CMPQ         CX, $4
+	JLT          writeTail
+
+writeLoop:
+	VMULPD  (SI), Y0, Y2
+	VADDPD  (DI), Y2, Y2
+	VMOVUPD Y2, (DI)
+	VMULPD  Y2, Y1, Y3
+	VADDPD  (DX), Y3, Y3
+	VMOVUPD Y3, (DX)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	ADDQ    $32, DX
+	SUBQ    $4, CX
+	CMPQ    CX, $4
+	JGE     writeLoop
+
+writeTail:
+	TESTQ CX, CX
+	JZ    writeDone
+
+writeOne:
+	VMOVSD (SI), X2
+	VMULSD X0, X2, X2
+	VADDSD (DI), X2, X2
+	VMOVSD X2, (DI)
+	VMULSD X2, X1, X3
+	VADDSD (DX), X3, X3
+	VMOVSD X3, (DX)
+	ADDQ   $8, SI
+	ADDQ   $8, DI
+	ADDQ   $8, DX
+	DECQ   CX
+	JNZ    writeOne
+
+writeDone:
+	VZEROUPPER
+	RET
+
+// func kdaDotsAVX2(l, a, kp, qp, knT *float64, ld, dk, nj int)
+// For eight j at a time (j < nj rounded up to 8): l[j] = Σ_c kp[c]*knT[c*ld+j]
+// and a[j] = Σ_c qp[c]*knT[c*ld+j], each lane summing in c order from 0.
+TEXT ·kdaDotsAVX2(SB), NOSPLIT, $0-64
+	MOVQ l+0(FP), DI
+	MOVQ a+8(FP), DX
+	MOVQ knT+32(FP), R8
+	MOVQ ld+40(FP), R9
+	SHLQ $3, R9
+	MOVQ nj+56(FP), R10
+
+dotsBlock:
+	MOVQ   kp+16(FP), SI
+	MOVQ   qp+24(FP), BX
+	MOVQ   R8, R11
+	MOVQ   dk+48(FP), CX
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	VXORPD Y2, Y2, Y2
+	VXORPD Y3, Y3, Y3
+
+dotsK:
+	VBROADCASTSD (SI), Y4
+	VBROADCASTSD (BX), Y5
+	VMOVUPD      (R11), Y6
+	VMOVUPD      32(R11), Y7
+	VMULPD       Y6, Y4, Y8
+	VADDPD       Y8, Y0, Y0
+	VMULPD       Y7, Y4, Y9
+	VADDPD       Y9, Y1, Y1
+	VMULPD       Y6, Y5, Y10
+	VADDPD       Y10, Y2, Y2
+	VMULPD       Y7, Y5, Y11
+	VADDPD       Y11, Y3, Y3
+	ADDQ         $8, SI
+	ADDQ         $8, BX
+	ADDQ         R9, R11
+	DECQ         CX
+	JNZ          dotsK
+
+	VMOVUPD Y0, (DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, (DX)
+	VMOVUPD Y3, 32(DX)
+	ADDQ    $64, DI
+	ADDQ    $64, DX
+	ADDQ    $64, R8
+	SUBQ    $8, R10
+	JG      dotsBlock
+	VZEROUPPER
+	RET
