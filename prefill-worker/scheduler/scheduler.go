@@ -97,45 +97,68 @@ var ErrStopped = errors.New("scheduler stopped")
 
 // Submit queues a job for the next pass.
 func (s *Scheduler) Submit(spec Spec) (*Job, error) {
-	if spec.ID == "" {
-		return nil, errors.New("scheduler: job id is empty")
+	js, err := s.SubmitAll([]Spec{spec})
+	if err != nil {
+		return nil, err
 	}
-	if spec.Sink == nil {
-		return nil, fmt.Errorf("scheduler: job %s has no sink", spec.ID)
-	}
+	return js[0], nil
+}
+
+// SubmitAll queues several jobs at once: none or all are queued, and a pass
+// that starts after it takes them together.
+func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 	c := s.cfg.Exec.Model.Cfg
-	for i, id := range spec.Tokens {
-		if id < 0 || int(id) >= c.VocabSize {
-			return nil, fmt.Errorf("scheduler: job %s: token id %d at position %d is outside the vocabulary [0, %d)", spec.ID, id, i, c.VocabSize)
+	seen := make(map[string]bool, len(specs))
+	for _, spec := range specs {
+		if spec.ID == "" {
+			return nil, errors.New("scheduler: job id is empty")
 		}
-	}
-	j := &Job{spec: spec, submitted: time.Now(), finish: make(chan struct{})}
-	j.ctx, j.cancel = context.WithCancelCause(context.Background())
-	if !spec.Deadline.IsZero() {
-		var cancel context.CancelFunc
-		j.ctx, cancel = context.WithDeadlineCause(j.ctx, spec.Deadline, fmt.Errorf("job %s: deadline %s passed", spec.ID, spec.Deadline.Format(time.RFC3339)))
-		go func() { <-j.finish; cancel() }()
+		if seen[spec.ID] {
+			return nil, fmt.Errorf("scheduler: job %s is given twice", spec.ID)
+		}
+		seen[spec.ID] = true
+		if spec.Sink == nil {
+			return nil, fmt.Errorf("scheduler: job %s has no sink", spec.ID)
+		}
+		for i, id := range spec.Tokens {
+			if id < 0 || int(id) >= c.VocabSize {
+				return nil, fmt.Errorf("scheduler: job %s: token id %d at position %d is outside the vocabulary [0, %d)", spec.ID, id, i, c.VocabSize)
+			}
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
 		return nil, ErrStopped
 	}
-	if _, dup := s.jobs[spec.ID]; dup {
-		return nil, fmt.Errorf("scheduler: job %s is already queued or running", spec.ID)
+	for _, spec := range specs {
+		if _, dup := s.jobs[spec.ID]; dup {
+			return nil, fmt.Errorf("scheduler: job %s is already queued or running", spec.ID)
+		}
 	}
-	s.jobs[spec.ID] = j
-	if len(spec.Tokens) == 0 {
-		go s.finishEmpty(j)
-		return j, nil
+	out := make([]*Job, len(specs))
+	for i, spec := range specs {
+		j := &Job{spec: spec, submitted: time.Now(), finish: make(chan struct{})}
+		j.ctx, j.cancel = context.WithCancelCause(context.Background())
+		if !spec.Deadline.IsZero() {
+			var cancel context.CancelFunc
+			j.ctx, cancel = context.WithDeadlineCause(j.ctx, spec.Deadline, fmt.Errorf("job %s: deadline %s passed", spec.ID, spec.Deadline.Format(time.RFC3339)))
+			go func() { <-j.finish; cancel() }()
+		}
+		s.jobs[spec.ID] = j
+		out[i] = j
+		if len(spec.Tokens) == 0 {
+			go s.finishEmpty(j)
+			continue
+		}
+		s.waiting = append(s.waiting, j)
 	}
-	s.waiting = append(s.waiting, j)
 	s.stats.Queued = len(s.waiting)
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
-	return j, nil
+	return out, nil
 }
 
 // finishEmpty serves a prompt of one token: nothing to prefill, so the sink

@@ -73,26 +73,21 @@ type Worker struct {
 	done   chan error
 }
 
-// New opens the model, allocates the ring and starts serving.
-func New(cfg Config) (*Worker, error) {
-	if cfg.Model == "" {
-		return nil, errors.New("worker: no model directory")
-	}
-	if cfg.Budget <= 0 {
-		return nil, fmt.Errorf("worker: memory budget %d bytes", cfg.Budget)
-	}
-	if cfg.Log == nil {
-		cfg.Log = zap.NewNop()
-	}
-	if cfg.LatentDType == 0 {
-		cfg.LatentDType = model.BF16
-	}
-	if cfg.LatentDType != model.BF16 && cfg.LatentDType != model.F32 {
-		return nil, fmt.Errorf("worker: MLA cache dtype %s; want BF16 or F32", cfg.LatentDType)
-	}
-	be := cfg.Backend
-	if be == nil {
-		be = cpu.New(cfg.Threads)
+// Info is what a worker knows of its model before it allocates anything:
+// enough to plan passes (--dry-run).
+type Info struct {
+	Model  *model.Config
+	Layout *streamer.Layout
+	Embed  *executor.Embedder
+	Costs  planner.Costs
+}
+
+// Inspect reads the checkpoint's config and headers and derives the memory
+// model, without reading weights or allocating the ring.
+func Inspect(cfg Config) (*Info, error) {
+	cfg, be, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	mc, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
 	if err != nil {
@@ -117,6 +112,42 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	costs := planner.ModelCosts(mc, cfg.LatentDType, lay.SlotBytes, int64(emb.RowBytes), be.Threads())
+	return &Info{Model: mc, Layout: lay, Embed: emb, Costs: costs}, nil
+}
+
+// withDefaults fills in defaults and checks the config.
+func (cfg Config) withDefaults() (Config, kernels.Backend, error) {
+	if cfg.Model == "" {
+		return cfg, nil, errors.New("worker: no model directory")
+	}
+	if cfg.Budget <= 0 {
+		return cfg, nil, fmt.Errorf("worker: memory budget %d bytes", cfg.Budget)
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.LatentDType == 0 {
+		cfg.LatentDType = model.BF16
+	}
+	if cfg.LatentDType != model.BF16 && cfg.LatentDType != model.F32 {
+		return cfg, nil, fmt.Errorf("worker: MLA cache dtype %s; want BF16 or F32", cfg.LatentDType)
+	}
+	be := cfg.Backend
+	if be == nil {
+		be = cpu.New(cfg.Threads)
+	}
+	cfg.Backend = be
+	return cfg, be, nil
+}
+
+// New opens the model, allocates the ring and starts serving.
+func New(cfg Config) (*Worker, error) {
+	info, err := Inspect(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg, be, _ := cfg.withDefaults()
+	mc, lay, emb, costs := info.Model, info.Layout, info.Embed, info.Costs
 	// The ring is sized once: the plan of an empty queue picks the depth.
 	p, err := planner.Make(planner.Input{Costs: costs, Budget: cfg.Budget, Depth: cfg.Depth, MaxTile: cfg.MaxTile})
 	if err != nil {
@@ -151,6 +182,9 @@ type Spec = scheduler.Spec
 
 // Submit queues a job for the next pass.
 func (w *Worker) Submit(spec Spec) (*Job, error) { return w.sched.Submit(spec) }
+
+// SubmitAll queues several jobs atomically, so that they share a pass.
+func (w *Worker) SubmitAll(specs []Spec) ([]*Job, error) { return w.sched.SubmitAll(specs) }
 
 // Cancel cancels a job; a job in a pass leaves it at the next layer.
 func (w *Worker) Cancel(id string) bool { return w.sched.Cancel(id) }

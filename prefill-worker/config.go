@@ -1,0 +1,201 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/streamer"
+)
+
+// envPrefix prefixes the environment variables: TANDEM_PREFILL_MEM_BUDGET,
+// TANDEM_PREFILL_SINK_TIMEOUT, ...
+const envPrefix = "TANDEM_PREFILL"
+
+// defaults lists every configuration key with its default. Keys are read
+// from flags, then the environment, then the --config file.
+var defaults = map[string]any{
+	"model":              "",
+	"mem_budget":         "8GiB",
+	"backend":            "cpu",
+	"threads":            0,  // 0: every core
+	"depth":              -1, // -1: the planner chooses from the budget
+	"cache_dtype":        "bf16",
+	"latent_norm_eps":    0.0,
+	"io":                 "auto",
+	"read_size":          "8MiB",
+	"readers":            streamer.DefaultReaders,
+	"max_tile":           0, // 0: the planner's default
+	"sink.queue":         4,
+	"sink.timeout":       time.Minute,
+	"sink.close_timeout": 5 * time.Minute,
+	"prompt":             []string{},
+	"prompts_file":       "",
+	"out":                "",
+	"dry_run":            false,
+	"memory_limit":       true, // set the Go runtime's memory limit to the budget
+	"log.level":          "info",
+	"log.format":         "console",
+}
+
+// config is the prefill worker's resolved configuration.
+type config struct {
+	Model        string
+	Budget       int64
+	Backend      string
+	Threads      int
+	Depth        int
+	CacheDType   model.DType
+	LatentEps    float64
+	IO           streamer.IOMode
+	ReadSize     int64
+	Readers      int
+	MaxTile      int
+	SinkQueue    int
+	SinkTimeout  time.Duration
+	CloseTimeout time.Duration
+	Prompts      [][]int32
+	Out          string
+	DryRun       bool
+	MemoryLimit  bool
+	LogLevel     string
+	LogFormat    string
+}
+
+// loadConfig resolves the configuration from args, the environment and the
+// optional --config file.
+func loadConfig(args []string) (*config, error) {
+	fs := pflag.NewFlagSet("prefill-worker", pflag.ContinueOnError)
+	fs.String("model", "", "checkpoint directory: config.json + safetensors shards (required)")
+	fs.String("config", "", "optional config file (YAML/JSON/TOML) with any of the keys in config.go")
+	fs.String("mem-budget", "8GiB", "memory budget for weights ring, states, activations and temporaries, e.g. 512MiB, 24GiB")
+	fs.String("backend", "cpu", "compute backend: cpu (cuda and metal plug into the same executor later)")
+	fs.Int("threads", 0, "CPU threads for compute (0: all)")
+	fs.Int("depth", -1, "prefetch depth: layers read ahead of compute (-1: chosen from the budget)")
+	fs.String("cache-dtype", "bf16", "MLA latent cache dtype: bf16 (the state contract) or f32")
+	fs.Float64("latent-norm-eps", 0, "override the MLA latent norm eps (0: the config's)")
+	fs.String("io", "auto", "weight reads: auto (direct I/O where possible), direct (required) or buffered")
+	fs.String("read-size", "8MiB", "bytes per read request")
+	fs.Int("readers", streamer.DefaultReaders, "read requests in flight")
+	fs.Int("max-tile", 0, "most token rows per layer call (0: planner default)")
+	fs.StringArray("prompt", nil, "standalone mode: a prompt as comma-separated token ids (repeatable); all prompts share passes")
+	fs.String("prompts-file", "", "standalone mode: a file with one prompt (comma-separated token ids) per line")
+	fs.String("out", "", "standalone mode: directory for the states, one <job>.k3st file per prompt (SeqState encoding)")
+	fs.Bool("dry-run", false, "print the pass plans for the prompts and exit without reading weights")
+	fs.String("log-level", "info", "log level: debug, info, warn, error")
+	fs.String("log-format", "console", "log format: console or json")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	v := viper.New()
+	for k, d := range defaults {
+		v.SetDefault(k, d)
+	}
+	v.SetEnvPrefix(envPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	for key, flag := range map[string]string{"model": "model", "mem_budget": "mem-budget", "backend": "backend",
+		"threads": "threads", "depth": "depth", "cache_dtype": "cache-dtype", "latent_norm_eps": "latent-norm-eps",
+		"io": "io", "read_size": "read-size", "readers": "readers", "max_tile": "max-tile", "prompt": "prompt",
+		"prompts_file": "prompts-file", "out": "out", "dry_run": "dry-run", "log.level": "log-level", "log.format": "log-format"} {
+		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
+			return nil, err
+		}
+	}
+	if f, _ := fs.GetString("config"); f != "" {
+		v.SetConfigFile(f)
+		if err := v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("config %s: %w", f, err)
+		}
+	}
+	c := &config{Model: v.GetString("model"), Backend: v.GetString("backend"), Threads: v.GetInt("threads"),
+		Depth: v.GetInt("depth"), LatentEps: v.GetFloat64("latent_norm_eps"), Readers: v.GetInt("readers"),
+		MaxTile: v.GetInt("max_tile"), SinkQueue: v.GetInt("sink.queue"), SinkTimeout: v.GetDuration("sink.timeout"),
+		CloseTimeout: v.GetDuration("sink.close_timeout"), Out: v.GetString("out"), DryRun: v.GetBool("dry_run"),
+		MemoryLimit: v.GetBool("memory_limit"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format")}
+	var err error
+	if c.Budget, err = planner.ParseBytes(v.GetString("mem_budget")); err != nil {
+		return nil, fmt.Errorf("mem_budget: %w", err)
+	}
+	if c.ReadSize, err = planner.ParseBytes(v.GetString("read_size")); err != nil {
+		return nil, fmt.Errorf("read_size: %w", err)
+	}
+	if c.IO, err = streamer.ParseIOMode(v.GetString("io")); err != nil {
+		return nil, fmt.Errorf("io: %w", err)
+	}
+	switch strings.ToLower(v.GetString("cache_dtype")) {
+	case "bf16":
+		c.CacheDType = model.BF16
+	case "f32":
+		c.CacheDType = model.F32
+	default:
+		return nil, fmt.Errorf("cache_dtype %q: want bf16 or f32", v.GetString("cache_dtype"))
+	}
+	for i, p := range v.GetStringSlice("prompt") {
+		ids, err := parseIDs(p)
+		if err != nil {
+			return nil, fmt.Errorf("prompt %d: %w", i+1, err)
+		}
+		c.Prompts = append(c.Prompts, ids)
+	}
+	if f := v.GetString("prompts_file"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("prompts_file: %w", err)
+		}
+		for n, line := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(line) == "" {
+				continue
+			}
+			ids, err := parseIDs(line)
+			if err != nil {
+				return nil, fmt.Errorf("%s line %d: %w", f, n+1, err)
+			}
+			c.Prompts = append(c.Prompts, ids)
+		}
+	}
+	switch {
+	case c.Model == "":
+		return nil, errors.New("--model is required")
+	case c.Backend != "cpu":
+		return nil, fmt.Errorf("backend %q: this build has the cpu backend only", c.Backend)
+	case c.Depth < -1:
+		return nil, fmt.Errorf("depth %d: want -1 (auto) or a depth >= 0", c.Depth)
+	case c.SinkQueue < 1:
+		return nil, fmt.Errorf("sink.queue %d: want at least 1", c.SinkQueue)
+	case len(c.Prompts) > 0 && c.Out == "" && !c.DryRun:
+		return nil, errors.New("--out is required with prompts (standalone mode writes each prompt's state there)")
+	}
+	return c, nil
+}
+
+// parseIDs reads comma-separated token ids.
+func parseIDs(s string) ([]int32, error) {
+	var out []int32
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(f, 10, 32)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("token id %q is not a non-negative integer", f)
+		}
+		out = append(out, int32(n))
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no token ids")
+	}
+	return out, nil
+}

@@ -1,0 +1,234 @@
+// Command prefill-worker prefills prompts for Kimi K3 layer by layer,
+// streaming each layer's weights from disk under a memory budget, batching
+// every waiting prompt into one weight pass, and handing each layer's state
+// to a sink as soon as the layer is done.
+//
+// Standalone mode (debugging, benchmarks) prefills prompts from the command
+// line and writes each one's state to a file:
+//
+//	prefill-worker --model DIR --mem-budget 4GiB --prompt 1,2,3 --prompt 4,5 --out STATES
+//	prefill-worker --model DIR --mem-budget 512MiB --prompts-file P --dry-run
+//
+// The worker prefills prompt[:-1] of each prompt (the decode side runs the
+// last token as its first step). The control-plane mode (NATS assignments,
+// kvtransfer sinks) drives the same prefill-worker/worker library and is
+// wired by the coordinator.
+//
+// Configuration comes from flags, TANDEM_PREFILL_* environment variables and
+// an optional --config file; see config.go for every key and its default.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/rss"
+	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
+	"github.com/tandem-inference/tandem/prefill-worker/sink"
+	"github.com/tandem-inference/tandem/prefill-worker/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "prefill-worker: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// run is the whole program; tests call it in-process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := loadConfig(args)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	wc := worker.Config{Model: cfg.Model, Budget: cfg.Budget, Depth: cfg.Depth, Threads: cfg.Threads,
+		LatentDType: cfg.CacheDType, LatentNormEps: cfg.LatentEps, ReadSize: cfg.ReadSize, Readers: cfg.Readers,
+		IO: cfg.IO, MaxTile: cfg.MaxTile, SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout,
+		CloseTimeout: cfg.CloseTimeout, Log: log}
+	if cfg.DryRun {
+		return dryRun(wc, cfg.Prompts, stdout)
+	}
+	if len(cfg.Prompts) == 0 {
+		return errors.New("no prompts: give --prompt or --prompts-file for standalone mode (the control-plane mode is started by the coordinator's adapter)")
+	}
+	if cfg.MemoryLimit {
+		// The planner keeps live memory within the budget; the limit makes
+		// the collector keep garbage within it too.
+		debug.SetMemoryLimit(cfg.Budget)
+	}
+	return standalone(ctx, wc, cfg.Prompts, cfg.Out, log, stdout)
+}
+
+// dryRun prints the plan of every pass the prompts would take, as the
+// scheduler would run them, without reading weights.
+func dryRun(wc worker.Config, prompts [][]int32, stdout io.Writer) error {
+	info, err := worker.Inspect(wc)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "model %s: %d layers, %s of weights, largest layer %s; budget %s\n", wc.Model, info.Model.NumLayers,
+		progress.HumanBytes(info.Layout.TensorBytes), progress.HumanBytes(info.Layout.SlotBytes), progress.HumanBytes(wc.Budget))
+	jobs := make([]planner.Job, len(prompts))
+	for i, p := range prompts {
+		jobs[i] = planner.Job{ID: fmt.Sprintf("p%d", i), Total: len(p) - 1}
+	}
+	first, err := planner.Make(planner.Input{Costs: info.Costs, Budget: wc.Budget, Depth: wc.Depth, MaxTile: wc.MaxTile})
+	if err != nil {
+		return err
+	}
+	depth := first.Depth
+	for pass := 1; ; pass++ {
+		var queue []planner.Job
+		for _, j := range jobs {
+			if j.Done > 0 && j.Done < j.Total {
+				queue = append(queue, j)
+			}
+		}
+		for _, j := range jobs {
+			if j.Done == 0 && j.Total > 0 {
+				queue = append(queue, j)
+			}
+		}
+		if len(queue) == 0 {
+			return nil
+		}
+		p, err := planner.Make(planner.Input{Costs: info.Costs, Budget: wc.Budget, Depth: depth, MaxTile: wc.MaxTile, Jobs: queue})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "pass %d: %s\n", pass, p)
+		for _, r := range p.Rejected {
+			jobs[index(jobs, r.ID)].Done = jobs[index(jobs, r.ID)].Total
+		}
+		if len(p.Pieces) == 0 {
+			return nil
+		}
+		for _, pc := range p.Pieces {
+			jobs[index(jobs, pc.ID)].Done = pc.Hi
+		}
+	}
+}
+
+func index(jobs []planner.Job, id string) int {
+	for i, j := range jobs {
+		if j.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// standalone prefills the prompts (all submitted at once, so they share
+// passes) and writes each state to out/<job>.k3st.
+func standalone(ctx context.Context, wc worker.Config, prompts [][]int32, out string, log *zap.Logger, stdout io.Writer) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	var last [2]int
+	wc.OnPass = func(r scheduler.PassReport) {
+		s := r.Stats
+		fmt.Fprintf(stdout, "pass %d: %d tokens, %d layers, %.2f GB read in %v (%.2f GB/s), compute %v, waited on reads %v\n",
+			r.Pass, s.Tokens, s.Layers, float64(s.Bytes)/1e9, s.Wall.Round(time.Millisecond),
+			float64(s.Bytes)/1e9/max(s.Wall.Seconds(), 1e-9), s.Compute.Round(time.Millisecond), s.ReadWait.Round(time.Millisecond))
+	}
+	w, err := worker.New(wc)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	// One progress line per layer of each pass, whichever job reports it.
+	progressLine := func(p scheduler.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if last == [2]int{p.Pass, p.Layer} {
+			return
+		}
+		last = [2]int{p.Pass, p.Layer}
+		log.Info("progress", zap.Int("pass", p.Pass), zap.String("layer", fmt.Sprintf("%d/%d", p.Layer, p.Layers)),
+			zap.Float64("read_gbps", float64(int(p.ReadGBps*1000))/1000), zap.Duration("eta", p.ETA.Round(time.Millisecond)))
+	}
+	specs := make([]worker.Spec, len(prompts))
+	paths := make([]string, len(prompts))
+	for i, p := range prompts {
+		id := fmt.Sprintf("p%d", i)
+		paths[i] = filepath.Join(out, id+".k3st")
+		f, err := sink.NewFile(paths[i], w.Model().NumLayers)
+		if err != nil {
+			for _, s := range specs[:i] {
+				s.Sink.Abort(err)
+			}
+			return err
+		}
+		specs[i] = worker.Spec{ID: id, Tokens: p[:len(p)-1], Sink: f, Progress: progressLine}
+	}
+	// All at once: the prompts share passes.
+	jobs, err := w.SubmitAll(specs)
+	if err != nil {
+		for _, s := range specs {
+			s.Sink.Abort(err)
+		}
+		return err
+	}
+	var failed int
+	for i, j := range jobs {
+		if err := j.Wait(ctx); err != nil {
+			failed++
+			fmt.Fprintf(stdout, "%s: failed: %v\n", j.ID(), err)
+			continue
+		}
+		r := j.Result()
+		fmt.Fprintf(stdout, "%s: %d tokens prefilled in %d passes (waited %v, prefill %v) -> %s\n", j.ID(), r.Tokens, r.Passes,
+			r.Wait.Round(time.Millisecond), r.Prefill.Round(time.Millisecond), paths[i])
+	}
+	st := w.Stats()
+	peak := "n/a"
+	if p, err := rss.Peak(); err == nil {
+		peak = progress.HumanBytes(p)
+	}
+	fmt.Fprintf(stdout, "%d passes, %d jobs done, %d failed; %.1f tokens/s of compute; peak RSS %s of a %s budget\n",
+		st.Passes, st.Completed, failed, st.PrefillTokensPerSec, peak, progress.HumanBytes(wc.Budget))
+	if failed > 0 {
+		return fmt.Errorf("%d of %d prompts failed", failed, len(jobs))
+	}
+	return nil
+}
+
+func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	var enc zapcore.Encoder
+	switch format {
+	case "json":
+		enc = zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	case "console":
+		ec := zap.NewDevelopmentEncoderConfig()
+		enc = zapcore.NewConsoleEncoder(ec)
+	default:
+		return nil, errors.New("log.format: want json or console")
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
+}
