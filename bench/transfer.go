@@ -224,7 +224,9 @@ transfer (end to end about max(prefill, transfer), not their sum).
 		res.PrefillMSPerLayer, res.ExposedTailMS, res.LastLayerSendMS, res.TailLimitMS)
 
 	if f.faults {
-		ps, via, err := g.proxies(faultproxy.Faults{FlipEvery: 16 << 20, CutEvery: 64 << 20, MaxFaults: 40}, f.seed)
+		// About 40 flipped bits and 8 cuts over the state, whatever its size.
+		ps, via, err := g.proxies(faultproxy.Faults{FlipEvery: max(res.StateBytes/40, 1), CutEvery: max(res.StateBytes/8, 1),
+			MaxFaults: 60}, f.seed)
 		if err != nil {
 			return err
 		}
