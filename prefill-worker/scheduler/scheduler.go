@@ -38,7 +38,8 @@ type Config struct {
 	SinkQueue                 int
 	SinkTimeout, CloseTimeout time.Duration
 	Log                       *zap.Logger
-	// OnPass, if set, is called after every pass.
+	// OnPass, if set, is called after every pass, before the pass's jobs
+	// finish (so a job's Wait returning means its passes were reported).
 	OnPass func(PassReport)
 }
 
@@ -412,6 +413,24 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 	if err != nil {
 		s.log.Error("pass failed", zap.Int("pass", pass), zap.Error(err))
 	}
+	rep := PassReport{Pass: pass, Plan: plan, Stats: st, Err: err}
+	s.mu.Lock()
+	s.stats.Passes++
+	s.stats.TokensPrefilled += int64(st.Tokens)
+	s.stats.BytesRead += st.Bytes
+	s.stats.ComputeTime += st.Compute
+	s.stats.PassTime += st.Wall
+	s.stats.ReadWait += st.ReadWait
+	s.stats.LastPass = &rep
+	s.mu.Unlock()
+	s.log.Info("pass done", zap.Int("pass", pass), zap.Int("tokens", st.Tokens), zap.Int("layers", st.Layers),
+		zap.Float64("read_gb", float64(st.Bytes)/1e9), zap.Duration("wall", st.Wall.Round(time.Millisecond)),
+		zap.Duration("compute", st.Compute.Round(time.Millisecond)), zap.Duration("read_wait", st.ReadWait.Round(time.Millisecond)))
+	if s.cfg.OnPass != nil {
+		s.cfg.OnPass(rep)
+	}
+	// Settle the jobs after OnPass: a job never finishes before its pass is
+	// reported.
 	for i, sq := range seqs {
 		j := jobs[i]
 		switch {
@@ -431,22 +450,6 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 				go s.commit(j)
 			}
 		}
-	}
-	rep := PassReport{Pass: pass, Plan: plan, Stats: st, Err: err}
-	s.mu.Lock()
-	s.stats.Passes++
-	s.stats.TokensPrefilled += int64(st.Tokens)
-	s.stats.BytesRead += st.Bytes
-	s.stats.ComputeTime += st.Compute
-	s.stats.PassTime += st.Wall
-	s.stats.ReadWait += st.ReadWait
-	s.stats.LastPass = &rep
-	s.mu.Unlock()
-	s.log.Info("pass done", zap.Int("pass", pass), zap.Int("tokens", st.Tokens), zap.Int("layers", st.Layers),
-		zap.Float64("read_gb", float64(st.Bytes)/1e9), zap.Duration("wall", st.Wall.Round(time.Millisecond)),
-		zap.Duration("compute", st.Compute.Round(time.Millisecond)), zap.Duration("read_wait", st.ReadWait.Round(time.Millisecond)))
-	if s.cfg.OnPass != nil {
-		s.cfg.OnPass(rep)
 	}
 }
 

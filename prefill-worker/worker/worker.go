@@ -64,6 +64,7 @@ type Config struct {
 // Worker serves prefill jobs.
 type Worker struct {
 	cfg    Config
+	exec   *executor.Executor
 	model  *model.Config
 	stream *streamer.Streamer
 	sched  *scheduler.Scheduler
@@ -160,7 +161,7 @@ func New(cfg Config) (*Worker, error) {
 	m := model.New(mc, be)
 	m.State.LatentDType = cfg.LatentDType
 	exec := &executor.Executor{Model: m, Stream: st, Embed: emb, Log: cfg.Log}
-	w := &Worker{cfg: cfg, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1)}
+	w := &Worker{cfg: cfg, exec: exec, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1)}
 	w.sched = scheduler.New(scheduler.Config{Exec: exec, Costs: costs, Budget: cfg.Budget, Depth: p.Depth, MaxTile: cfg.MaxTile,
 		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: cfg.OnPass})
 	cfg.Log.Info("prefill worker ready", zap.String("model", cfg.Model), zap.Int("layers", mc.NumLayers),
@@ -230,8 +231,14 @@ func (w *Worker) Depth() int { return w.depth }
 // Costs is the planner's memory model of this worker.
 func (w *Worker) Costs() planner.Costs { return w.costs }
 
-// Streamer exposes the weight streamer (for benchmarks: RawRead, I/O mode).
+// Streamer exposes the weight streamer (for benchmarks: RawRead, read-only
+// passes, the I/O mode). Its passes must not overlap the worker's: use it
+// only while no job is queued or running.
 func (w *Worker) Streamer() *streamer.Streamer { return w.stream }
+
+// Executor exposes the pass executor (for benchmarks that time a pass at
+// another depth), under the same rule as Streamer.
+func (w *Worker) Executor() *executor.Executor { return w.exec }
 
 // Close stops serving: unfinished jobs fail, the pass in progress stops at
 // the next layer, and the ring is freed.
