@@ -21,5 +21,5 @@
 //   - A Channel is a small authenticated, framed, bidirectional message
 //     pipe over the same transport and port, for the decode pipeline mesh.
 //
-// The wire format is documented in docs/PROTOCOL-kvtransfer.md.
+// The wire format is documented in docs/PROTOCOL.md ("Data plane").
 package kvtransfer
