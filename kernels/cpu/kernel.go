@@ -40,6 +40,10 @@ type kernelSet struct {
 	// each sum in c order from 0, for j < nj (and up to nj rounded to 8,
 	// which l, a and knT rows must hold); nil: the scalar loop in kda.go.
 	kdaDots func(l, a, kp, qp, knT []float64, ld, nj int)
+
+	// situ sets g[i] = situ(g[i], u[i], b1, b2) (elementwise.go), with
+	// exactly math.Exp's and math.Tanh's bits.
+	situ func(g, u []float64, b1, b2 float64)
 }
 
 // goKernels are the portable kernels: the definition the assembly is
@@ -61,6 +65,7 @@ var goKernels = kernelSet{
 	scal:      scalGo,
 	decayRead: decayReadGo,
 	writeRead: writeReadGo,
+	situ:      situGo,
 }
 
 // kernelsInUse are the tile kernels every GEMM runs: the assembly of this

@@ -111,6 +111,10 @@ var avx2Kernels = func() kernelSet {
 		decayRead: decayReadVec,
 		writeRead: writeReadVec,
 		kdaDots:   kdaDotsVec,
+		situ:      situGo,
+	}
+	if vecMathOK {
+		k.situ = situVec
 	}
 	if !mxfp4TabOK {
 		k.mxfp4 = dequantMXFP4

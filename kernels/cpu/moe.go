@@ -17,26 +17,18 @@ func (b *Backend) RouterTopK(logits *kernels.Tensor, bias []float32, k int, reno
 	}
 	b.parallel(logits.Rows, max(1, b.grainFor(logits.Rows)), func(lo, hi int) {
 		s := make([]float32, E)
-		order := make([]int32, E)
+		top := make([]int32, 0, k)
 		for r := lo; r < hi; r++ {
 			row := logits.Row(r)
 			for e, x := range row {
 				s[e] = sigmoid(x)
-				order[e] = int32(e)
 			}
-			sort.Slice(order, func(i, j int) bool {
-				ci, cj := s[order[i]]+bias[order[i]], s[order[j]]+bias[order[j]]
-				if ci != cj {
-					return ci > cj
-				}
-				return order[i] < order[j]
-			})
+			top = topK(top[:0], s, bias, k)
 			var sum float64
-			for j := 0; j < k; j++ {
-				sum += float64(s[order[j]])
+			for _, e := range top {
+				sum += float64(s[e])
 			}
-			for j := 0; j < k; j++ {
-				e := order[j]
+			for j, e := range top {
 				ids[r*k+j] = e
 				w := float64(s[e])
 				if renorm {
@@ -46,6 +38,34 @@ func (b *Backend) RouterTopK(logits *kernels.Tensor, bias []float32, k int, reno
 			}
 		}
 	})
+}
+
+// topK returns the k experts of highest s+bias, best first, ties to the
+// lower id: the first k of a full sort by that order, found by insertion
+// into a list of k (the routers pick 8 or 16 of hundreds).
+func topK(top []int32, s, bias []float32, k int) []int32 {
+	better := func(a, b int32) bool {
+		ca, cb := s[a]+bias[a], s[b]+bias[b]
+		if ca != cb {
+			return ca > cb
+		}
+		return a < b
+	}
+	for e := range s {
+		id := int32(e)
+		if len(top) == k && !better(id, top[k-1]) {
+			continue
+		}
+		if len(top) < k {
+			top = append(top, id)
+		} else {
+			top[k-1] = id
+		}
+		for i := len(top) - 1; i > 0 && better(top[i], top[i-1]); i-- {
+			top[i], top[i-1] = top[i-1], top[i]
+		}
+	}
+	return top
 }
 
 // RoutedExperts runs each selected expert over all rows routed to it (one

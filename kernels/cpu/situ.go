@@ -36,7 +36,11 @@ func situMLPSerial(dst []float64, x []float32, T int, e kernels.Expert, beta1, b
 }
 
 func situInPlace(g, u []float64, beta1, beta2 float32) {
-	b1, b2 := float64(beta1), float64(beta2)
+	kernelsInUse.situ(g, u, float64(beta1), float64(beta2))
+}
+
+// situGo is SiTU over a vector with the scalar functions.
+func situGo(g, u []float64, b1, b2 float64) {
 	u = u[:len(g)]
 	for i := range g {
 		g[i] = situ(g[i], u[i], b1, b2)

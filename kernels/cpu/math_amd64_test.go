@@ -1,0 +1,58 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// mathInputs are exponent-uniform values of both signs over the ranges
+// exp and tanh branch on, plus the probes.
+func mathInputs(rng *rand.Rand, n int) []float64 {
+	x := append([]float64(nil), vecMathProbes...)
+	for len(x) < n/2 {
+		x = append(x, -750+1462*rng.Float64()) // exp's whole finite range, subnormals included
+	}
+	for len(x) < n {
+		v := math.Ldexp(1+rng.Float64(), rng.IntN(24)-14) // 2^-14 .. 2^10
+		if rng.IntN(2) == 0 {
+			v = -v
+		}
+		x = append(x, v)
+	}
+	return x[:n&^3]
+}
+
+// TestVecMathMatchesMath: the four-lane exp and tanh and the fused SiTU
+// return the math package's bits on 2^18 inputs (probes included).
+func TestVecMathMatchesMath(t *testing.T) {
+	if archKernels() == nil || !vecMathCPU {
+		t.Skip("no vector exp/tanh on this CPU")
+	}
+	if !vecMathOK {
+		t.Error("the vector exp/tanh disagree with package math on the start-up probes: SiTU runs scalar")
+	}
+	rng := rand.New(rand.NewPCG(17, 18))
+	x := mathInputs(rng, 1<<18)
+	e, th := make([]float64, len(x)), make([]float64, len(x))
+	expAVX2(&e[0], &x[0], len(x))
+	tanhAVX2(&th[0], &x[0], len(x))
+	for i, v := range x {
+		if !sameFloat(e[i], math.Exp(v)) {
+			t.Fatalf("exp(%v) = %v (%#x), math.Exp gives %v (%#x)", v, e[i], math.Float64bits(e[i]), math.Exp(v), math.Float64bits(math.Exp(v)))
+		}
+		if !sameFloat(th[i], math.Tanh(v)) {
+			t.Fatalf("tanh(%v) = %v (%#x), math.Tanh gives %v (%#x)", v, th[i], math.Float64bits(th[i]), math.Tanh(v), math.Float64bits(math.Tanh(v)))
+		}
+	}
+	u := mathInputs(rng, len(x)+3)
+	g := append([]float64(nil), x[:len(x)-1]...) // a ragged length: the scalar tail too
+	want := append([]float64(nil), g...)
+	situGo(want, u, 4, 25)
+	situVec(g, u, 4, 25)
+	for i := range g {
+		if !sameFloat(g[i], want[i]) {
+			t.Fatalf("situ(%v, %v) = %v, scalar %v", x[i], u[i], g[i], want[i])
+		}
+	}
+}
