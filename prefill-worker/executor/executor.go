@@ -338,7 +338,8 @@ func (r *run) emit(L int, timeout time.Duration) {
 func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 	m := r.e.Model
 	rows := r.b.Rows()
-	if r.tile <= 0 || rows <= r.tile {
+	// Tiles are host row views; tensors in device memory run whole.
+	if r.tile <= 0 || rows <= r.tile || r.b.Partial.Data == nil {
 		return m.RunLayer(ctx, l, r.b, model.PhasePrefill)
 	}
 	lens := make([]int, len(r.b.Spans))

@@ -223,6 +223,7 @@ func (s *Scheduler) finish(j *Job, err error) {
 	if j.finished() {
 		return
 	}
+	j.state = nil // callers may keep the handle; the state must not stay with it
 	j.end(err)
 	s.mu.Lock()
 	defer s.mu.Unlock()
