@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-//go:embed models
+//go:embed models hardware
 var files embed.FS
 
 // FS exposes the embedded files.
@@ -34,6 +34,30 @@ func ModelPresets() []string {
 	var out []string
 	for _, e := range ents {
 		if n, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// HardwareProfile returns the YAML of a hardware profile (hardware/NAME.yaml):
+// a prefill box, a decode group, a link, or this machine as measured by
+// bench calibrate. The simulator (bench/sim) parses it.
+func HardwareProfile(name string) ([]byte, error) {
+	b, err := files.ReadFile(path.Join("hardware", name+".yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("no hardware profile %q (have %s)", name, strings.Join(HardwareProfiles(), ", "))
+	}
+	return b, nil
+}
+
+// HardwareProfiles lists the hardware profile names.
+func HardwareProfiles() []string {
+	ents, _ := files.ReadDir("hardware")
+	var out []string
+	for _, e := range ents {
+		if n, ok := strings.CutSuffix(e.Name(), ".yaml"); ok {
 			out = append(out, n)
 		}
 	}
