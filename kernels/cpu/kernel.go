@@ -22,6 +22,10 @@ type kernelSet struct {
 	// scales sb bytes apart) of len(sc)/packW blocks straight into a panel,
 	// with sc as scratch; nil: decode to fp32 and packF32.
 	mxfp4Panel func(dst *float64, packed []byte, lds int, scales []byte, sb int, sc []float32)
+	// mxfp4Gemv is the one-row kernel straight from MXFP4 bytes: 16 rows
+	// lds bytes apart (scales sb bytes apart) over len(sc)/16 blocks, sc as
+	// scratch; nil: decode to fp32 and gemvF32.
+	mxfp4Gemv func(acc *[16]float64, xb []float64, packed []byte, lds int, scales []byte, sb int, sc []float32)
 	// gemvF32 and gemvBF16 are the one-row kernels: for 16 weight rows lds
 	// elements apart, acc[r] = fma(x[kk], W[r][kk], acc[r]) for kk < k in
 	// order, with x broadcast in memory: xb[kk*4+l] = x[kk]; k%8 == 0 for

@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/cpu"
 
+	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/model/mxfp"
 )
 
@@ -31,6 +32,9 @@ func packBF16AVX2(dst *float64, src *uint16, lds, k int)
 
 //go:noescape
 func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
+
+//go:noescape
+func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
 
 //go:noescape
 func gemv16F32AVX2(acc *[16]float64, xb *float64, w *float32, lds, k int)
@@ -94,6 +98,17 @@ var avx2Kernels = func() kernelSet {
 		packBF16: packBF16AVX2,
 		mxfp4:    mxfp4Vec,
 		gemvF32:  gemv16F32AVX2,
+		mxfp4Gemv: func(acc *[16]float64, xb []float64, packed []byte, lds int, scales []byte, sb int, sc []float32) {
+			nblk := len(sc) / gemvRows
+			for b := 0; b < nblk; b++ {
+				for r := 0; r < gemvRows; r++ {
+					sc[b*gemvRows+r] = mxfp4Tab.scale[scales[r*sb+b]]
+				}
+			}
+			_ = xb[4*kernels.MXBlock*nblk-1]
+			_ = packed[(gemvRows-1)*lds+nblk*kernels.MXBlock/2-1]
+			mxfp4GemvAVX2(acc, &xb[0], &packed[0], lds, &sc[0], nblk, &mxfp4Tab.mag)
+		},
 		mxfp4Panel: func(dst *float64, packed []byte, lds int, scales []byte, sb int, sc []float32) {
 			nblk := len(sc) / packW
 			for b := 0; b < nblk; b++ {
@@ -119,6 +134,7 @@ var avx2Kernels = func() kernelSet {
 	if !mxfp4TabOK {
 		k.mxfp4 = dequantMXFP4
 		k.mxfp4Panel = nil
+		k.mxfp4Gemv = nil
 	}
 	return k
 }()

@@ -534,12 +534,22 @@ TEXT ·gemv16BF16AVX2(SB), NOSPLIT, $0-40
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R10
 	LEAQ (R10)(BX*4), R11
+	LEAQ (R11)(BX*4), R12 // the next 16 rows, prefetched 512 bytes per step
 	VMOVUPD 0(DI), Y0
 	VMOVUPD 32(DI), Y1
 	VMOVUPD 64(DI), Y2
 	VMOVUPD 96(DI), Y3
 
 loopGemvBF16:
+	PREFETCHT0 0(R12)
+	PREFETCHT0 64(R12)
+	PREFETCHT0 128(R12)
+	PREFETCHT0 192(R12)
+	PREFETCHT0 256(R12)
+	PREFETCHT0 320(R12)
+	PREFETCHT0 384(R12)
+	PREFETCHT0 448(R12)
+	ADDQ       $512, R12
 	GEMV_QUAD16_BF16(SI, Y0)
 	GEMV_QUAD16_BF16(R9, Y1)
 	GEMV_QUAD16_BF16(R10, Y2)
@@ -633,5 +643,117 @@ loopMXFP4Panel:
 	ADDQ $8192, DI
 	DECQ CX
 	JNZ  loopMXFP4Panel
+	VZEROUPPER
+	RET
+
+// MXFP4_TRANSPOSE8 loads block columns of eight MXFP4 rows (r0 and r4
+// address rows 0 and 4 of the eight, BX the row stride, R8 three strides)
+// and leaves in Y4..Y7 the dwords of column groups 0..3 (eight columns
+// each) of rows 0..7, lane by lane.
+#define MXFP4_TRANSPOSE8(r0, r4) \
+	VMOVDQU     (r0), X8              \
+	VMOVDQU     (r0)(BX*1), X9        \
+	VMOVDQU     (r0)(BX*2), X10       \
+	VMOVDQU     (r0)(R8*1), X11       \
+	VINSERTI128 $1, (r4), Y8, Y8      \
+	VINSERTI128 $1, (r4)(BX*1), Y9, Y9 \
+	VINSERTI128 $1, (r4)(BX*2), Y10, Y10 \
+	VINSERTI128 $1, (r4)(R8*1), Y11, Y11 \
+	VPUNPCKLDQ  Y9, Y8, Y12           \
+	VPUNPCKHDQ  Y9, Y8, Y13           \
+	VPUNPCKLDQ  Y11, Y10, Y14         \
+	VPUNPCKHDQ  Y11, Y10, Y8          \
+	VPUNPCKLQDQ Y14, Y12, Y4          \
+	VPUNPCKHQDQ Y14, Y12, Y5          \
+	VPUNPCKLQDQ Y8, Y13, Y6           \
+	VPUNPCKHQDQ Y8, Y13, Y7
+
+// MXFP4_GEMV_SET decodes column m of eight rows (dwords in G, block
+// multipliers in S) and adds it times x[k] (at off(DX)) into the rows'
+// accumulators lo (rows 0-3) and hi (rows 4-7).
+#define MXFP4_GEMV_SET(G, S, m, off, lo, hi) \
+	VPSRLD       $(4*m), G, Y8         \
+	VPERMPS      (R10), Y8, Y8         \
+	VPSLLD       $(28-4*m), G, Y9      \
+	VPAND        Y15, Y9, Y9           \
+	VORPS        Y9, Y8, Y8            \
+	VMULPS       S, Y8, Y8             \
+	VCVTPS2PD    X8, Y9                \
+	VFMADD231PD  (off)(DX), Y9, lo     \
+	VEXTRACTF128 $1, Y8, X8            \
+	VCVTPS2PD    X8, Y9                \
+	VFMADD231PD  (off)(DX), Y9, hi
+
+#define MXFP4_GEMV_K(m, off) \
+	MXFP4_GEMV_SET(Y4, Y6, m, off, Y0, Y1) \
+	MXFP4_GEMV_SET(Y5, Y7, m, off, Y2, Y3)
+
+#define MXFP4_GEMV_GROUP(g) \
+	VMOVDQU (g*32)(SP), Y4       \
+	VMOVDQU (128+g*32)(SP), Y5   \
+	MXFP4_GEMV_K(0, g*256+0)     \
+	MXFP4_GEMV_K(1, g*256+32)    \
+	MXFP4_GEMV_K(2, g*256+64)    \
+	MXFP4_GEMV_K(3, g*256+96)    \
+	MXFP4_GEMV_K(4, g*256+128)   \
+	MXFP4_GEMV_K(5, g*256+160)   \
+	MXFP4_GEMV_K(6, g*256+192)   \
+	MXFP4_GEMV_K(7, g*256+224)
+
+// func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
+// The one-row kernel for 16 MXFP4 rows (lds bytes apart) over nblk
+// blocks: acc[r] = fma(x[k], W[r][k], acc[r]) in k order, each weight
+// decoded as mxfp4PanelAVX2 does (sc holds [nblk][16] multipliers) and
+// used from registers; xb holds x[k] four times per k.
+TEXT ·mxfp4GemvAVX2(SB), NOSPLIT, $256-56
+	MOVQ acc+0(FP), DI
+	MOVQ xb+8(FP), DX
+	MOVQ packed+16(FP), SI
+	MOVQ lds+24(FP), BX
+	MOVQ sc+32(FP), R13
+	MOVQ nblk+40(FP), CX
+	MOVQ mag+48(FP), R10
+	LEAQ (BX)(BX*2), R8
+	LEAQ (SI)(BX*4), R9
+	LEAQ (R9)(BX*4), R11
+	LEAQ (R11)(BX*4), R12
+	MOVL $0x80000000, AX
+	MOVQ AX, X15
+	VPBROADCASTD X15, Y15
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+
+loopMXFP4Gemv:
+	MXFP4_TRANSPOSE8(SI, R9)
+	VMOVDQU Y4, 0(SP)
+	VMOVDQU Y5, 32(SP)
+	VMOVDQU Y6, 64(SP)
+	VMOVDQU Y7, 96(SP)
+	MXFP4_TRANSPOSE8(R11, R12)
+	VMOVDQU Y4, 128(SP)
+	VMOVDQU Y5, 160(SP)
+	VMOVDQU Y6, 192(SP)
+	VMOVDQU Y7, 224(SP)
+	VMOVUPS 0(R13), Y6
+	VMOVUPS 32(R13), Y7
+	MXFP4_GEMV_GROUP(0)
+	MXFP4_GEMV_GROUP(1)
+	MXFP4_GEMV_GROUP(2)
+	MXFP4_GEMV_GROUP(3)
+	ADDQ $16, SI
+	ADDQ $16, R9
+	ADDQ $16, R11
+	ADDQ $16, R12
+	ADDQ $64, R13
+	ADDQ $1024, DX
+	DECQ CX
+	JNZ  loopMXFP4Gemv
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
 	VZEROUPPER
 	RET

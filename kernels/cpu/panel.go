@@ -22,6 +22,7 @@ type gemmScratch struct {
 	y    []float64 // expert outputs
 	acc  [gemvRows]float64
 	sc   [panelK / kernels.MXBlock * packW]float32 // MX block multipliers
+	scg  []float32                                 // the same for gemv rows
 }
 
 var scratchPool = sync.Pool{New: func() any {
