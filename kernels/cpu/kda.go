@@ -117,21 +117,11 @@ func newKDAWork(dk, dv, chunk int) *kdaWork {
 	}
 }
 
-func (hv *kdaHead) loadS(w *kdaWork) {
-	for i, x := range hv.S {
-		w.S[i] = float64(x)
-	}
-}
+func (hv *kdaHead) loadS(w *kdaWork) { w.ks.widen(w.S, hv.S) }
 
 // storeS rounds the working state to fp32 and reloads it, so the working
 // copy always equals what a later call would start from.
-func (hv *kdaHead) storeS(w *kdaWork) {
-	for i, x := range w.S {
-		f := float32(x)
-		hv.S[i] = f
-		w.S[i] = float64(f)
-	}
-}
+func (hv *kdaHead) storeS(w *kdaWork) { w.ks.narrow(hv.S, w.S) }
 
 // recurrent is the sequential form (spec §3.3):
 // S ← diag(α)S; r = Sᵀk; S ← S + β k (v − r)ᵀ; o = Sᵀq.

@@ -130,6 +130,28 @@ func TestVecMatchesGo(t *testing.T) {
 		goKernels.writeRead(y2, r1, z2, a, b)
 		same(fmt.Sprintf("writeRead row n=%d", n), y1, y2)
 		same(fmt.Sprintf("writeRead acc n=%d", n), z1, z2)
+
+		// widen and narrow, with values that round in fp32 and out of range.
+		big := cp(y)
+		for i := range big {
+			big[i] *= math.Pow(10, float64(rng.IntN(80)-40))
+		}
+		big[0] = 1e300
+		if n > 2 {
+			big[1], big[2] = math.NaN(), 1e-310
+		}
+		f1, f2 := make([]float32, n), make([]float32, n)
+		b1, b2 := cp(big), cp(big)
+		asm.narrow(f1, b1)
+		goKernels.narrow(f2, b2)
+		same(fmt.Sprintf("narrow back n=%d", n), b1, b2)
+		if i := sameF32(f1, f2); i >= 0 && !(f1[i] != f1[i] && f2[i] != f2[i]) {
+			t.Fatalf("narrow n=%d: element %d = %v, want %v", n, i, f1[i], f2[i])
+		}
+		w1, w2 := make([]float64, n), make([]float64, n)
+		asm.widen(w1, f1)
+		goKernels.widen(w2, f1)
+		same(fmt.Sprintf("widen n=%d", n), w1, w2)
 	}
 	// kdaDots against the scalar sums of kda.go, for nj off the 8-lane block.
 	const dk, ld = 37, 24

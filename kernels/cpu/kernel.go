@@ -19,13 +19,13 @@ type kernelSet struct {
 	// mxfp4 decodes nblk blocks of MXFP4 into fp32, as mxfp.DequantMXFP4.
 	mxfp4 func(dst []float32, packed, scales []byte)
 	// mxfp4Panel packs packW MXFP4 rows (lds bytes apart, their E8M0
-	// scales sb bytes apart) of len(sc)/packW blocks straight into a panel,
-	// with sc as scratch; nil: decode to fp32 and packF32.
-	mxfp4Panel func(dst *float64, packed []byte, lds int, scales []byte, sb int, sc []float32)
+	// scales sb bytes apart) of nblk blocks straight into a panel; nil:
+	// decode to fp32 and packF32.
+	mxfp4Panel func(dst *float64, packed []byte, lds int, scales []byte, sb, nblk int)
 	// mxfp4Gemv is the one-row kernel straight from MXFP4 bytes: 16 rows
-	// lds bytes apart (scales sb bytes apart) over len(sc)/16 blocks, sc as
-	// scratch; nil: decode to fp32 and gemvF32.
-	mxfp4Gemv func(acc *[16]float64, xb []float64, packed []byte, lds int, scales []byte, sb int, sc []float32)
+	// lds bytes apart (scales sb bytes apart) over nblk blocks; nil: decode
+	// to fp32 and gemvF32.
+	mxfp4Gemv func(acc *[16]float64, xb []float64, packed []byte, lds int, scales []byte, sb, nblk int)
 	// gemvF32 and gemvBF16 are the one-row kernels: for 16 weight rows lds
 	// elements apart, acc[r] = fma(x[kk], W[r][kk], acc[r]) for kk < k in
 	// order, with x broadcast in memory: xb[kk*4+l] = x[kk]; k%8 == 0 for
@@ -40,6 +40,8 @@ type kernelSet struct {
 	scal      func(y []float64, a float64)                // y *= a
 	decayRead func(row, r []float64, a, kc float64)       // row *= a; r += kc·row
 	writeRead func(row, r, acc []float64, kc, qc float64) // row += kc·r; acc += qc·row
+	widen     func(dst []float64, src []float32)          // dst = float64(src)
+	narrow    func(dst []float32, s []float64)            // dst = float32(s); s = float64(dst)
 	// kdaDots sets l[j] = Σ_c kp[c]·knT[c*ld+j] and a[j] likewise with qp,
 	// each sum in c order from 0, for j < nj (and up to nj rounded to 8,
 	// which l, a and knT rows must hold); nil: the scalar loop in kda.go.
@@ -69,6 +71,8 @@ var goKernels = kernelSet{
 	scal:      scalGo,
 	decayRead: decayReadGo,
 	writeRead: writeReadGo,
+	widen:     widenGo,
+	narrow:    narrowGo,
 	situ:      situGo,
 }
 

@@ -31,10 +31,10 @@ func packF32AVX2(dst *float64, src *float32, lds, k int)
 func packBF16AVX2(dst *float64, src *uint16, lds, k int)
 
 //go:noescape
-func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
+func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
 
 //go:noescape
-func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
+func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
 
 //go:noescape
 func gemv16F32AVX2(acc *[16]float64, xb *float64, w *float32, lds, k int)
@@ -51,9 +51,9 @@ func mxfp4AVX2(dst *float32, packed, scales *byte, nblk int, tab *mxfp4Table)
 // taken from package mxfp so the decoder multiplies exactly what
 // mxfp.DequantMXFP4 does.
 type mxfp4Table struct {
-	lo, hi [16]byte
-	scale  [256]float32
-	mag    [8]float32 // E2M1 magnitudes; code c|8 is -E2M1[c]
+	lo, hi [16]byte     // offsets 0, 16 (the assembly relies on the layout)
+	scale  [256]float32 // offset 32
+	mag    [8]float32   // offset 1056: E2M1 magnitudes; code c|8 is -E2M1[c]
 }
 
 var mxfp4Tab, mxfp4TabOK = newMXFP4Table()
@@ -98,25 +98,16 @@ var avx2Kernels = func() kernelSet {
 		packBF16: packBF16AVX2,
 		mxfp4:    mxfp4Vec,
 		gemvF32:  gemv16F32AVX2,
-		mxfp4Gemv: func(acc *[16]float64, xb []float64, packed []byte, lds int, scales []byte, sb int, sc []float32) {
-			nblk := len(sc) / gemvRows
-			for b := 0; b < nblk; b++ {
-				for r := 0; r < gemvRows; r++ {
-					sc[b*gemvRows+r] = mxfp4Tab.scale[scales[r*sb+b]]
-				}
-			}
+		mxfp4Gemv: func(acc *[16]float64, xb []float64, packed []byte, lds int, scales []byte, sb, nblk int) {
 			_ = xb[4*kernels.MXBlock*nblk-1]
 			_ = packed[(gemvRows-1)*lds+nblk*kernels.MXBlock/2-1]
-			mxfp4GemvAVX2(acc, &xb[0], &packed[0], lds, &sc[0], nblk, &mxfp4Tab.mag)
+			_ = scales[(gemvRows-1)*sb+nblk-1]
+			mxfp4GemvAVX2(acc, &xb[0], &packed[0], lds, &scales[0], sb, nblk, &mxfp4Tab)
 		},
-		mxfp4Panel: func(dst *float64, packed []byte, lds int, scales []byte, sb int, sc []float32) {
-			nblk := len(sc) / packW
-			for b := 0; b < nblk; b++ {
-				for r := 0; r < packW; r++ {
-					sc[b*packW+r] = mxfp4Tab.scale[scales[r*sb+b]]
-				}
-			}
-			mxfp4PanelAVX2(dst, &packed[0], lds, &sc[0], nblk, &mxfp4Tab.mag)
+		mxfp4Panel: func(dst *float64, packed []byte, lds int, scales []byte, sb, nblk int) {
+			_ = packed[(packW-1)*lds+nblk*kernels.MXBlock/2-1]
+			_ = scales[(packW-1)*sb+nblk-1]
+			mxfp4PanelAVX2(dst, &packed[0], lds, &scales[0], sb, nblk, &mxfp4Tab)
 		},
 		gemvBF16: gemv16BF16AVX2,
 
@@ -126,6 +117,8 @@ var avx2Kernels = func() kernelSet {
 		decayRead: decayReadVec,
 		writeRead: writeReadVec,
 		kdaDots:   kdaDotsVec,
+		widen:     widenVec,
+		narrow:    narrowVec,
 		situ:      situGo,
 	}
 	if vecMathOK {

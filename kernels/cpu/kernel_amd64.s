@@ -5,6 +5,37 @@
 // hold mr doubles per k. Every VFMADD231PD lane is one output's chain
 // acc = fma(x[k], w[k], acc), k in order, so the bits equal math.FMA's.
 
+// MXFP4_SCALES writes to slot..slot+3 (SP, fp32 slots) the E8M0
+// multipliers (tab.scale, at 32(R10)) of four rows' scales, the first at
+// (p) plus slot row strides (sb at sb+32(FP)); clobbers AX and R11.
+#define MXFP4_SCALES(p, slot) \
+	MOVQ    sb+32(FP), R11       \
+	IMULQ   $slot, R11           \
+	ADDQ    p, R11               \
+	MOVBLZX (R11), AX            \
+	MOVL    32(R10)(AX*4), AX    \
+	MOVL    AX, (4*slot)(SP)     \
+	ADDQ    sb+32(FP), R11       \
+	MOVBLZX (R11), AX            \
+	MOVL    32(R10)(AX*4), AX    \
+	MOVL    AX, (4*slot+4)(SP)   \
+	ADDQ    sb+32(FP), R11       \
+	MOVBLZX (R11), AX            \
+	MOVL    32(R10)(AX*4), AX    \
+	MOVL    AX, (4*slot+8)(SP)   \
+	ADDQ    sb+32(FP), R11       \
+	MOVBLZX (R11), AX            \
+	MOVL    32(R10)(AX*4), AX    \
+	MOVL    AX, (4*slot+12)(SP)
+
+// MXFP4_SCALE16 stores row r's block multiplier at 256+4r (SP); R13
+// walks the rows' scales (sb at sb+40(FP)).
+#define MXFP4_SCALE16(r) \
+	MOVBLZX (R13), AX            \
+	MOVL    32(R10)(AX*4), AX    \
+	MOVL    AX, (256+4*r)(SP)    \
+	ADDQ    sb+40(FP), R13
+
 // func tile6x8AVX2(c, x, w *float64, k int)
 TEXT ·tile6x8AVX2(SB), NOSPLIT, $0-32
 	MOVQ c+0(FP), DI
@@ -576,7 +607,7 @@ loopGemvBF16:
 // mxfp.DequantMXFP4 forms each weight, then widened.
 #define MXFP4_K(G, m, off) \
 	VPSRLD       $(4*m), G, Y8      \
-	VPERMPS      (R10), Y8, Y9      \
+	VPERMPS      1056(R10), Y8, Y9  \
 	VPSLLD       $(28-4*m), G, Y10  \
 	VPAND        Y15, Y10, Y10      \
 	VORPS        Y10, Y9, Y9        \
@@ -597,18 +628,19 @@ loopGemvBF16:
 	MXFP4_K(G, 6, off+6*256) \
 	MXFP4_K(G, 7, off+7*256)
 
-// func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
-// Packs eight MXFP4 rows (lds bytes apart) of nblk blocks into a panel:
-// dst[k*32+j] = float64(E2M1(row j, k) * sc[(k/32)*8+j]). Per block the
-// rows' 16 bytes are transposed as dwords (eight columns each), so that one
-// shift selects a column of all eight rows.
-TEXT ·mxfp4PanelAVX2(SB), NOSPLIT, $0-48
+// func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
+// Packs eight MXFP4 rows (lds bytes apart, their E8M0 scales sb bytes
+// apart) of nblk blocks into a panel: dst[k*32+j] = float64(E2M1(row j, k)
+// * tab.scale[scale of row j, block k/32]). Per block the rows' 16 bytes
+// are transposed as dwords (eight columns each), so that one shift selects
+// a column of all eight rows.
+TEXT ·mxfp4PanelAVX2(SB), NOSPLIT, $32-56
 	MOVQ dst+0(FP), DI
 	MOVQ packed+8(FP), SI
 	MOVQ lds+16(FP), BX
-	MOVQ sc+24(FP), DX
-	MOVQ nblk+32(FP), CX
-	MOVQ mag+40(FP), R10
+	MOVQ scales+24(FP), DX
+	MOVQ nblk+40(FP), CX
+	MOVQ tab+48(FP), R10
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVL $0x80000000, AX
@@ -632,14 +664,16 @@ loopMXFP4Panel:
 	VPUNPCKHQDQ Y6, Y4, Y1
 	VPUNPCKLQDQ Y7, Y5, Y2
 	VPUNPCKHQDQ Y7, Y5, Y3
-	VMOVUPS     (DX), Y14
+	MXFP4_SCALES(DX, 0)
+	MXFP4_SCALES(DX, 4)
+	VMOVUPS     0(SP), Y14
 	MXFP4_GROUP(Y0, 0)
 	MXFP4_GROUP(Y1, 2048)
 	MXFP4_GROUP(Y2, 4096)
 	MXFP4_GROUP(Y3, 6144)
 	ADDQ $16, SI
 	ADDQ $16, R9
-	ADDQ $32, DX
+	ADDQ $1, DX
 	ADDQ $8192, DI
 	DECQ CX
 	JNZ  loopMXFP4Panel
@@ -673,7 +707,7 @@ loopMXFP4Panel:
 // accumulators lo (rows 0-3) and hi (rows 4-7).
 #define MXFP4_GEMV_SET(G, S, m, off, lo, hi) \
 	VPSRLD       $(4*m), G, Y8         \
-	VPERMPS      (R10), Y8, Y8         \
+	VPERMPS      1056(R10), Y8, Y8     \
 	VPSLLD       $(28-4*m), G, Y9      \
 	VPAND        Y15, Y9, Y9           \
 	VORPS        Y9, Y8, Y8            \
@@ -700,32 +734,59 @@ loopMXFP4Panel:
 	MXFP4_GEMV_K(6, g*256+192)   \
 	MXFP4_GEMV_K(7, g*256+224)
 
-// func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, sc *float32, nblk int, mag *[8]float32)
-// The one-row kernel for 16 MXFP4 rows (lds bytes apart) over nblk
-// blocks: acc[r] = fma(x[k], W[r][k], acc[r]) in k order, each weight
-// decoded as mxfp4PanelAVX2 does (sc holds [nblk][16] multipliers) and
-// used from registers; xb holds x[k] four times per k.
-TEXT ·mxfp4GemvAVX2(SB), NOSPLIT, $256-56
-	MOVQ acc+0(FP), DI
+// func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
+// The one-row kernel for 16 MXFP4 rows (lds bytes apart, scales sb bytes
+// apart) over nblk blocks: acc[r] = fma(x[k], W[r][k], acc[r]) in k order,
+// each weight decoded as mxfp4PanelAVX2 does and used from registers; xb
+// holds x[k] four times per k. The next 16 rows are prefetched as it goes.
+// Frame: 0-255 transposed dwords, 256-319 block multipliers, 320 prefetch
+// pointer.
+TEXT ·mxfp4GemvAVX2(SB), NOSPLIT, $336-64
 	MOVQ xb+8(FP), DX
 	MOVQ packed+16(FP), SI
 	MOVQ lds+24(FP), BX
-	MOVQ sc+32(FP), R13
-	MOVQ nblk+40(FP), CX
-	MOVQ mag+48(FP), R10
+	MOVQ scales+32(FP), DI
+	MOVQ nblk+48(FP), CX
+	MOVQ tab+56(FP), R10
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
 	LEAQ (R11)(BX*4), R12
+	LEAQ (R12)(BX*4), AX
+	MOVQ AX, 320(SP)
 	MOVL $0x80000000, AX
 	MOVQ AX, X15
 	VPBROADCASTD X15, Y15
-	VMOVUPD 0(DI), Y0
-	VMOVUPD 32(DI), Y1
-	VMOVUPD 64(DI), Y2
-	VMOVUPD 96(DI), Y3
+	MOVQ acc+0(FP), AX
+	VMOVUPD 0(AX), Y0
+	VMOVUPD 32(AX), Y1
+	VMOVUPD 64(AX), Y2
+	VMOVUPD 96(AX), Y3
 
 loopMXFP4Gemv:
+	MOVQ       320(SP), AX
+	PREFETCHT0 0(AX)
+	PREFETCHT0 64(AX)
+	PREFETCHT0 128(AX)
+	PREFETCHT0 192(AX)
+	ADDQ       $256, 320(SP)
+	MOVQ       DI, R13
+	MXFP4_SCALE16(0)
+	MXFP4_SCALE16(1)
+	MXFP4_SCALE16(2)
+	MXFP4_SCALE16(3)
+	MXFP4_SCALE16(4)
+	MXFP4_SCALE16(5)
+	MXFP4_SCALE16(6)
+	MXFP4_SCALE16(7)
+	MXFP4_SCALE16(8)
+	MXFP4_SCALE16(9)
+	MXFP4_SCALE16(10)
+	MXFP4_SCALE16(11)
+	MXFP4_SCALE16(12)
+	MXFP4_SCALE16(13)
+	MXFP4_SCALE16(14)
+	MXFP4_SCALE16(15)
 	MXFP4_TRANSPOSE8(SI, R9)
 	VMOVDQU Y4, 0(SP)
 	VMOVDQU Y5, 32(SP)
@@ -736,8 +797,8 @@ loopMXFP4Gemv:
 	VMOVDQU Y5, 160(SP)
 	VMOVDQU Y6, 192(SP)
 	VMOVDQU Y7, 224(SP)
-	VMOVUPS 0(R13), Y6
-	VMOVUPS 32(R13), Y7
+	VMOVUPS 256(SP), Y6
+	VMOVUPS 288(SP), Y7
 	MXFP4_GEMV_GROUP(0)
 	MXFP4_GEMV_GROUP(1)
 	MXFP4_GEMV_GROUP(2)
@@ -746,14 +807,15 @@ loopMXFP4Gemv:
 	ADDQ $16, R9
 	ADDQ $16, R11
 	ADDQ $16, R12
-	ADDQ $64, R13
+	ADDQ $1, DI
 	ADDQ $1024, DX
 	DECQ CX
 	JNZ  loopMXFP4Gemv
 
-	VMOVUPD Y0, 0(DI)
-	VMOVUPD Y1, 32(DI)
-	VMOVUPD Y2, 64(DI)
-	VMOVUPD Y3, 96(DI)
+	MOVQ acc+0(FP), AX
+	VMOVUPD Y0, 0(AX)
+	VMOVUPD Y1, 32(AX)
+	VMOVUPD Y2, 64(AX)
+	VMOVUPD Y3, 96(AX)
 	VZEROUPPER
 	RET

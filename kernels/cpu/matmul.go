@@ -122,8 +122,7 @@ func gemvGroup[Y float](kn *kernelSet, dst []Y, xb []float64, w *kernels.Matrix,
 		*acc = [gemvRows]float64{}
 		if w.Format == kernels.MXFP4 && nr == gemvRows && kn.mxfp4Gemv != nil {
 			sb := I / kernels.MXBlock
-			s.scg = grow(s.scg, sb*gemvRows)
-			kn.mxfp4Gemv(acc, xb, w.Data[r0*I/2:], I/2, w.Scales[r0*sb:], sb, s.scg)
+			kn.mxfp4Gemv(acc, xb, w.Data[r0*I/2:], I/2, w.Scales[r0*sb:], sb, sb)
 		} else if w.Format == kernels.BF16 && nr == gemvRows {
 			// Straight from the weight bytes, whole rows at once.
 			rows := u16view(w.Data)[r0*I:]

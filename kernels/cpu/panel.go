@@ -126,7 +126,7 @@ func packWeights(kn *kernelSet, s *gemmScratch, w *kernels.Matrix, o0, k0, kc in
 		case w.Format == kernels.MXFP4 && nr == packW && kn.mxfp4Panel != nil:
 			sb := I / kernels.MXBlock
 			nb := kc / kernels.MXBlock
-			kn.mxfp4Panel(&dst[0], w.Data[r0*I/2+k0/2:], I/2, w.Scales[r0*sb+k0/kernels.MXBlock:], sb, s.sc[:nb*packW])
+			kn.mxfp4Panel(&dst[0], w.Data[r0*I/2+k0/2:], I/2, w.Scales[r0*sb+k0/kernels.MXBlock:], sb, nb)
 			continue
 		default:
 			lds = panelK

@@ -42,3 +42,22 @@ func writeReadGo(row, r, acc []float64, kc, qc float64) {
 		acc[j] += qc * row[j]
 	}
 }
+
+// widenGo sets dst[i] = float64(src[i]) (exact).
+func widenGo(dst []float64, src []float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = float64(x)
+	}
+}
+
+// narrowGo rounds s to fp32 into dst and writes the rounded values back
+// into s.
+func narrowGo(dst []float32, s []float64) {
+	dst = dst[:len(s)]
+	for i, x := range s {
+		f := float32(x)
+		dst[i] = f
+		s[i] = float64(f)
+	}
+}

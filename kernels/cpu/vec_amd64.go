@@ -19,6 +19,12 @@ func decayReadAVX2(row, r *float64, n int, a, kc float64)
 func writeReadAVX2(row, r, acc *float64, n int, kc, qc float64)
 
 //go:noescape
+func widenAVX2(dst *float64, src *float32, n int)
+
+//go:noescape
+func narrowAVX2(dst *float32, s *float64, n int)
+
+//go:noescape
 func kdaDotsAVX2(l, a, kp, qp, knT *float64, ld, dk, nj int)
 
 func axpyVec(y, x []float64, a float64) {
@@ -60,4 +66,20 @@ func kdaDotsVec(l, a, kp, qp, knT []float64, ld, nj int) {
 	_, _, _ = l[n8-1], a[n8-1], qp[dk-1]
 	_ = knT[(dk-1)*ld+n8-1]
 	kdaDotsAVX2(&l[0], &a[0], &kp[0], &qp[0], &knT[0], ld, dk, nj)
+}
+
+func widenVec(dst []float64, src []float32) {
+	n := len(src) &^ 7
+	if n > 0 {
+		widenAVX2(&dst[:len(src)][0], &src[0], n)
+	}
+	widenGo(dst[n:], src[n:])
+}
+
+func narrowVec(dst []float32, s []float64) {
+	n := len(s) &^ 7
+	if n > 0 {
+		narrowAVX2(&dst[:len(s)][0], &s[0], n)
+	}
+	narrowGo(dst[n:], s[n:])
 }

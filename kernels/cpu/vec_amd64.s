@@ -256,3 +256,48 @@ dotsK:
 	JG      dotsBlock
 	VZEROUPPER
 	RET
+
+// func widenAVX2(dst *float64, src *float32, n int)
+// dst[i] = float64(src[i]); n%8 == 0, n > 0.
+TEXT ·widenAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+
+widenLoop:
+	VCVTPS2PD (SI), Y0
+	VCVTPS2PD 16(SI), Y1
+	VMOVUPD   Y0, (DI)
+	VMOVUPD   Y1, 32(DI)
+	ADDQ      $32, SI
+	ADDQ      $64, DI
+	DECQ      CX
+	JNZ       widenLoop
+	VZEROUPPER
+	RET
+
+// func narrowAVX2(dst *float32, s *float64, n int)
+// dst[i] = float32(s[i]) (round to nearest even, as Go converts), then
+// s[i] = float64(dst[i]); n%8 == 0, n > 0.
+TEXT ·narrowAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ s+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+
+narrowLoop:
+	VCVTPD2PSY (SI), X0
+	VCVTPD2PSY 32(SI), X1
+	VMOVUPS    X0, (DI)
+	VMOVUPS    X1, 16(DI)
+	VCVTPS2PD  X0, Y0
+	VCVTPS2PD  X1, Y1
+	VMOVUPD    Y0, (SI)
+	VMOVUPD    Y1, 32(SI)
+	ADDQ       $64, SI
+	ADDQ       $32, DI
+	DECQ       CX
+	JNZ        narrowLoop
+	VZEROUPPER
+	RET
