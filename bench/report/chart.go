@@ -26,7 +26,9 @@ type Series struct {
 type LineChart struct {
 	Title, XLabel, YLabel string
 	LogX, LogY            bool
-	Series                []Series
+	// Scatter draws points only (for per-job values), not lines.
+	Scatter bool
+	Series  []Series
 }
 
 // SavePNG renders the chart to path. On a log axis, points at or below
@@ -61,13 +63,21 @@ func (c LineChart) SavePNG(path string) error {
 			continue
 		}
 		points += len(xys)
-		l, sc, err := plotter.NewLinePoints(xys)
+		sc, err := plotter.NewScatter(xys)
 		if err != nil {
 			return fmt.Errorf("report: chart %q: %w", c.Title, err)
 		}
-		l.Color, sc.Color = plotutil.Color(i), plotutil.Color(i)
-		l.Dashes = plotutil.Dashes(i)
-		sc.Shape = plotutil.Shape(i)
+		sc.Color, sc.Shape = plotutil.Color(i), plotutil.Shape(i)
+		if c.Scatter {
+			p.Add(sc)
+			p.Legend.Add(s.Name, sc)
+			continue
+		}
+		l, err := plotter.NewLine(xys)
+		if err != nil {
+			return fmt.Errorf("report: chart %q: %w", c.Title, err)
+		}
+		l.Color, l.Dashes = plotutil.Color(i), plotutil.Dashes(i)
 		p.Add(l, sc)
 		p.Legend.Add(s.Name, l, sc)
 	}

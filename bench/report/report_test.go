@@ -100,6 +100,13 @@ func TestChartsRenderPNGs(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkPNG(t, p)
+	lc.Scatter, lc.LogY = true, false
+	p = filepath.Join(dir, "scatter.png")
+	if err := lc.SavePNG(p); err != nil {
+		t.Fatal(err)
+	}
+	checkPNG(t, p)
+	lc.Scatter, lc.LogY = false, true
 	sb := StackedBars{Title: "breakdown", YLabel: "s", Categories: []string{"1k", "300k"}, Parts: []Part{
 		{Name: "queue", Values: []float64{0, 1}}, {Name: "prefill", Values: []float64{29, 500}}}}
 	p = filepath.Join(dir, "bars.png")

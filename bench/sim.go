@@ -1,0 +1,473 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-inference/tandem/bench/report"
+	"github.com/tandem-inference/tandem/bench/sim"
+	"github.com/tandem-inference/tandem/bench/workload"
+	"github.com/tandem-inference/tandem/coordinator/router"
+)
+
+func init() {
+	register(command{name: "sim", short: "simulate a cluster (K3 on hardware profiles): TTFT by prompt length, break-even, policies on a workload", run: runSim})
+}
+
+// defaultLengths are the prompt lengths of the projection: 1k to 1M tokens.
+const defaultLengths = "1000,2000,5000,10000,20000,50000,100000,200000,300000,500000,1000000"
+
+type simFlags struct {
+	model, prefill, decode, links string
+	workload, trace               string
+	rate                          float64
+	seed                          uint64
+	policies, lengths             string
+	threshold                     int
+	out                           string
+	asJSON                        bool
+}
+
+// simOutput is the JSON line of bench sim.
+type simOutput struct {
+	Model    string `json:"model"`
+	Workload struct {
+		Name           string  `json:"name"`
+		Jobs           int     `json:"jobs"`
+		Sessions       int     `json:"sessions"`
+		MedianPrompt   int     `json:"median_prompt_tokens"`
+		MaxPrompt      int     `json:"max_prompt_tokens"`
+		ArrivalsPerMin float64 `json:"arrivals_per_min"`
+	} `json:"workload"`
+	// Setup is the setup whose figures are in Policies (the first prefill
+	// profile with the first link); PoliciesBySetup has every setup's.
+	Setup           string                            `json:"setup"`
+	Policies        map[string]sim.Summary            `json:"policies"`
+	PoliciesBySetup map[string]map[string]sim.Summary `json:"policies_by_setup"`
+	// TTFT in seconds by setup and prompt length, idle cluster: the decode
+	// group alone (local), each GPU box with the group (remote), and the
+	// best of the two (":auto"). The key is k3_ttft_s for K3, ttft_s
+	// otherwise.
+	TTFT      map[string]map[string]float64 `json:"k3_ttft_s,omitempty"`
+	TTFTOther map[string]map[string]float64 `json:"ttft_s,omitempty"`
+	// BreakEven is the shortest prompt for which remote beats local
+	// (simulated), RouterBreakEven the router's own prediction.
+	BreakEven       map[string]int     `json:"breakeven_tokens"`
+	RouterBreakEven map[string]int     `json:"router_breakeven_tokens"`
+	PassFloorS      map[string]float64 `json:"pass_floor_s"`
+	// Breakdown is where an idle job's time goes, by setup and length.
+	Breakdown map[string]map[string]simBreakdown `json:"time_breakdown"`
+	Out       string                             `json:"out,omitempty"`
+}
+
+// simBreakdown splits an idle job's TTFT (seconds).
+type simBreakdown struct {
+	Target       string  `json:"target"`
+	ReadWait     float64 `json:"read_wait_s"`
+	Compute      float64 `json:"compute_s"`
+	SinkWait     float64 `json:"sink_wait_s"`
+	LocalPrefill float64 `json:"local_prefill_s"`
+	TransferTail float64 `json:"transfer_tail_s"`
+	FirstStep    float64 `json:"first_step_s"`
+	TTFT         float64 `json:"ttft_s"`
+	Passes       int     `json:"passes"`
+}
+
+func runSim(ctx context.Context, args []string) error {
+	var f simFlags
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.StringVar(&f.model, "model", "k3", "model: a preset (k3, tiny, small, medium), a config.json or a checkpoint directory")
+	fs.StringVar(&f.prefill, "prefill", "rtx5090,h200", "prefill boxes: hardware profiles (configs/hardware) or .yaml paths, comma-separated")
+	fs.StringVar(&f.decode, "decode", "m3ultra-x4", "the decode group's hardware profile")
+	fs.StringVar(&f.links, "link", "10gbe", "links between box and group, comma-separated (each box is simulated with each)")
+	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions)")
+	fs.StringVar(&f.trace, "trace", "", "replay this trace file (JSON Lines, see bench/workload) instead of a generated workload")
+	fs.Float64Var(&f.rate, "rate", 1, "generated workload: jobs (mix) or sessions (agent) per minute")
+	fs.Uint64Var(&f.seed, "seed", 1, "generated workload: random seed")
+	fs.StringVar(&f.policies, "policies", "local,remote,auto,threshold", "routing policies to compare on the workload")
+	fs.IntVar(&f.threshold, "threshold", 1000, "prompt length above which the threshold policy goes remote")
+	fs.StringVar(&f.lengths, "lengths", defaultLengths, "prompt lengths of the TTFT projection")
+	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
+	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object as the last line")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: bench sim [flags]
+
+Simulates a tandem cluster with the code the system runs (the coordinator's
+router, the pass planner, the pass scheduler's batching rule) on hardware
+profiles, layer by layer: weight reads against compute with the planner's
+prefetch depth, each layer's state streamed over the link, the decode group's
+own prefill and decode steps. It prints the TTFT of an idle cluster against
+prompt length for the decode group alone and each prefill box with it, the
+prompt length where remote prefill starts to win, where the time goes, and
+the policies compared on a workload.
+
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	lengths, err := parseLengths(f.lengths)
+	if err != nil {
+		return err
+	}
+	var policies []router.Policy
+	for _, p := range splitList(f.policies) {
+		switch pol := router.Policy(p); pol {
+		case router.Local, router.Remote, router.Auto, router.Threshold:
+			policies = append(policies, pol)
+		default:
+			return fmt.Errorf("--policies: unknown policy %q (local, remote, auto, threshold)", p)
+		}
+	}
+	m, err := sim.LoadModel(f.model)
+	if err != nil {
+		return err
+	}
+	decode, err := sim.LoadProfile(f.decode)
+	if err != nil {
+		return err
+	}
+	macs, err := sim.NewSetup(m, nil, decode, nil)
+	if err != nil {
+		return err
+	}
+	var setups []sim.Setup
+	for _, pn := range splitList(f.prefill) {
+		pp, err := sim.LoadProfile(pn)
+		if err != nil {
+			return err
+		}
+		for _, ln := range splitList(f.links) {
+			lp, err := sim.LoadProfile(ln)
+			if err != nil {
+				return err
+			}
+			s, err := sim.NewSetup(m, pp, decode, lp)
+			if err != nil {
+				return err
+			}
+			setups = append(setups, s)
+		}
+	}
+	jobs, wname, err := simWorkload(f, m.Name)
+	if err != nil {
+		return err
+	}
+
+	out := simOutput{Model: m.Name, PoliciesBySetup: map[string]map[string]sim.Summary{}, BreakEven: map[string]int{},
+		RouterBreakEven: map[string]int{}, PassFloorS: map[string]float64{}, Breakdown: map[string]map[string]simBreakdown{}}
+	ws := workload.Summarize(jobs)
+	out.Workload.Name, out.Workload.Jobs, out.Workload.Sessions = wname, ws.Jobs, ws.Sessions
+	out.Workload.MedianPrompt, out.Workload.MaxPrompt, out.Workload.ArrivalsPerMin = ws.MedianPrompt, ws.MaxPrompt, ws.ArrivalsPerMin
+
+	// The projection: idle TTFT by prompt length.
+	ttft := map[string]map[string]float64{}
+	curves := map[string][]float64{}
+	var order []string
+	addPoint := func(key string, n int, s float64) {
+		if ttft[key] == nil {
+			ttft[key] = map[string]float64{}
+			order = append(order, key)
+		}
+		ttft[key][strconv.Itoa(n)] = round3(s)
+		curves[key] = append(curves[key], s)
+	}
+	bd := func(j sim.JobResult, pr *sim.PassResult) simBreakdown {
+		b := simBreakdown{Target: string(j.Target), TransferTail: j.TransferTail.Seconds(), FirstStep: j.FirstStep.Seconds(), TTFT: j.TTFT.Seconds(), Passes: j.Passes}
+		if j.Target == router.TargetLocal {
+			b.LocalPrefill = j.Prefill.Seconds()
+		} else if pr != nil {
+			b.ReadWait, b.Compute, b.SinkWait = pr.ReadWait.Seconds(), pr.Compute.Seconds(), pr.SinkWait.Seconds()
+		}
+		return b
+	}
+	out.Breakdown[macs.Name] = map[string]simBreakdown{}
+	for _, n := range lengths {
+		j, err := sim.Idle(ctx, macs, router.Local, n)
+		if err != nil {
+			return err
+		}
+		addPoint(macs.Name, n, j.TTFT.Seconds())
+		out.Breakdown[macs.Name][strconv.Itoa(n)] = bd(j, nil)
+	}
+	for _, s := range setups {
+		out.Breakdown[s.Name] = map[string]simBreakdown{}
+		for _, n := range lengths {
+			r, err := sim.Run(ctx, s, []workload.Job{{ID: "idle", Prompt: n, Output: 1}}, sim.Options{Policy: router.Remote})
+			if err != nil {
+				return err
+			}
+			j := r.Jobs[0]
+			if j.Refused != "" {
+				return fmt.Errorf("%s: a %d-token prompt was refused: %s", s.Name, n, j.Refused)
+			}
+			addPoint(s.Name, n, j.TTFT.Seconds())
+			b := bd(j, nil)
+			for _, p := range r.Passes { // a prompt split into super-chunks spans several passes
+				b.ReadWait += p.ReadWait.Seconds()
+				b.Compute += p.Compute.Seconds()
+				b.SinkWait += p.SinkWait.Seconds()
+			}
+			out.Breakdown[s.Name][strconv.Itoa(n)] = b
+			a, err := sim.Idle(ctx, s, router.Auto, n)
+			if err != nil {
+				return err
+			}
+			addPoint(s.Name+":auto", n, a.TTFT.Seconds())
+		}
+		be, err := sim.BreakEven(ctx, s, 1<<20)
+		if err != nil {
+			return err
+		}
+		out.BreakEven[s.Name] = be
+		out.RouterBreakEven[s.Name] = router.BreakEven(sim.SeedRates(s, 8192), m.Shape(), 1<<20)
+		out.PassFloorS[s.Name] = round3(sim.PassFloor(s).Seconds())
+	}
+	if m.Name == "k3" {
+		out.TTFT = ttft
+	} else {
+		out.TTFTOther = ttft
+	}
+
+	// The workload under each policy, on every setup.
+	results := map[string]map[router.Policy]*sim.Result{}
+	for _, s := range setups {
+		out.PoliciesBySetup[s.Name] = map[string]sim.Summary{}
+		results[s.Name] = map[router.Policy]*sim.Result{}
+		for _, p := range policies {
+			r, err := sim.Run(ctx, s, jobs, sim.Options{Policy: p, Threshold: f.threshold})
+			if err != nil {
+				return err
+			}
+			results[s.Name][p] = r
+			out.PoliciesBySetup[s.Name][string(p)] = sim.Summarize(r)
+		}
+	}
+	if len(setups) > 0 {
+		out.Setup = setups[0].Name
+		out.Policies = out.PoliciesBySetup[out.Setup]
+	}
+
+	tables := simTables(&out, order, lengths, setups, policies)
+	for _, t := range tables {
+		if err := t.Write(os.Stdout); err != nil {
+			return err
+		}
+		fmt.Println()
+	}
+	if f.out != "" {
+		if err := simReport(f, &out, tables, order, curves, lengths, setups, policies, results, args); err != nil {
+			return err
+		}
+		out.Out = f.out
+		fmt.Fprintf(os.Stderr, "sim: charts and REPORT.md in %s\n", f.out)
+	}
+	if f.asJSON {
+		return report.JSONLine(os.Stdout, out)
+	}
+	return nil
+}
+
+// simWorkload builds the workload of the flags.
+func simWorkload(f simFlags, modelName string) ([]workload.Job, string, error) {
+	if f.trace != "" {
+		jobs, err := workload.LoadTrace(f.trace)
+		return jobs, f.trace, err
+	}
+	if !(f.rate > 0) {
+		return nil, "", fmt.Errorf("--rate %v: want a positive number per minute", f.rate)
+	}
+	switch f.workload {
+	case "mix":
+		jobs, err := workload.Mix(workload.K3Mix(f.seed, f.rate))
+		return jobs, fmt.Sprintf("mix (%v jobs/min, seed %d)", f.rate, f.seed), err
+	case "agent":
+		jobs, err := workload.Agent(workload.K3Agent(f.seed, f.rate))
+		return jobs, fmt.Sprintf("agent (%v sessions/min, seed %d)", f.rate, f.seed), err
+	}
+	return nil, "", fmt.Errorf("--workload %q: want mix or agent (or --trace FILE)", f.workload)
+}
+
+func simTables(out *simOutput, order []string, lengths []int, setups []sim.Setup, policies []router.Policy) []*report.Table {
+	ttft := out.TTFT
+	if ttft == nil {
+		ttft = out.TTFTOther
+	}
+	proj := &report.Table{Title: fmt.Sprintf("TTFT of one prompt on an idle cluster (%s)", out.Model), Header: append([]string{"prompt"}, order...)}
+	for _, n := range lengths {
+		row := []string{report.Tokens(n)}
+		for _, k := range order {
+			row = append(row, report.Duration(ttft[k][strconv.Itoa(n)]))
+		}
+		proj.Add(row...)
+	}
+	proj.Notes = []string{"Setups: the decode group alone prefills locally; box+group/link prefills remotely; :auto is the router's choice."}
+
+	be := &report.Table{Title: "Where remote prefill starts to win", Header: []string{"setup", "pass floor", "break-even (sim)", "break-even (router)"}}
+	for _, s := range setups {
+		be.Add(s.Name, report.Duration(out.PassFloorS[s.Name]), fmt.Sprint(out.BreakEven[s.Name]), fmt.Sprint(out.RouterBreakEven[s.Name]))
+	}
+
+	where := &report.Table{Title: "Where the time goes (idle, seconds)", Header: []string{"setup", "prompt", "read wait", "compute", "sink wait", "local prefill", "tail", "first step", "TTFT", "passes"}}
+	for _, k := range append([]string{}, order...) {
+		b, ok := out.Breakdown[k]
+		if !ok {
+			continue
+		}
+		for _, n := range lengths {
+			if n != 1000 && n != 10000 && n != 100000 && n != 300000 && n != 1000000 {
+				continue
+			}
+			x, ok := b[strconv.Itoa(n)]
+			if !ok {
+				continue
+			}
+			where.Addf([]string{"", "", "%.2f", "%.2f", "%.2f", "%.2f", "%.3f", "%.3f", "%.2f"}, k, report.Tokens(n), x.ReadWait, x.Compute, x.SinkWait, x.LocalPrefill, x.TransferTail, x.FirstStep, x.TTFT, x.Passes)
+		}
+	}
+	tables := []*report.Table{proj, be, where}
+	for _, s := range setups {
+		pt := &report.Table{Title: fmt.Sprintf("Policies on %s, %s", out.Workload.Name, s.Name),
+			Header: []string{"policy", "jobs", "remote", "local", "refused", "TTFT p50", "p95", "p99", "jobs/min", "jobs/pass", "moved", "tail p50", "tail max", "decode tok/s"}}
+		for _, p := range policies {
+			x := out.PoliciesBySetup[s.Name][string(p)]
+			pt.Add(string(p), fmt.Sprint(x.Jobs), fmt.Sprint(x.Remote), fmt.Sprint(x.Local), fmt.Sprint(x.Refused),
+				fmt.Sprintf("%.1f", x.TTFTP50), fmt.Sprintf("%.1f", x.TTFTP95), fmt.Sprintf("%.1f", x.TTFTP99),
+				fmt.Sprintf("%.2f", x.JobsPerMin), fmt.Sprintf("%.2f", x.JobsPerPass), report.Bytes(x.BytesMoved),
+				fmt.Sprintf("%.3f", x.ExposedTailP50), fmt.Sprintf("%.3f", x.ExposedTailMax), fmt.Sprintf("%.1f", x.DecodeTokPerS))
+		}
+		pt.Notes = []string{"TTFT and tail in seconds; jobs/pass: jobs sharing a weight pass; moved: state sent over the link."}
+		tables = append(tables, pt)
+	}
+	return tables
+}
+
+func simReport(f simFlags, out *simOutput, tables []*report.Table, order []string, curves map[string][]float64, lengths []int,
+	setups []sim.Setup, policies []router.Policy, results map[string]map[router.Policy]*sim.Result, args []string) error {
+	xs := make([]float64, len(lengths))
+	for i, n := range lengths {
+		xs[i] = float64(n)
+	}
+	lc := report.LineChart{Title: fmt.Sprintf("%s: TTFT of one prompt, idle cluster", out.Model), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true}
+	for _, k := range order {
+		lc.Series = append(lc.Series, report.Series{Name: k, X: xs, Y: curves[k]})
+	}
+	if err := lc.SavePNG(filepath.Join(f.out, "ttft_by_length.png")); err != nil {
+		return err
+	}
+	sb := report.StackedBars{Title: "Where the time goes (idle)", YLabel: "seconds"}
+	parts := []string{"read wait", "compute", "sink wait", "local prefill", "transfer tail", "first step"}
+	vals := make([][]float64, len(parts))
+	for _, k := range order {
+		b, ok := out.Breakdown[k]
+		if !ok {
+			continue
+		}
+		for _, n := range []int{10000, 100000, 300000} {
+			x, ok := b[strconv.Itoa(n)]
+			if !ok {
+				continue
+			}
+			sb.Categories = append(sb.Categories, shortSetup(k)+" "+report.Tokens(n))
+			for i, v := range []float64{x.ReadWait, x.Compute, x.SinkWait, x.LocalPrefill, x.TransferTail, x.FirstStep} {
+				vals[i] = append(vals[i], v)
+			}
+		}
+	}
+	for i, p := range parts {
+		sb.Parts = append(sb.Parts, report.Part{Name: p, Values: vals[i]})
+	}
+	if len(sb.Categories) > 0 {
+		if err := sb.SavePNG(filepath.Join(f.out, "time_breakdown.png")); err != nil {
+			return err
+		}
+	}
+	var charts []string
+	for i, s := range setups {
+		sc := report.LineChart{Title: fmt.Sprintf("TTFT by policy: %s on %s", out.Workload.Name, s.Name), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true, Scatter: true}
+		for _, p := range policies {
+			var x, y []float64
+			for _, j := range results[s.Name][p].Jobs {
+				if j.Refused == "" {
+					x, y = append(x, float64(j.Prompt)), append(y, j.TTFT.Seconds())
+				}
+			}
+			sc.Series = append(sc.Series, report.Series{Name: string(p), X: x, Y: y})
+		}
+		name := fmt.Sprintf("ttft_by_policy_%d.png", i+1)
+		if err := sc.SavePNG(filepath.Join(f.out, name)); err != nil {
+			return err
+		}
+		charts = append(charts, name)
+	}
+
+	var d report.Doc
+	d.Heading(1, "bench sim: "+out.Model)
+	d.Para("Simulated with the router, pass planner and pass scheduler rule the system runs, on the hardware profiles of configs/hardware. Reproduce with:")
+	d.Code("sh", "go run ./bench sim "+strings.Join(args, " "))
+	d.Heading(2, "TTFT against prompt length")
+	d.Table(tables[0])
+	d.Image("TTFT by prompt length", "ttft_by_length.png")
+	d.Heading(2, "Break-even")
+	d.Table(tables[1])
+	d.Heading(2, "Where the time goes")
+	d.Para("read wait: compute waiting for weights (the part of the pass floor compute does not hide); sink wait: compute waiting for the link; tail: state still in flight after the pass; first step: the decode group's first token.")
+	d.Table(tables[2])
+	d.Image("Time breakdown", "time_breakdown.png")
+	d.Heading(2, "Policies on the workload")
+	for i := 3; i < len(tables); i++ {
+		d.Table(tables[i])
+		if k := i - 3; k < len(charts) {
+			d.Image("TTFT by policy", charts[k])
+		}
+	}
+	return d.WriteFile(filepath.Join(f.out, "REPORT.md"))
+}
+
+// shortSetup is a setup's name without the decode group and link, for bar
+// labels.
+func shortSetup(name string) string {
+	if i := strings.IndexByte(name, '+'); i > 0 {
+		return name[:i]
+	}
+	return name
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func parseLengths(s string) ([]int, error) {
+	var out []int
+	for _, x := range splitList(s) {
+		n, err := strconv.Atoi(x)
+		if err != nil || n < 1 || n > 1<<24 {
+			return nil, fmt.Errorf("--lengths: %q is not a prompt length (1..%d tokens)", x, 1<<24)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--lengths: no prompt length")
+	}
+	return out, nil
+}
+
+func round3(v float64) float64 {
+	return float64(int64(v*1000+0.5)) / 1000
+}
