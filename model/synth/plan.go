@@ -130,9 +130,11 @@ func Plan(c *model.Config) *TensorPlan {
 				x := fmt.Sprintf("%sexperts.%d.", m, e)
 				// Output rms targets: gate ~3 (β1 = 4 engages), up ~20 (β2 = 25
 				// engages), down ~1 over SiTU outputs of rms ~10.
+				// Released order within an expert: w1, w2, w3, each packed
+				// then scale.
 				ts = append(ts, mxfp4(x+"w1", inter, lat, 3, 1)...)
-				ts = append(ts, mxfp4(x+"w3", inter, lat, 20, 1)...)
 				ts = append(ts, mxfp4(x+"w2", lat, inter, 1, 10)...)
+				ts = append(ts, mxfp4(x+"w3", inter, lat, 20, 1)...)
 			}
 		}
 		p.Layers[L] = ts

@@ -38,7 +38,7 @@ import (
 
 // Version changes whenever the generated weights for a given seed change;
 // caches key on it.
-const Version = 2
+const Version = 3
 
 // Options control a generation.
 type Options struct {

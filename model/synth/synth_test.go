@@ -213,3 +213,27 @@ func TestTokenizerWhenTheVocabularyHoldsOne(t *testing.T) {
 		t.Fatalf("round trip gave %q, %v", text, err)
 	}
 }
+
+// TestExpertTensorOrder: within a shard each expert's tensors follow the
+// released order w1, w2, w3 (packed, then scale), back to back.
+func TestExpertTensorOrder(t *testing.T) {
+	dir := writeTiny(t, 0, 1)
+	ck, err := safetensors.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	p := "language_model.model.layers.1.block_sparse_moe.experts.0."
+	order := []string{"w1.weight_packed", "w1.weight_scale", "w2.weight_packed", "w2.weight_scale", "w3.weight_packed", "w3.weight_scale"}
+	var prev safetensors.TensorInfo
+	for i, n := range order {
+		info, ok := ck.Tensor(p + n)
+		if !ok {
+			t.Fatalf("%s missing", p+n)
+		}
+		if i > 0 && info.Offset != prev.Offset+prev.Size {
+			t.Fatalf("%s does not follow %s", n, order[i-1])
+		}
+		prev = info
+	}
+}
