@@ -66,22 +66,26 @@ type streamReport struct {
 	RawReadBytes   int64   `json:"raw_read_bytes"`
 	RawReadS       float64 `json:"raw_read_s"`
 	RawReadGBps    float64 `json:"raw_read_gbps"`
-	ReadOnlyS      float64 `json:"read_only_s"`
-	ReadOnlyGBps   float64 `json:"read_only_gbps"`
-	ComputeOnlyS   float64 `json:"compute_only_s"`
-	PassS          float64 `json:"pass_s"`
-	PassReadGBps   float64 `json:"pass_read_gbps"`
-	PassComputeS   float64 `json:"pass_compute_s"`
-	PassReadWaitS  float64 `json:"pass_read_wait_s"`
-	PassSingleS    float64 `json:"pass_single_s,omitempty"`
-	BatchRatio     float64 `json:"batch_ratio,omitempty"`
-	IOBound        bool    `json:"io_bound"`
-	OverlapRatio   float64 `json:"overlap_ratio"`
-	ReadRatio      float64 `json:"pass_read_ratio"`
-	PeakRSSBytes   int64   `json:"peak_rss_bytes"`
-	StatesMatch    bool    `json:"states_match"`
-	StatesChecked  bool    `json:"states_checked"`
-	Targets        struct {
+	// RawReadSerialGBps is the same read one request at a time.
+	RawReadSerialGBps float64 `json:"raw_read_serial_gbps"`
+	ReadSizeBytes     int64   `json:"read_size_bytes"`
+	Readers           int     `json:"readers"`
+	ReadOnlyS         float64 `json:"read_only_s"`
+	ReadOnlyGBps      float64 `json:"read_only_gbps"`
+	ComputeOnlyS      float64 `json:"compute_only_s"`
+	PassS             float64 `json:"pass_s"`
+	PassReadGBps      float64 `json:"pass_read_gbps"`
+	PassComputeS      float64 `json:"pass_compute_s"`
+	PassReadWaitS     float64 `json:"pass_read_wait_s"`
+	PassSingleS       float64 `json:"pass_single_s,omitempty"`
+	BatchRatio        float64 `json:"batch_ratio,omitempty"`
+	IOBound           bool    `json:"io_bound"`
+	OverlapRatio      float64 `json:"overlap_ratio"`
+	ReadRatio         float64 `json:"pass_read_ratio"`
+	PeakRSSBytes      int64   `json:"peak_rss_bytes"`
+	StatesMatch       bool    `json:"states_match"`
+	StatesChecked     bool    `json:"states_checked"`
+	Targets           struct {
 		PassReadGE09Raw bool `json:"pass_read_ge_0_9_raw"`
 		PassLE115Max    bool `json:"pass_le_1_15_max"`
 		BatchLE13       bool `json:"batch_le_1_3"`
@@ -108,9 +112,11 @@ func runStream(ctx context.Context, args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench stream --model DIR --mem-budget B --prompt-len L --prompts K [--json]
 
-Times layer-streamed prefill on one worker, in this order: a raw sequential
-read of every layer's bytes (same files, same I/O mode, one request at a time);
-a read-only pass through the prefetch ring; a serial pass at depth 0 (compute
+Times layer-streamed prefill on one worker, in this order: raw sequential reads
+of every layer's bytes (same files, same I/O mode and request size; one request
+at a time: raw_read_serial_gbps, then as many in flight as the streamer keeps:
+raw_read_gbps, the baseline for pass_read_gbps); a read-only pass through the
+prefetch ring; a serial pass at depth 0 (compute
 time with no reads in flight: compute_only_s); the batched pass of K prompts
 through the scheduler at the planned depth (pass_s); a pass with one prompt
 (batch_ratio = pass_s / pass_single_s). Then a child process prefills each
@@ -166,7 +172,8 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 	st := w.Streamer()
 	prompts := streamPrompts(f, w.Model().VocabSize)
 	rep := streamReport{Model: f.model, Layers: w.Model().NumLayers, WeightsBytes: st.Layout().TensorBytes, IOMode: st.IOName(),
-		MemBudgetBytes: budget, Depth: w.Depth(), Threads: w.Executor().Model.Backend.Threads(), Prompts: f.prompts, PromptLen: f.promptLen}
+		MemBudgetBytes: budget, Depth: w.Depth(), Threads: w.Executor().Model.Backend.Threads(), Prompts: f.prompts, PromptLen: f.promptLen,
+		ReadSizeBytes: readSize, Readers: st.Readers()}
 	if !st.Direct() {
 		rep.PageCacheNote = "direct I/O unavailable: reads go through the page cache, so rates may reflect cached data rather than the disk"
 	}
@@ -183,13 +190,20 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 	say("%s: %d layers, %s of weights, io %s, budget %s, depth %d; plan: %s", f.model, rep.Layers,
 		progress.HumanBytes(rep.WeightsBytes), rep.IOMode, progress.HumanBytes(budget), rep.Depth, plan)
 
-	// 1. Raw sequential read.
-	n, d, err := st.RawRead(ctx)
+	// 1. Raw sequential reads: one request at a time (dd-like), then with as
+	// many in flight as the streamer keeps (the baseline a pass is held to).
+	n, d, err := st.RawRead(ctx, 1)
+	if err != nil {
+		return fmt.Errorf("raw read: %w", err)
+	}
+	rep.RawReadSerialGBps = float64(n) / d.Seconds() / 1e9
+	say("raw read, 1 request in flight: %s in %.2fs = %.3f GB/s", progress.HumanBytes(n), d.Seconds(), rep.RawReadSerialGBps)
+	n, d, err = st.RawRead(ctx, st.Readers())
 	if err != nil {
 		return fmt.Errorf("raw read: %w", err)
 	}
 	rep.RawReadBytes, rep.RawReadS, rep.RawReadGBps = n, d.Seconds(), float64(n)/d.Seconds()/1e9
-	say("raw read: %s in %.2fs = %.3f GB/s", progress.HumanBytes(n), rep.RawReadS, rep.RawReadGBps)
+	say("raw read, %d requests in flight: %s in %.2fs = %.3f GB/s", st.Readers(), progress.HumanBytes(n), rep.RawReadS, rep.RawReadGBps)
 
 	// 2. Read-only pass through the ring.
 	ro, bytesRO, err := readOnlyPass(ctx, st, w.Depth())

@@ -4,19 +4,22 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 )
 
 // RawRead is the baseline a pass's read rate is judged against: a plain
 // sequential read of the same byte ranges of the same files in the same I/O
-// mode, one request of the streamer's read size at a time, into one buffer,
-// with nothing else running. It returns the bytes read and the time taken.
-func (s *Streamer) RawRead(ctx context.Context) (int64, time.Duration, error) {
+// mode and request size, with inflight requests outstanding at once (1 is
+// dd-like; the streamer's Readers is the fair comparison), into scratch
+// buffers, with no ring, no layer boundaries and no compute. It returns the
+// bytes read and the time taken.
+func (s *Streamer) RawRead(ctx context.Context, inflight int) (int64, time.Duration, error) {
 	if !s.busy.CompareAndSwap(false, true) {
 		return 0, 0, ErrBusy
 	}
 	defer s.busy.Store(false)
-	buf := s.slots[0].buf
+	inflight = max(inflight, 1)
 	files := make([]*os.File, len(s.lay.Files))
 	defer func() {
 		for _, f := range files {
@@ -25,29 +28,80 @@ func (s *Streamer) RawRead(ctx context.Context) (int64, time.Duration, error) {
 			}
 		}
 	}()
-	var total int64
-	t0 := time.Now()
+	// Open every file first, so that opening is not timed.
 	for L, ll := range s.lay.Layers {
 		for _, e := range ll.Extents {
 			if files[e.File] == nil {
 				f, err := openFile(s.lay.Files[e.File], s.direct)
 				if err != nil {
-					return total, 0, &ReadError{Layer: L, File: s.lay.Files[e.File], Offset: -1, Err: err}
+					return 0, 0, &ReadError{Layer: L, File: s.lay.Files[e.File], Offset: -1, Err: err}
 				}
 				files[e.File] = f
 			}
-			for off := int64(0); off < e.Need; off += s.opt.ReadSize {
-				if err := ctx.Err(); err != nil {
-					return total, 0, err
-				}
-				n := min(s.opt.ReadSize, e.Len-off)
-				got, err := files[e.File].ReadAt(buf[:n], e.Off+off)
+		}
+	}
+	size := min(s.opt.ReadSize, s.lay.SlotBytes)
+	bufs := make([][]byte, inflight)
+	for i := range bufs {
+		b, err := s.be.AllocHost(int(size))
+		if err != nil {
+			return 0, 0, err
+		}
+		defer s.be.FreeHost(b)
+		bufs[i] = b
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reqs := make(chan request, inflight)
+	var (
+		mu    sync.Mutex
+		total int64
+		first error
+		wg    sync.WaitGroup
+	)
+	t0 := time.Now()
+	for i := range inflight {
+		wg.Add(1)
+		go func(buf []byte) {
+			defer wg.Done()
+			for r := range reqs {
+				got, err := files[r.file].ReadAt(buf[:r.n], r.off)
+				mu.Lock()
 				total += int64(got)
-				if int64(got) < min(n, e.Need-off) {
-					return total, 0, &ReadError{Layer: L, File: s.lay.Files[e.File], Offset: e.Off + off, Err: fmt.Errorf("short read of %d bytes: %v", got, err)}
+				if int64(got) < r.need && first == nil {
+					first = &ReadError{Layer: r.layer, File: s.lay.Files[r.file], Offset: r.off, Err: fmt.Errorf("short read of %d bytes: %v", got, err)}
+					cancel()
+				}
+				mu.Unlock()
+			}
+		}(bufs[i])
+	}
+	// The same requests as a pass, in file order, capped at the buffer size.
+	func() {
+		defer close(reqs)
+		for L, ll := range s.lay.Layers {
+			for _, e := range ll.Extents {
+				for off := int64(0); off < e.Need; off += size {
+					n := min(size, e.Len-off)
+					select {
+					case reqs <- request{layer: L, file: e.File, off: e.Off + off, n: n, need: min(n, e.Need-off)}:
+					case <-ctx.Done():
+						return
+					}
 				}
 			}
 		}
+	}()
+	wg.Wait()
+	d := time.Since(t0)
+	if first != nil {
+		return total, d, first
 	}
-	return total, time.Since(t0), nil
+	if err := ctx.Err(); err != nil {
+		return total, d, err
+	}
+	return total, d, nil
 }
+
+// Readers is the number of requests a pass keeps in flight.
+func (s *Streamer) Readers() int { return s.opt.Readers }

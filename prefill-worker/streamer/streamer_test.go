@@ -387,7 +387,7 @@ func TestStreamCancel(t *testing.T) {
 func TestRawRead(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	_, _, s := open(t, dir, streamer.Options{Slots: 1})
-	n, d, err := s.RawRead(context.Background())
+	n, d, err := s.RawRead(context.Background(), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
