@@ -15,6 +15,14 @@ func sameShape(op string, a, b *kernels.Tensor) {
 
 func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
 
+// sigmoidGo sets dst[i] = sigmoid(src[i]); dst may be src.
+func sigmoidGo(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = sigmoid(v)
+	}
+}
+
 // Embed gathers table rows.
 func (b *Backend) Embed(dst *kernels.Tensor, table *kernels.Matrix, ids []int32) {
 	if dst.Rows != len(ids) || dst.Cols != table.Cols {
@@ -105,17 +113,19 @@ func (b *Backend) AddBias(x *kernels.Tensor, bias []float32) {
 	}
 }
 
-func (b *Backend) Sigmoid(x *kernels.Tensor) {
-	for i, v := range x.Data {
-		x.Data[i] = sigmoid(v)
-	}
-}
+func (b *Backend) Sigmoid(x *kernels.Tensor) { kernelsInUse.sigmoid(x.Data, x.Data) }
 
 func (b *Backend) MulSigmoid(x, gate *kernels.Tensor) {
 	sameShape("MulSigmoid", x, gate)
 	b.parallel(len(x.Data), max(4096, b.grainFor(len(x.Data))), func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			x.Data[i] *= sigmoid(gate.Data[i])
+		var sig [512]float32
+		for i0 := lo; i0 < hi; i0 += len(sig) {
+			xs := x.Data[i0:min(hi, i0+len(sig))]
+			s := sig[:len(xs)]
+			kernelsInUse.sigmoid(s, gate.Data[i0:i0+len(xs)])
+			for i, v := range s {
+				xs[i] *= v
+			}
 		}
 	})
 }

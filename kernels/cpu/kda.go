@@ -10,7 +10,8 @@ import (
 // ShortConvSiLU is KDA's depthwise causal conv of kernel K followed by SiLU
 // (spec §3.3): y_t[c] = Σ_j w[c, j] · u_{t-K+1+j}[c]; inputs before the span
 // come from tail [P, K-1] (oldest first), which is updated to the last K-1
-// inputs.
+// inputs. Each worker takes a block of channels and walks the tokens with
+// a window of the last K inputs (so dst may be x), summing in j order.
 func (b *Backend) ShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *kernels.Tensor, tail []float32) {
 	P, K := w.Rows, w.Cols
 	if x.Cols != P || dst.Cols != P || len(tail) != P*(K-1) {
@@ -18,21 +19,35 @@ func (b *Backend) ShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *ke
 	}
 	n := span.Len()
 	b.parallel(P, max(64, b.grainFor(P)), func(lo, hi int) {
-		hist := make([]float32, K-1+n)
+		m := hi - lo
+		buf := make([]float32, (K+2)*m)
+		win, y, sg := buf[:K*m], buf[K*m:(K+1)*m], buf[(K+1)*m:]
+		row := func(s int) []float32 { return win[s%K*m:][:m] } // history position s
 		for c := lo; c < hi; c++ {
-			copy(hist, tail[c*(K-1):(c+1)*(K-1)])
-			for i := 0; i < n; i++ {
-				hist[K-1+i] = x.Data[(span.Lo+i)*P+c]
+			for s := 0; s < K-1; s++ {
+				row(s)[c-lo] = tail[c*(K-1)+s]
 			}
-			wc := w.Data[c*K : (c+1)*K]
-			for i := 0; i < n; i++ {
-				var y float32
-				for j := 0; j < K; j++ {
-					y += wc[j] * hist[i+j]
+		}
+		for i := 0; i < n; i++ {
+			t := span.Lo + i
+			copy(row(K-1+i), x.Data[t*P+lo:t*P+hi])
+			clear(y)
+			for j := 0; j < K; j++ {
+				h := row(i + j)
+				for c := range y {
+					y[c] += w.Data[(lo+c)*K+j] * h[c]
 				}
-				dst.Data[(span.Lo+i)*P+c] = y * sigmoid(y)
 			}
-			copy(tail[c*(K-1):(c+1)*(K-1)], hist[n:n+K-1])
+			kernelsInUse.sigmoid(sg, y)
+			out := dst.Data[t*P+lo : t*P+hi]
+			for c := range out {
+				out[c] = y[c] * sg[c]
+			}
+		}
+		for c := lo; c < hi; c++ {
+			for s := 0; s < K-1; s++ {
+				tail[c*(K-1)+s] = row(n + s)[c-lo]
+			}
 		}
 	})
 }
@@ -43,15 +58,22 @@ func (b *Backend) KDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower 
 	if heads*headDim != z.Cols || len(aLog) < heads {
 		panic(fmt.Sprintf("cpu.KDAGate: %v with head dim %d and %d A_log", z, headDim, len(aLog)))
 	}
-	a := make([]float64, heads)
-	for h := range a {
-		a[h] = math.Exp(float64(aLog[h]))
+	negA := make([]float64, heads)
+	for h := range negA {
+		negA[h] = -math.Exp(float64(aLog[h]))
 	}
 	for r := 0; r < z.Rows; r++ {
 		row := z.Row(r)
-		for i, v := range row {
-			row[i] = lower * float32(1/(1+math.Exp(-a[i/headDim]*float64(v))))
+		for h, na := range negA {
+			kernelsInUse.gate(row[h*headDim:(h+1)*headDim], na, lower)
 		}
+	}
+}
+
+// gateGo sets x[i] = lower·σ(−negA·x[i]) as KDAGate defines it.
+func gateGo(x []float32, negA float64, lower float32) {
+	for i, v := range x {
+		x[i] = lower * float32(1/(1+math.Exp(negA*float64(v))))
 	}
 }
 

@@ -50,6 +50,10 @@ type kernelSet struct {
 	// situ sets g[i] = situ(g[i], u[i], b1, b2) (elementwise.go), with
 	// exactly math.Exp's and math.Tanh's bits.
 	situ func(g, u []float64, b1, b2 float64)
+	// sigmoid sets dst[i] = sigmoid(src[i]) (dst may be src); gate is
+	// KDAGate's map of one head (kda.go). Both with math.Exp's bits.
+	sigmoid func(dst, src []float32)
+	gate    func(x []float32, negA float64, lower float32)
 }
 
 // goKernels are the portable kernels: the definition the assembly is
@@ -74,6 +78,8 @@ var goKernels = kernelSet{
 	widen:     widenGo,
 	narrow:    narrowGo,
 	situ:      situGo,
+	sigmoid:   sigmoidGo,
+	gate:      gateGo,
 }
 
 // kernelsInUse are the tile kernels every GEMM runs: the assembly of this

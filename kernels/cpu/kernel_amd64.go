@@ -120,9 +120,11 @@ var avx2Kernels = func() kernelSet {
 		widen:     widenVec,
 		narrow:    narrowVec,
 		situ:      situGo,
+		sigmoid:   sigmoidGo,
+		gate:      gateGo,
 	}
 	if vecMathOK {
-		k.situ = situVec
+		k.situ, k.sigmoid, k.gate = situVec, sigmoidVec, gateVec
 	}
 	if !mxfp4TabOK {
 		k.mxfp4 = dequantMXFP4

@@ -15,6 +15,12 @@ func expAVX2(dst, src *float64, n int)
 func tanhAVX2(dst, src *float64, n int)
 
 //go:noescape
+func sigmoidAVX2(dst, src *float32, n int)
+
+//go:noescape
+func gateAVX2(x *float32, n int, negA float64, lower float32)
+
+//go:noescape
 func situAVX2(gs, us *float64, n int, beta1, beta2 float64)
 
 // vecMathOK reports whether the four-lane exp and tanh reproduce this
@@ -65,4 +71,23 @@ func situVec(g, u []float64, beta1, beta2 float64) {
 	for i := n; i < len(g); i++ {
 		g[i] = situ(g[i], u[i], beta1, beta2)
 	}
+}
+
+// sigmoidVec is sigmoidGo on the vector path.
+func sigmoidVec(dst, src []float32) {
+	dst = dst[:len(src)]
+	n := len(src) &^ 3
+	if n > 0 {
+		sigmoidAVX2(&dst[0], &src[0], n)
+	}
+	sigmoidGo(dst[n:], src[n:])
+}
+
+// gateVec is gateGo on the vector path.
+func gateVec(x []float32, negA float64, lower float32) {
+	n := len(x) &^ 3
+	if n > 0 {
+		gateAVX2(&x[0], n, negA, lower)
+	}
+	gateGo(x[n:], negA, lower)
 }

@@ -341,3 +341,54 @@ situLoop:
 	JNZ     situLoop
 	VZEROUPPER
 	RET
+
+// func sigmoidAVX2(dst, src *float32, n int)
+// dst[i] = float32(1 / (1 + exp(-float64(src[i])))), as sigmoid does;
+// n%4 == 0, n > 0.
+TEXT ·sigmoidAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $2, CX
+
+sigmoidLoop:
+	VCVTPS2PD  (SI), Y0
+	VXORPD     M_Sign, Y0, Y0
+	VEXP
+	VADDPD     M_One, Y0, Y0
+	VMOVUPD    M_One, Y1
+	VDIVPD     Y0, Y1, Y1
+	VCVTPD2PSY Y1, X1
+	VMOVUPS    X1, (DI)
+	ADDQ       $16, SI
+	ADDQ       $16, DI
+	DECQ       CX
+	JNZ        sigmoidLoop
+	VZEROUPPER
+	RET
+
+// func gateAVX2(x *float32, n int, negA float64, lower float32)
+// x[i] = lower * float32(1 / (1 + exp(negA*float64(x[i])))), KDAGate's map
+// for one head; n%4 == 0, n > 0.
+TEXT ·gateAVX2(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), DI
+	MOVQ         n+8(FP), CX
+	SHRQ         $2, CX
+	VBROADCASTSD negA+16(FP), Y14
+	VBROADCASTSS lower+24(FP), X15
+
+gateLoop:
+	VCVTPS2PD  (DI), Y0
+	VMULPD     Y0, Y14, Y0
+	VEXP
+	VADDPD     M_One, Y0, Y0
+	VMOVUPD    M_One, Y1
+	VDIVPD     Y0, Y1, Y1
+	VCVTPD2PSY Y1, X1
+	VMULPS     X1, X15, X1
+	VMOVUPS    X1, (DI)
+	ADDQ       $16, DI
+	DECQ       CX
+	JNZ        gateLoop
+	VZEROUPPER
+	RET

@@ -19,10 +19,7 @@ func (b *Backend) RouterTopK(logits *kernels.Tensor, bias []float32, k int, reno
 		s := make([]float32, E)
 		top := make([]int32, 0, k)
 		for r := lo; r < hi; r++ {
-			row := logits.Row(r)
-			for e, x := range row {
-				s[e] = sigmoid(x)
-			}
+			kernelsInUse.sigmoid(s, logits.Row(r))
 			top = topK(top[:0], s, bias, k)
 			var sum float64
 			for _, e := range top {
