@@ -139,7 +139,7 @@ func (c *cluster) start(r int) {
 	cmd := exec.Command(os.Args[0], args...)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = append(os.Environ(), childEnv+"=1", "TANDEM_DECODE_MESH_HEARTBEAT=100ms", "TANDEM_DECODE_MESH_IDLE=1s")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "TANDEM_DECODE_MESH_HEARTBEAT=200ms", "TANDEM_DECODE_MESH_IDLE=3s")
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ var testSecret = []byte("0123456789abcdef-transfer-secret")
 
 // fastOpts are options for tests that wait for failures.
 func fastOpts(dir string, ranks int) Options {
-	return Options{ModelDir: dir, Ranks: ranks, Heartbeat: 100 * time.Millisecond, Idle: time.Second,
+	return Options{ModelDir: dir, Ranks: ranks, Heartbeat: 200 * time.Millisecond, Idle: 3 * time.Second,
 		Timeouts: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 2 * time.Second, Idle: 2 * time.Second, KeepAlive: 200 * time.Millisecond}}
 }
 
