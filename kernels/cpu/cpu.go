@@ -1,7 +1,15 @@
-// Package cpu is the pure-Go reference backend: every op of
-// kernels.Backend in fp32 (dot products accumulate in fp32, softmax and
-// norms in fp32), parallel across cores with goroutines. It is the
-// reference every other backend and every faster path is checked against.
+// Package cpu is the reference backend: every op of kernels.Backend on the
+// host, parallel across cores with goroutines. Activations are fp32 between
+// ops; matrix products accumulate each output in one fp64 fused
+// multiply-add chain in k order (MatMul), recurrences and reductions run in
+// fp64. It is the reference every other backend is checked against.
+//
+// The inner loops run on a kernel set (kernel.go): AVX2+FMA assembly on
+// amd64 CPUs that have it, portable Go elsewhere (and with
+// GODEBUG=cpu.avx2=off). Every set computes the same bits: the assembly
+// vectorises across independent outputs only, never reorders a sum, and
+// reproduces the scalar code's roundings (including math.Exp and
+// math.Tanh); tests compare them on random inputs.
 package cpu
 
 import (

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/tandem-inference/tandem/kernels"
 )
@@ -87,7 +88,8 @@ func (b *Backend) KDA(o, q, k, v, g, beta *kernels.Tensor, span kernels.Span, S 
 		panic(fmt.Sprintf("cpu.KDA: q %v k %v v %v g %v beta %v o %v S %d for %d heads %dx%d", q, k, v, g, beta, o, len(S), heads, dk, dv))
 	}
 	b.parallel(heads, 1, func(lo, hi int) {
-		w := newKDAWork(dk, dv, chunk)
+		w := getKDAWork(dk, dv, chunk)
+		defer kdaPool.Put(w)
 		w.ks = kernelsInUse
 		for h := lo; h < hi; h++ {
 			hv := kdaHead{q: q, k: k, v: v, g: g, beta: beta, o: o, h: h, dk: dk, dv: dv,
@@ -125,6 +127,18 @@ type kdaWork struct {
 	lmat, aqk       []float64 // [C, cp]
 	decayC          []float64 // [dk]
 	cp              int       // row stride of lmat, aqk and knT: C rounded up to 8
+	dk, dv, chunk   int       // the shape it was made for
+}
+
+// kdaPool keeps workers' scratch between calls (a decode step would
+// otherwise allocate a state-sized buffer per layer and worker).
+var kdaPool sync.Pool
+
+func getKDAWork(dk, dv, chunk int) *kdaWork {
+	if w, ok := kdaPool.Get().(*kdaWork); ok && w.dk == dk && w.dv == dv && w.chunk == max(chunk, 1) {
+		return w
+	}
+	return newKDAWork(dk, dv, chunk)
 }
 
 func newKDAWork(dk, dv, chunk int) *kdaWork {
@@ -136,6 +150,7 @@ func newKDAWork(dk, dv, chunk int) *kdaWork {
 		knT: make([]float64, dk*cp),
 		vv:  make([]float64, C*dv), wm: make([]float64, C*dk), u: make([]float64, C*dv),
 		lmat: make([]float64, C*cp), aqk: make([]float64, C*cp), decayC: make([]float64, dk), cp: cp,
+		dk: dk, dv: dv, chunk: C,
 	}
 }
 

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/tandem-inference/tandem/kernels"
 )
@@ -92,7 +93,9 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 		}
 		return active[i] < active[j]
 	})
-	out := make([]float64, T*k*lat)
+	ob := getF64(T * k * lat)
+	defer f64Pool.Put(ob)
+	out := *ob
 	b.parallel(len(active), 1, func(lo, hi int) {
 		s := getScratch()
 		defer putScratch(s)
@@ -131,4 +134,17 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 			}
 		}
 	})
+}
+
+// f64Pool recycles large fp64 intermediates (the expert outputs of a
+// prefill are megabytes per layer).
+var f64Pool sync.Pool
+
+func getF64(n int) *[]float64 {
+	if b, ok := f64Pool.Get().(*[]float64); ok && cap(*b) >= n {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]float64, n)
+	return &b
 }

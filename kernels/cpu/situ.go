@@ -12,8 +12,10 @@ func (b *Backend) SiTUMLP(dst, x *kernels.Tensor, gate, up, down *kernels.Matrix
 	if gate.Cols != d || up.Cols != d || up.Rows != inter || down.Cols != inter || dst.Rows != T || dst.Cols != down.Rows {
 		panic(fmt.Sprintf("cpu.SiTUMLP: x %v, gate [%d,%d], up [%d,%d], down [%d,%d], dst %v", x, gate.Rows, gate.Cols, up.Rows, up.Cols, down.Rows, down.Cols, dst))
 	}
-	g := make([]float64, T*inter)
-	u := make([]float64, T*inter)
+	gb, ub := getF64(T*inter), getF64(T*inter)
+	defer f64Pool.Put(gb)
+	defer f64Pool.Put(ub)
+	g, u := *gb, *ub
 	gemm(b, g, x.Data, T, gate)
 	gemm(b, u, x.Data, T, up)
 	b.parallel(len(g), max(4096, b.grainFor(len(g))), func(lo, hi int) {
