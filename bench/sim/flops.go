@@ -7,23 +7,24 @@ import (
 )
 
 // FLOPs is the work of one layer over some tokens, split by layer type: the
-// attention sublayer (KDA or MLA) and the feed-forward sublayer (MoE or
-// dense). A multiply-add counts as two.
+// attention sublayer (KDA, or MLA's projections and its causal attention
+// over the cache, Attn, which grows with the context) and the feed-forward
+// sublayer (MoE or dense). A multiply-add counts as two.
 type FLOPs struct {
-	KDA, MLA, MoE, Dense float64
+	KDA, MLA, Attn, MoE, Dense float64
 }
 
 // Add returns f + g.
 func (f FLOPs) Add(g FLOPs) FLOPs {
-	return FLOPs{f.KDA + g.KDA, f.MLA + g.MLA, f.MoE + g.MoE, f.Dense + g.Dense}
+	return FLOPs{f.KDA + g.KDA, f.MLA + g.MLA, f.Attn + g.Attn, f.MoE + g.MoE, f.Dense + g.Dense}
 }
 
 // Total is the sum over types.
-func (f FLOPs) Total() float64 { return f.KDA + f.MLA + f.MoE + f.Dense }
+func (f FLOPs) Total() float64 { return f.KDA + f.MLA + f.Attn + f.MoE + f.Dense }
 
 // Time is how long f takes at the given rates.
 func (f FLOPs) Time(c Compute) time.Duration {
-	s := f.KDA/c.KDA + f.MLA/c.MLA + f.MoE/c.MoE + f.Dense/c.Dense
+	s := f.KDA/c.KDA + f.MLA/c.MLA + f.Attn/c.attention() + f.MoE/c.MoE + f.Dense/c.Dense
 	return seconds(s / 1e9)
 }
 
@@ -55,7 +56,8 @@ func LayerFLOPs(c *model.Config, L, lo, hi int) FLOPs {
 		q, kv, lat := float64(c.QLoraRank), float64(c.KVLoraRank), float64(c.LatentWidth())
 		params := q*d + qw*q + lat*d + kvw*kv + ow*d + d*ow // q_a, q_b, kv_a, kv_b, g, o
 		pairs := (float64(hi)*float64(hi+1) - float64(lo)*float64(lo+1)) / 2
-		f.MLA = 2*params*n + 2*H*float64(c.QHeadDim()+c.VHeadDim)*pairs
+		f.MLA = 2 * params * n
+		f.Attn = 2 * H * float64(c.QHeadDim()+c.VHeadDim) * pairs
 	}
 	if c.IsDense(L) {
 		f.Dense = 2 * n * 3 * d * float64(c.IntermediateSize)

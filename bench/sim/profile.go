@@ -32,12 +32,23 @@ type Profile struct {
 
 // Compute is an effective compute rate per layer type, in GFLOP/s (1e9
 // FLOP/s), over the FLOPs this package counts (flops.go): KDA and MLA are
-// the attention sublayers, MoE and Dense the feed-forward ones.
+// the attention sublayers (MLAAttention, if set, the MLA layers' causal
+// attention over the cache apart from their projections), MoE and Dense the
+// feed-forward ones.
 type Compute struct {
-	KDA   float64 `yaml:"kda"`
-	MLA   float64 `yaml:"mla"`
-	MoE   float64 `yaml:"moe"`
-	Dense float64 `yaml:"dense"`
+	KDA          float64 `yaml:"kda"`
+	MLA          float64 `yaml:"mla"`
+	MLAAttention float64 `yaml:"mla_attention,omitempty"`
+	MoE          float64 `yaml:"moe"`
+	Dense        float64 `yaml:"dense"`
+}
+
+// attention is the MLA attention's rate (the MLA rate when not given).
+func (c Compute) attention() float64 {
+	if c.MLAAttention > 0 {
+		return c.MLAAttention
+	}
+	return c.MLA
 }
 
 // PrefillBox is the machine that prefills by streaming the weights.
@@ -177,7 +188,7 @@ func (c Compute) validate(key string) error {
 			return err
 		}
 	}
-	return nil
+	return nonNegativeField(key+".mla_attention", c.MLAAttention)
 }
 
 func (b *PrefillBox) validate() error {
