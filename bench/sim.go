@@ -86,9 +86,9 @@ func runSim(ctx context.Context, args []string) error {
 	fs.StringVar(&f.prefill, "prefill", "rtx5090,h200", "prefill boxes: hardware profiles (configs/hardware) or .yaml paths, comma-separated")
 	fs.StringVar(&f.decode, "decode", "m3ultra-x4", "the decode group's hardware profile")
 	fs.StringVar(&f.links, "link", "10gbe", "links between box and group, comma-separated (each box is simulated with each)")
-	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions)")
+	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions), at K3 scale for k3 and at the scale of a small model on one machine otherwise (bench/workload K3Mix, LocalMix...)")
 	fs.StringVar(&f.trace, "trace", "", "replay this trace file (JSON Lines, see bench/workload) instead of a generated workload")
-	fs.Float64Var(&f.rate, "rate", 1, "generated workload: jobs (mix) or sessions (agent) per minute")
+	fs.Float64Var(&f.rate, "rate", 0, "generated workload: jobs (mix) or sessions (agent) per minute (default 1 at K3 scale, 60 (mix) or 20 (agent) otherwise)")
 	fs.Uint64Var(&f.seed, "seed", 1, "generated workload: random seed")
 	fs.StringVar(&f.policies, "policies", "local,remote,auto,threshold", "routing policies to compare on the workload")
 	fs.IntVar(&f.threshold, "threshold", 1000, "prompt length above which the threshold policy goes remote")
@@ -284,16 +284,33 @@ func simWorkload(f simFlags, modelName string) ([]workload.Job, string, error) {
 		jobs, err := workload.LoadTrace(f.trace)
 		return jobs, f.trace, err
 	}
-	if !(f.rate > 0) {
+	k3 := modelName == "k3"
+	rate := f.rate
+	if rate == 0 {
+		rate = map[bool]map[string]float64{true: {"mix": 1, "agent": 1}, false: {"mix": 60, "agent": 20}}[k3][f.workload]
+	}
+	if !(rate > 0) {
 		return nil, "", fmt.Errorf("--rate %v: want a positive number per minute", f.rate)
+	}
+	scale := "local scale"
+	if k3 {
+		scale = "K3 scale"
 	}
 	switch f.workload {
 	case "mix":
-		jobs, err := workload.Mix(workload.K3Mix(f.seed, f.rate))
-		return jobs, fmt.Sprintf("mix (%v jobs/min, seed %d)", f.rate, f.seed), err
+		spec := workload.LocalMix(f.seed, rate)
+		if k3 {
+			spec = workload.K3Mix(f.seed, rate)
+		}
+		jobs, err := workload.Mix(spec)
+		return jobs, fmt.Sprintf("mix at %s (%v jobs/min, seed %d)", scale, rate, f.seed), err
 	case "agent":
-		jobs, err := workload.Agent(workload.K3Agent(f.seed, f.rate))
-		return jobs, fmt.Sprintf("agent (%v sessions/min, seed %d)", f.rate, f.seed), err
+		spec := workload.LocalAgent(f.seed, rate)
+		if k3 {
+			spec = workload.K3Agent(f.seed, rate)
+		}
+		jobs, err := workload.Agent(spec)
+		return jobs, fmt.Sprintf("agent sessions at %s (%v sessions/min, seed %d)", scale, rate, f.seed), err
 	}
 	return nil, "", fmt.Errorf("--workload %q: want mix or agent (or --trace FILE)", f.workload)
 }
@@ -342,11 +359,11 @@ func simTables(out *simOutput, order []string, lengths []int, setups []sim.Setup
 		for _, p := range policies {
 			x := out.PoliciesBySetup[s.Name][string(p)]
 			pt.Add(string(p), fmt.Sprint(x.Jobs), fmt.Sprint(x.Remote), fmt.Sprint(x.Local), fmt.Sprint(x.Refused),
-				fmt.Sprintf("%.1f", x.TTFTP50), fmt.Sprintf("%.1f", x.TTFTP95), fmt.Sprintf("%.1f", x.TTFTP99),
+				report.Duration(x.TTFTP50), report.Duration(x.TTFTP95), report.Duration(x.TTFTP99),
 				fmt.Sprintf("%.2f", x.JobsPerMin), fmt.Sprintf("%.2f", x.JobsPerPass), report.Bytes(x.BytesMoved),
-				fmt.Sprintf("%.3f", x.ExposedTailP50), fmt.Sprintf("%.3f", x.ExposedTailMax), fmt.Sprintf("%.1f", x.DecodeTokPerS))
+				report.Duration(x.ExposedTailP50), report.Duration(x.ExposedTailMax), fmt.Sprintf("%.1f", x.DecodeTokPerS))
 		}
-		pt.Notes = []string{"TTFT and tail in seconds; jobs/pass: jobs sharing a weight pass; moved: state sent over the link."}
+		pt.Notes = []string{"jobs/pass: jobs sharing a weight pass; moved: state sent over the link; tail: state still in flight after a remote job's last pass."}
 		tables = append(tables, pt)
 	}
 	return tables

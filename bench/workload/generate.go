@@ -148,3 +148,20 @@ func K3Agent(seed uint64, sessionsPerMin float64) AgentSpec {
 	return AgentSpec{Seed: seed, Sessions: 10, Turns: 10, First: 1500, Growth: 1500, Interval: 90 * time.Second,
 		SessionsPerMin: sessionsPerMin, OutputMin: 32, OutputMax: 256}
 }
+
+// LocalMix is the generated mix for a small synthetic model on one machine
+// (bench e2e, and bench sim with the calibrated profile): 24 requests, a
+// quarter long (512-2048 tokens), the rest short (16-256), 4-16 tokens
+// generated each.
+func LocalMix(seed uint64, perMin float64) MixSpec {
+	return MixSpec{Seed: seed, Jobs: 24, PerMin: perMin, ShortMin: 16, ShortMax: 256, LongMin: 512, LongMax: 2048,
+		LongFraction: 0.25, OutputMin: 4, OutputMax: 16}
+}
+
+// LocalAgent is the agent-session workload at the scale of LocalMix: 4
+// sessions of 6 turns, prompts from about 128 tokens growing about 128 a
+// turn, turns about 3 s apart.
+func LocalAgent(seed uint64, sessionsPerMin float64) AgentSpec {
+	return AgentSpec{Seed: seed, Sessions: 4, Turns: 6, First: 128, Growth: 128, Interval: 3 * time.Second,
+		SessionsPerMin: sessionsPerMin, OutputMin: 4, OutputMax: 16}
+}
