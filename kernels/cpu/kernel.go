@@ -8,20 +8,20 @@ package cpu
 // apart; x holds mr values per k.
 type kernelSet struct {
 	name     string
-	tile6x8  func(c, x, w *float64, k int)
-	tile4x8  func(c, x, w *float64, k int)
-	tile2x16 func(c, x, w *float64, k int)
-	tile1x32 func(c, x, w *float64, k int)
+	tile6x8  func(c, x *float64, w *float32, k int)
+	tile4x8  func(c, x *float64, w *float32, k int)
+	tile2x16 func(c, x *float64, w *float32, k int)
+	tile1x32 func(c, x *float64, w *float32, k int)
 	// packF32 and packBF16 transpose packW rows of lds elements apart into
-	// a panel: dst[kk*groupW+j] = float64(row j [kk]) for kk < k, k%8 == 0.
-	packF32  func(dst *float64, src *float32, lds, k int)
-	packBF16 func(dst *float64, src *uint16, lds, k int)
+	// a panel: dst[kk*groupW+j] = row j [kk] as fp32, kk < k, k%8 == 0.
+	packF32  func(dst *float32, src *float32, lds, k int)
+	packBF16 func(dst *float32, src *uint16, lds, k int)
 	// mxfp4 decodes nblk blocks of MXFP4 into fp32, as mxfp.DequantMXFP4.
 	mxfp4 func(dst []float32, packed, scales []byte)
 	// mxfp4Panel packs packW MXFP4 rows (lds bytes apart, their E8M0
 	// scales sb bytes apart) of nblk blocks straight into a panel; nil:
 	// decode to fp32 and packF32.
-	mxfp4Panel func(dst *float64, packed []byte, lds int, scales []byte, sb, nblk int)
+	mxfp4Panel func(dst *float32, packed []byte, lds int, scales []byte, sb, nblk int)
 	// mxfp4Gemv is the one-row kernel straight from MXFP4 bytes: 16 rows
 	// lds bytes apart (scales sb bytes apart) over nblk blocks; nil: decode
 	// to fp32 and gemvF32.
@@ -60,10 +60,10 @@ type kernelSet struct {
 // tested against, and what runs where there is no assembly.
 var goKernels = kernelSet{
 	name:     "go",
-	tile6x8:  func(c, x, w *float64, k int) { tileGo(6, 8, c, x, w, k) },
-	tile4x8:  func(c, x, w *float64, k int) { tileGo(4, 8, c, x, w, k) },
-	tile2x16: func(c, x, w *float64, k int) { tileGo(2, 16, c, x, w, k) },
-	tile1x32: func(c, x, w *float64, k int) { tileGo(1, 32, c, x, w, k) },
+	tile6x8:  func(c, x *float64, w *float32, k int) { tileGo(6, 8, c, x, w, k) },
+	tile4x8:  func(c, x *float64, w *float32, k int) { tileGo(4, 8, c, x, w, k) },
+	tile2x16: func(c, x *float64, w *float32, k int) { tileGo(2, 16, c, x, w, k) },
+	tile1x32: func(c, x *float64, w *float32, k int) { tileGo(1, 32, c, x, w, k) },
 	packF32:  packF32Go,
 	packBF16: packBF16Go,
 	mxfp4:    dequantMXFP4,

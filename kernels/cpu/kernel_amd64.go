@@ -13,25 +13,25 @@ import (
 // kernelSet fields; they are tested bit for bit against goKernels.
 //
 //go:noescape
-func tile6x8AVX2(c, x, w *float64, k int)
+func tile6x8AVX2(c, x *float64, w *float32, k int)
 
 //go:noescape
-func tile4x8AVX2(c, x, w *float64, k int)
+func tile4x8AVX2(c, x *float64, w *float32, k int)
 
 //go:noescape
-func tile2x16AVX2(c, x, w *float64, k int)
+func tile2x16AVX2(c, x *float64, w *float32, k int)
 
 //go:noescape
-func tile1x32AVX2(c, x, w *float64, k int)
+func tile1x32AVX2(c, x *float64, w *float32, k int)
 
 //go:noescape
-func packF32AVX2(dst *float64, src *float32, lds, k int)
+func packF32AVX2(dst *float32, src *float32, lds, k int)
 
 //go:noescape
-func packBF16AVX2(dst *float64, src *uint16, lds, k int)
+func packBF16AVX2(dst *float32, src *uint16, lds, k int)
 
 //go:noescape
-func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
+func mxfp4PanelAVX2(dst *float32, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
 
 //go:noescape
 func mxfp4GemvAVX2(acc *[16]float64, xb *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
@@ -104,7 +104,7 @@ var avx2Kernels = func() kernelSet {
 			_ = scales[(gemvRows-1)*sb+nblk-1]
 			mxfp4GemvAVX2(acc, &xb[0], &packed[0], lds, &scales[0], sb, nblk, &mxfp4Tab)
 		},
-		mxfp4Panel: func(dst *float64, packed []byte, lds int, scales []byte, sb, nblk int) {
+		mxfp4Panel: func(dst *float32, packed []byte, lds int, scales []byte, sb, nblk int) {
 			_ = packed[(packW-1)*lds+nblk*kernels.MXBlock/2-1]
 			_ = scales[(packW-1)*sb+nblk-1]
 			mxfp4PanelAVX2(dst, &packed[0], lds, &scales[0], sb, nblk, &mxfp4Tab)

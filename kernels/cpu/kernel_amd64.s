@@ -1,8 +1,8 @@
 #include "textflag.h"
 
 // AVX2+FMA GEMM kernels over the packed layout of tile.go: accumulator rows
-// and weight-panel rows are 32 doubles (256 bytes) apart; activation tiles
-// hold mr doubles per k. Every VFMADD231PD lane is one output's chain
+// are 32 doubles (256 bytes) apart, weight-panel rows 32 floats (128 bytes,
+// widened exactly by VCVTPS2PD); activation tiles hold mr doubles per k. Every VFMADD231PD lane is one output's chain
 // acc = fma(x[k], w[k], acc), k in order, so the bits equal math.FMA's.
 
 // MXFP4_SCALES writes to slot..slot+3 (SP, fp32 slots) the E8M0
@@ -56,8 +56,8 @@ TEXT ·tile6x8AVX2(SB), NOSPLIT, $0-32
 	VMOVUPD 1312(DI), Y11
 
 loop6x8:
-	VMOVUPD      0(DX), Y12
-	VMOVUPD      32(DX), Y13
+	VCVTPS2PD    0(DX), Y12
+	VCVTPS2PD    16(DX), Y13
 	VBROADCASTSD 0(SI), Y14
 	VBROADCASTSD 8(SI), Y15
 	VFMADD231PD  Y12, Y14, Y0
@@ -77,7 +77,7 @@ loop6x8:
 	VFMADD231PD  Y12, Y15, Y10
 	VFMADD231PD  Y13, Y15, Y11
 	ADDQ         $48, SI
-	ADDQ         $256, DX
+	ADDQ         $128, DX
 	DECQ         CX
 	JNZ          loop6x8
 
@@ -112,8 +112,8 @@ TEXT ·tile4x8AVX2(SB), NOSPLIT, $0-32
 	VMOVUPD 800(DI), Y7
 
 loop4x8:
-	VMOVUPD      0(DX), Y12
-	VMOVUPD      32(DX), Y13
+	VCVTPS2PD    0(DX), Y12
+	VCVTPS2PD    16(DX), Y13
 	VBROADCASTSD 0(SI), Y14
 	VBROADCASTSD 8(SI), Y15
 	VFMADD231PD  Y12, Y14, Y0
@@ -127,7 +127,7 @@ loop4x8:
 	VFMADD231PD  Y12, Y15, Y6
 	VFMADD231PD  Y13, Y15, Y7
 	ADDQ         $32, SI
-	ADDQ         $256, DX
+	ADDQ         $128, DX
 	DECQ         CX
 	JNZ          loop4x8
 
@@ -160,20 +160,20 @@ TEXT ·tile2x16AVX2(SB), NOSPLIT, $0-32
 loop2x16:
 	VBROADCASTSD 0(SI), Y14
 	VBROADCASTSD 8(SI), Y15
-	VMOVUPD      0(DX), Y12
-	VMOVUPD      32(DX), Y13
+	VCVTPS2PD    0(DX), Y12
+	VCVTPS2PD    16(DX), Y13
 	VFMADD231PD  Y12, Y14, Y0
 	VFMADD231PD  Y12, Y15, Y4
 	VFMADD231PD  Y13, Y14, Y1
 	VFMADD231PD  Y13, Y15, Y5
-	VMOVUPD      64(DX), Y12
-	VMOVUPD      96(DX), Y13
+	VCVTPS2PD    32(DX), Y12
+	VCVTPS2PD    48(DX), Y13
 	VFMADD231PD  Y12, Y14, Y2
 	VFMADD231PD  Y12, Y15, Y6
 	VFMADD231PD  Y13, Y14, Y3
 	VFMADD231PD  Y13, Y15, Y7
 	ADDQ         $16, SI
-	ADDQ         $256, DX
+	ADDQ         $128, DX
 	DECQ         CX
 	JNZ          loop2x16
 
@@ -205,16 +205,24 @@ TEXT ·tile1x32AVX2(SB), NOSPLIT, $0-32
 
 loop1x32:
 	VBROADCASTSD 0(SI), Y15
-	VFMADD231PD  0(DX), Y15, Y0
-	VFMADD231PD  32(DX), Y15, Y1
-	VFMADD231PD  64(DX), Y15, Y2
-	VFMADD231PD  96(DX), Y15, Y3
-	VFMADD231PD  128(DX), Y15, Y4
-	VFMADD231PD  160(DX), Y15, Y5
-	VFMADD231PD  192(DX), Y15, Y6
-	VFMADD231PD  224(DX), Y15, Y7
+	VCVTPS2PD    0(DX), Y8
+	VCVTPS2PD    16(DX), Y9
+	VCVTPS2PD    32(DX), Y10
+	VCVTPS2PD    48(DX), Y11
+	VFMADD231PD  Y8, Y15, Y0
+	VFMADD231PD  Y9, Y15, Y1
+	VFMADD231PD  Y10, Y15, Y2
+	VFMADD231PD  Y11, Y15, Y3
+	VCVTPS2PD    64(DX), Y8
+	VCVTPS2PD    80(DX), Y9
+	VCVTPS2PD    96(DX), Y10
+	VCVTPS2PD    112(DX), Y11
+	VFMADD231PD  Y8, Y15, Y4
+	VFMADD231PD  Y9, Y15, Y5
+	VFMADD231PD  Y10, Y15, Y6
+	VFMADD231PD  Y11, Y15, Y7
 	ADDQ         $8, SI
-	ADDQ         $256, DX
+	ADDQ         $128, DX
 	DECQ         CX
 	JNZ          loop1x32
 
@@ -229,42 +237,45 @@ loop1x32:
 	VZEROUPPER
 	RET
 
-// TRANSPOSE4 turns four fp32 rows of eight k values (Y0..Y3) into, per k,
-// the four rows' values widened to fp64, stored at off + k*256 (DI): an
-// in-lane 4x4 transpose (k and k+4 share a register), then one
-// VCVTPS2PD per half.
-#define TRANSPOSE4(off) \
-	VUNPCKLPS    Y1, Y0, Y4             \
-	VUNPCKHPS    Y1, Y0, Y5             \
-	VUNPCKLPS    Y3, Y2, Y6             \
-	VUNPCKHPS    Y3, Y2, Y7             \
-	VSHUFPS      $0x44, Y6, Y4, Y0      \
-	VSHUFPS      $0xEE, Y6, Y4, Y1      \
-	VSHUFPS      $0x44, Y7, Y5, Y2      \
-	VSHUFPS      $0xEE, Y7, Y5, Y3      \
-	VCVTPS2PD    X0, Y8                 \
-	VCVTPS2PD    X1, Y9                 \
-	VCVTPS2PD    X2, Y10                \
-	VCVTPS2PD    X3, Y11                \
-	VMOVUPD      Y8, (off+0*256)(DI)    \
-	VMOVUPD      Y9, (off+1*256)(DI)    \
-	VMOVUPD      Y10, (off+2*256)(DI)   \
-	VMOVUPD      Y11, (off+3*256)(DI)   \
-	VEXTRACTF128 $1, Y0, X0             \
-	VEXTRACTF128 $1, Y1, X1             \
-	VEXTRACTF128 $1, Y2, X2             \
-	VEXTRACTF128 $1, Y3, X3             \
-	VCVTPS2PD    X0, Y8                 \
-	VCVTPS2PD    X1, Y9                 \
-	VCVTPS2PD    X2, Y10                \
-	VCVTPS2PD    X3, Y11                \
-	VMOVUPD      Y8, (off+4*256)(DI)    \
-	VMOVUPD      Y9, (off+5*256)(DI)    \
-	VMOVUPD      Y10, (off+6*256)(DI)   \
-	VMOVUPD      Y11, (off+7*256)(DI)
+// TRANSPOSE8 stores the 8x8 transpose of fp32 rows Y0..Y7 (row r, eight
+// k values) as eight panel rows (k, rows 0..7) at k*128 (DI): in-lane 4x4
+// transposes of rows 0-3 and 4-7, then VPERM2F128 joins the halves.
+#define TRANSPOSE8 \
+	VUNPCKLPS  Y1, Y0, Y8          \
+	VUNPCKHPS  Y1, Y0, Y9          \
+	VUNPCKLPS  Y3, Y2, Y10         \
+	VUNPCKHPS  Y3, Y2, Y11         \
+	VSHUFPS    $0x44, Y10, Y8, Y0  \
+	VSHUFPS    $0xEE, Y10, Y8, Y1  \
+	VSHUFPS    $0x44, Y11, Y9, Y2  \
+	VSHUFPS    $0xEE, Y11, Y9, Y3  \
+	VUNPCKLPS  Y5, Y4, Y8          \
+	VUNPCKHPS  Y5, Y4, Y9          \
+	VUNPCKLPS  Y7, Y6, Y10         \
+	VUNPCKHPS  Y7, Y6, Y11         \
+	VSHUFPS    $0x44, Y10, Y8, Y4  \
+	VSHUFPS    $0xEE, Y10, Y8, Y5  \
+	VSHUFPS    $0x44, Y11, Y9, Y6  \
+	VSHUFPS    $0xEE, Y11, Y9, Y7  \
+	VPERM2F128 $0x20, Y4, Y0, Y8   \
+	VPERM2F128 $0x20, Y5, Y1, Y9   \
+	VPERM2F128 $0x20, Y6, Y2, Y10  \
+	VPERM2F128 $0x20, Y7, Y3, Y11  \
+	VMOVUPS    Y8, 0(DI)           \
+	VMOVUPS    Y9, 128(DI)         \
+	VMOVUPS    Y10, 256(DI)        \
+	VMOVUPS    Y11, 384(DI)        \
+	VPERM2F128 $0x31, Y4, Y0, Y8   \
+	VPERM2F128 $0x31, Y5, Y1, Y9   \
+	VPERM2F128 $0x31, Y6, Y2, Y10  \
+	VPERM2F128 $0x31, Y7, Y3, Y11  \
+	VMOVUPS    Y8, 512(DI)         \
+	VMOVUPS    Y9, 640(DI)         \
+	VMOVUPS    Y10, 768(DI)        \
+	VMOVUPS    Y11, 896(DI)
 
-// func packF32AVX2(dst *float64, src *float32, lds, k int)
-// dst[kk*32+j] = float64(src[j*lds+kk]) for j < 8, kk < k; k%8 == 0, k > 0.
+// func packF32AVX2(dst *float32, src *float32, lds, k int)
+// dst[kk*32+j] = src[j*lds+kk] for j < 8, kk < k; k%8 == 0, k > 0.
 TEXT ·packF32AVX2(SB), NOSPLIT, $0-32
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -280,21 +291,20 @@ loopPackF32:
 	VMOVUPS (SI)(BX*1), Y1
 	VMOVUPS (SI)(BX*2), Y2
 	VMOVUPS (SI)(R8*1), Y3
-	TRANSPOSE4(0)
-	VMOVUPS (R9), Y0
-	VMOVUPS (R9)(BX*1), Y1
-	VMOVUPS (R9)(BX*2), Y2
-	VMOVUPS (R9)(R8*1), Y3
-	TRANSPOSE4(32)
+	VMOVUPS (R9), Y4
+	VMOVUPS (R9)(BX*1), Y5
+	VMOVUPS (R9)(BX*2), Y6
+	VMOVUPS (R9)(R8*1), Y7
+	TRANSPOSE8
 	ADDQ $32, SI
 	ADDQ $32, R9
-	ADDQ $2048, DI
+	ADDQ $1024, DI
 	DECQ CX
 	JNZ  loopPackF32
 	VZEROUPPER
 	RET
 
-// func packBF16AVX2(dst *float64, src *uint16, lds, k int)
+// func packBF16AVX2(dst *float32, src *uint16, lds, k int)
 // As packF32AVX2 for bfloat16 rows: a bfloat16 is the top half of its fp32.
 TEXT ·packBF16AVX2(SB), NOSPLIT, $0-32
 	MOVQ dst+0(FP), DI
@@ -311,23 +321,22 @@ loopPackBF16:
 	VPMOVZXWD (SI)(BX*1), Y1
 	VPMOVZXWD (SI)(BX*2), Y2
 	VPMOVZXWD (SI)(R8*1), Y3
+	VPMOVZXWD (R9), Y4
+	VPMOVZXWD (R9)(BX*1), Y5
+	VPMOVZXWD (R9)(BX*2), Y6
+	VPMOVZXWD (R9)(R8*1), Y7
 	VPSLLD    $16, Y0, Y0
 	VPSLLD    $16, Y1, Y1
 	VPSLLD    $16, Y2, Y2
 	VPSLLD    $16, Y3, Y3
-	TRANSPOSE4(0)
-	VPMOVZXWD (R9), Y0
-	VPMOVZXWD (R9)(BX*1), Y1
-	VPMOVZXWD (R9)(BX*2), Y2
-	VPMOVZXWD (R9)(R8*1), Y3
-	VPSLLD    $16, Y0, Y0
-	VPSLLD    $16, Y1, Y1
-	VPSLLD    $16, Y2, Y2
-	VPSLLD    $16, Y3, Y3
-	TRANSPOSE4(32)
+	VPSLLD    $16, Y4, Y4
+	VPSLLD    $16, Y5, Y5
+	VPSLLD    $16, Y6, Y6
+	VPSLLD    $16, Y7, Y7
+	TRANSPOSE8
 	ADDQ $16, SI
 	ADDQ $16, R9
-	ADDQ $2048, DI
+	ADDQ $1024, DI
 	DECQ CX
 	JNZ  loopPackBF16
 	VZEROUPPER
@@ -601,10 +610,10 @@ loopGemvBF16:
 	RET
 
 // MXFP4_K decodes nibble m of the eight rows' dwords in G (bits 4m..4m+3,
-// column 8g+m) and stores the eight fp64 weights at off(DI): magnitude by
+// column 8g+m) and stores the eight weights at off(DI): magnitude by
 // VPERMPS from the 8-entry table (it reads the low three bits), sign from
 // bit 3, one fp32 VMULPS by the rows' block multipliers (Y14), as
-// mxfp.DequantMXFP4 forms each weight, then widened.
+// mxfp.DequantMXFP4 forms each weight.
 #define MXFP4_K(G, m, off) \
 	VPSRLD       $(4*m), G, Y8      \
 	VPERMPS      1056(R10), Y8, Y9  \
@@ -612,26 +621,22 @@ loopGemvBF16:
 	VPAND        Y15, Y10, Y10      \
 	VORPS        Y10, Y9, Y9        \
 	VMULPS       Y14, Y9, Y9        \
-	VCVTPS2PD    X9, Y11            \
-	VMOVUPD      Y11, (off)(DI)     \
-	VEXTRACTF128 $1, Y9, X9         \
-	VCVTPS2PD    X9, Y12            \
-	VMOVUPD      Y12, (off+32)(DI)
+	VMOVUPS      Y9, (off)(DI)
 
 #define MXFP4_GROUP(G, off) \
-	MXFP4_K(G, 0, off+0*256) \
-	MXFP4_K(G, 1, off+1*256) \
-	MXFP4_K(G, 2, off+2*256) \
-	MXFP4_K(G, 3, off+3*256) \
-	MXFP4_K(G, 4, off+4*256) \
-	MXFP4_K(G, 5, off+5*256) \
-	MXFP4_K(G, 6, off+6*256) \
-	MXFP4_K(G, 7, off+7*256)
+	MXFP4_K(G, 0, off+0*128) \
+	MXFP4_K(G, 1, off+1*128) \
+	MXFP4_K(G, 2, off+2*128) \
+	MXFP4_K(G, 3, off+3*128) \
+	MXFP4_K(G, 4, off+4*128) \
+	MXFP4_K(G, 5, off+5*128) \
+	MXFP4_K(G, 6, off+6*128) \
+	MXFP4_K(G, 7, off+7*128)
 
-// func mxfp4PanelAVX2(dst *float64, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
+// func mxfp4PanelAVX2(dst *float32, packed *byte, lds int, scales *byte, sb, nblk int, tab *mxfp4Table)
 // Packs eight MXFP4 rows (lds bytes apart, their E8M0 scales sb bytes
-// apart) of nblk blocks into a panel: dst[k*32+j] = float64(E2M1(row j, k)
-// * tab.scale[scale of row j, block k/32]). Per block the rows' 16 bytes
+// apart) of nblk blocks into a panel: dst[k*32+j] = E2M1(row j, k) *
+// tab.scale[scale of row j, block k/32] in fp32. Per block the rows' 16 bytes
 // are transposed as dwords (eight columns each), so that one shift selects
 // a column of all eight rows.
 TEXT ·mxfp4PanelAVX2(SB), NOSPLIT, $32-56
@@ -668,13 +673,13 @@ loopMXFP4Panel:
 	MXFP4_SCALES(DX, 4)
 	VMOVUPS     0(SP), Y14
 	MXFP4_GROUP(Y0, 0)
-	MXFP4_GROUP(Y1, 2048)
-	MXFP4_GROUP(Y2, 4096)
-	MXFP4_GROUP(Y3, 6144)
+	MXFP4_GROUP(Y1, 1024)
+	MXFP4_GROUP(Y2, 2048)
+	MXFP4_GROUP(Y3, 3072)
 	ADDQ $16, SI
 	ADDQ $16, R9
 	ADDQ $1, DX
-	ADDQ $8192, DI
+	ADDQ $4096, DI
 	DECQ CX
 	JNZ  loopMXFP4Panel
 	VZEROUPPER

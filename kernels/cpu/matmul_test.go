@@ -279,8 +279,8 @@ func TestPackMatchesGo(t *testing.T) {
 		src16[i] = uint16(rng.Uint32())
 	}
 	for _, name := range []string{"f32", "bf16"} {
-		want := make([]float64, k*groupW)
-		got := make([]float64, k*groupW)
+		want := make([]float32, k*groupW)
+		got := make([]float32, k*groupW)
 		if name == "f32" {
 			goKernels.packF32(&want[0], &src32[0], lds, k)
 			asm.packF32(&got[0], &src32[0], lds, k)
@@ -289,8 +289,8 @@ func TestPackMatchesGo(t *testing.T) {
 			asm.packBF16(&got[0], &src16[0], lds, k)
 		}
 		for i := range want {
-			if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
-				t.Fatalf("pack %s: element %d = %#x, want %#x", name, i, math.Float64bits(got[i]), math.Float64bits(want[i]))
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("pack %s: element %d = %#x, want %#x", name, i, math.Float32bits(got[i]), math.Float32bits(want[i]))
 			}
 		}
 	}

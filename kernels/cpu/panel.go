@@ -12,7 +12,7 @@ import (
 // gemmScratch is one worker's packing buffers, reused across calls through
 // scratchPool so that a decode step allocates nothing per matrix.
 type gemmScratch struct {
-	wp   []float64 // [panelK][groupW] packed weight panel
+	wp   []float32 // [panelK][groupW] packed weight panel
 	rows []float32 // [packW][panelK] weight rows decoded to fp32
 	c    []float64 // [rows][groupW] accumulators
 	xp   []float64 // packed activations (serial callers)
@@ -27,7 +27,7 @@ type gemmScratch struct {
 
 var scratchPool = sync.Pool{New: func() any {
 	return &gemmScratch{
-		wp:   make([]float64, panelK*groupW),
+		wp:   make([]float32, panelK*groupW),
 		rows: make([]float32, packW*panelK),
 	}
 }}
@@ -119,7 +119,7 @@ func packWeights(kn *kernelSet, s *gemmScratch, w *kernels.Matrix, o0, k0, kc in
 			}
 			for kk := k8; kk < kc; kk++ {
 				for j := 0; j < packW; j++ {
-					dst[kk*groupW+j] = float64(bf16(rows[j*I+kk]))
+					dst[kk*groupW+j] = bf16(rows[j*I+kk])
 				}
 			}
 			continue
@@ -145,7 +145,7 @@ func packWeights(kn *kernelSet, s *gemmScratch, w *kernels.Matrix, o0, k0, kc in
 		}
 		for kk := k8; kk < kc; kk++ {
 			for j := 0; j < packW; j++ {
-				dst[kk*groupW+j] = float64(src[j*lds+kk])
+				dst[kk*groupW+j] = src[j*lds+kk]
 			}
 		}
 	}

@@ -7,7 +7,8 @@ import "math"
 // over k (see MatMul):
 //
 //   - a weight panel holds groupW consecutive output columns (weight rows)
-//     for a chunk of at most panelK values of k, k-major and in fp64:
+//     for a chunk of at most panelK values of k, k-major, in fp32 (which
+//     holds every storage format's values exactly; kernels widen to fp64):
 //     wp[kk*groupW+j] = W[o0+j][k0+kk];
 //   - an activation tile holds mr rows of x for every k, k-major and in fp64:
 //     xp[k*mr+i] = x[t0+i][k];
@@ -41,7 +42,7 @@ func tileRows(r int) int {
 // runTile accumulates one k chunk of a tile of mr rows into its 32
 // accumulator columns; cols is how many of them are real (wider panels of
 // a partial group are skipped).
-func (kn *kernelSet) runTile(mr, cols int, c, x, w []float64, k int) {
+func (kn *kernelSet) runTile(mr, cols int, c, x []float64, w []float32, k int) {
 	switch mr {
 	case 6, 4:
 		f := kn.tile6x8
@@ -64,7 +65,7 @@ func (kn *kernelSet) runTile(mr, cols int, c, x, w []float64, k int) {
 
 // tileGo is the portable micro-kernel: mr rows by nc columns, four
 // columns of two rows at a time in registers.
-func tileGo(mr, nc int, cp, xp, wp *float64, k int) {
+func tileGo(mr, nc int, cp, xp *float64, wp *float32, k int) {
 	c := unsafeSlice(cp, (mr-1)*groupW+nc)
 	x := unsafeSlice(xp, k*mr)
 	w := unsafeSlice(wp, (k-1)*groupW+nc)
@@ -75,15 +76,16 @@ func tileGo(mr, nc int, cp, xp, wp *float64, k int) {
 			b0, b1, b2, b3 := r1[0], r1[1], r1[2], r1[3]
 			for kk := 0; kk < k; kk++ {
 				wv := w[kk*groupW+j:][:4]
+				w0, w1, w2, w3 := float64(wv[0]), float64(wv[1]), float64(wv[2]), float64(wv[3])
 				u, v := x[kk*mr+i], x[kk*mr+i+1]
-				a0 = math.FMA(u, wv[0], a0)
-				a1 = math.FMA(u, wv[1], a1)
-				a2 = math.FMA(u, wv[2], a2)
-				a3 = math.FMA(u, wv[3], a3)
-				b0 = math.FMA(v, wv[0], b0)
-				b1 = math.FMA(v, wv[1], b1)
-				b2 = math.FMA(v, wv[2], b2)
-				b3 = math.FMA(v, wv[3], b3)
+				a0 = math.FMA(u, w0, a0)
+				a1 = math.FMA(u, w1, a1)
+				a2 = math.FMA(u, w2, a2)
+				a3 = math.FMA(u, w3, a3)
+				b0 = math.FMA(v, w0, b0)
+				b1 = math.FMA(v, w1, b1)
+				b2 = math.FMA(v, w2, b2)
+				b3 = math.FMA(v, w3, b3)
 			}
 			r0[0], r0[1], r0[2], r0[3] = a0, a1, a2, a3
 			r1[0], r1[1], r1[2], r1[3] = b0, b1, b2, b3
@@ -99,37 +101,37 @@ func tileGo(mr, nc int, cp, xp, wp *float64, k int) {
 		for kk := 0; kk < k; kk++ {
 			wv := w[kk*groupW+j:][:8]
 			u := x[kk*mr+i]
-			a0 = math.FMA(u, wv[0], a0)
-			a1 = math.FMA(u, wv[1], a1)
-			a2 = math.FMA(u, wv[2], a2)
-			a3 = math.FMA(u, wv[3], a3)
-			a4 = math.FMA(u, wv[4], a4)
-			a5 = math.FMA(u, wv[5], a5)
-			a6 = math.FMA(u, wv[6], a6)
-			a7 = math.FMA(u, wv[7], a7)
+			a0 = math.FMA(u, float64(wv[0]), a0)
+			a1 = math.FMA(u, float64(wv[1]), a1)
+			a2 = math.FMA(u, float64(wv[2]), a2)
+			a3 = math.FMA(u, float64(wv[3]), a3)
+			a4 = math.FMA(u, float64(wv[4]), a4)
+			a5 = math.FMA(u, float64(wv[5]), a5)
+			a6 = math.FMA(u, float64(wv[6]), a6)
+			a7 = math.FMA(u, float64(wv[7]), a7)
 		}
 		r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7] = a0, a1, a2, a3, a4, a5, a6, a7
 	}
 }
 
-func packF32Go(dstp *float64, srcp *float32, lds, k int) {
+func packF32Go(dstp *float32, srcp *float32, lds, k int) {
 	dst := unsafeSlice(dstp, (k-1)*groupW+packW)
 	src := unsafeSlice(srcp, (packW-1)*lds+k)
 	for j := 0; j < packW; j++ {
 		row := src[j*lds:][:k]
 		for kk, v := range row {
-			dst[kk*groupW+j] = float64(v)
+			dst[kk*groupW+j] = v
 		}
 	}
 }
 
-func packBF16Go(dstp *float64, srcp *uint16, lds, k int) {
+func packBF16Go(dstp *float32, srcp *uint16, lds, k int) {
 	dst := unsafeSlice(dstp, (k-1)*groupW+packW)
 	src := unsafeSlice(srcp, (packW-1)*lds+k)
 	for j := 0; j < packW; j++ {
 		row := src[j*lds:][:k]
 		for kk, v := range row {
-			dst[kk*groupW+j] = float64(math.Float32frombits(uint32(v) << 16))
+			dst[kk*groupW+j] = bf16(v)
 		}
 	}
 }
