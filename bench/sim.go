@@ -409,9 +409,17 @@ func simReport(f simFlags, out *simOutput, tables []*report.Table, order []strin
 			return err
 		}
 	}
-	var charts []string
+	charts := make([]string, len(setups))
 	for i, s := range setups {
 		sc := report.LineChart{Title: fmt.Sprintf("TTFT by policy: %s on %s", out.Workload.Name, s.Name), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true, Scatter: true}
+		completed := 0
+		for _, p := range policies {
+			completed += out.PoliciesBySetup[s.Name][string(p)].Completed
+		}
+		if completed == 0 {
+			say("sim: %s: no job completed under any policy, no TTFT chart", s.Name)
+			continue
+		}
 		for _, p := range policies {
 			var x, y []float64
 			for _, j := range results[s.Name][p].Jobs {
@@ -425,7 +433,7 @@ func simReport(f simFlags, out *simOutput, tables []*report.Table, order []strin
 		if err := sc.SavePNG(filepath.Join(f.out, name)); err != nil {
 			return err
 		}
-		charts = append(charts, name)
+		charts[i] = name
 	}
 
 	var d report.Doc
@@ -444,7 +452,7 @@ func simReport(f simFlags, out *simOutput, tables []*report.Table, order []strin
 	d.Heading(2, "Policies on the workload")
 	for i := 3; i < len(tables); i++ {
 		d.Table(tables[i])
-		if k := i - 3; k < len(charts) {
+		if k := i - 3; k < len(charts) && charts[k] != "" {
 			d.Image("TTFT by policy", charts[k])
 		}
 	}

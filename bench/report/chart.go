@@ -84,8 +84,24 @@ func (c LineChart) SavePNG(path string) error {
 	if points == 0 {
 		return fmt.Errorf("report: chart %q has no point to draw", c.Title)
 	}
+	widen(&p.X, c.LogX)
+	widen(&p.Y, c.LogY)
 	p.Add(plotter.NewGrid())
 	return save(p, path)
+}
+
+// widen gives an axis whose data is one value a range around it: the plot
+// package would widen it by ±1, which on a log axis can reach zero (and its
+// log ticks panic on that).
+func widen(a *plot.Axis, log bool) {
+	if a.Min != a.Max {
+		return
+	}
+	if log {
+		a.Min, a.Max = a.Min/2, a.Max*2
+	} else {
+		a.Min, a.Max = a.Min-1, a.Max+1
+	}
 }
 
 // Part is one layer of a stacked bar chart: a value per category.

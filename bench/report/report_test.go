@@ -107,6 +107,13 @@ func TestChartsRenderPNGs(t *testing.T) {
 	}
 	checkPNG(t, p)
 	lc.Scatter, lc.LogY = false, true
+	// One point on log axes: a range around it, not one reaching zero.
+	one := LineChart{Title: "one", LogX: true, LogY: true, Series: []Series{{Name: "a", X: []float64{0.5}, Y: []float64{0.25}}}}
+	p = filepath.Join(dir, "one.png")
+	if err := one.SavePNG(p); err != nil {
+		t.Fatal(err)
+	}
+	checkPNG(t, p)
 	sb := StackedBars{Title: "breakdown", YLabel: "s", Categories: []string{"1k", "300k"}, Parts: []Part{
 		{Name: "queue", Values: []float64{0, 1}}, {Name: "prefill", Values: []float64{29, 500}}}}
 	p = filepath.Join(dir, "bars.png")
