@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tandem-inference/tandem/internal/msgpackscan"
 	"io"
 	"mime"
 	"reflect"
@@ -182,7 +183,7 @@ func decodeMsgpack(data []byte, m Message, name string) error {
 	if c := data[0]; !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
 		return fmt.Errorf("%w: %s (msgpack): got a %s, want a map (is the request JSON without Content-Type: application/json?)", ErrInvalid, name, msgpackKind(c))
 	}
-	if err := scanMsgpack(data); err != nil {
+	if err := msgpackscan.Check(data); err != nil {
 		return fmt.Errorf("%w: %s (msgpack): %v", ErrInvalid, name, err)
 	}
 	r := bytes.NewReader(data)

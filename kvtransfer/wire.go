@@ -2,6 +2,7 @@ package kvtransfer
 
 import (
 	"fmt"
+	"github.com/tandem-inference/tandem/internal/msgpackscan"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -113,7 +114,7 @@ func encodeHeader(h *header) ([]byte, error) {
 
 func decodeHeader(b []byte, h *header) error {
 	*h = header{}
-	if err := scanMsgpack(b); err != nil {
+	if err := msgpackscan.Check(b); err != nil {
 		return fmt.Errorf("%w: frame header: %v", ErrProtocol, err)
 	}
 	if err := msgpack.Unmarshal(b, h); err != nil {

@@ -2,6 +2,7 @@ package kvtransfer
 
 import (
 	"encoding/binary"
+	"github.com/tandem-inference/tandem/internal/msgpackscan"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -18,7 +19,7 @@ func TestScanMsgpackAcceptsValid(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := scanMsgpack(b); err != nil {
+		if err := msgpackscan.Check(b); err != nil {
 			t.Errorf("%T: %v", v, err)
 		}
 	}
@@ -33,7 +34,7 @@ func TestScanMsgpackRefusesHugeDeclarations(t *testing.T) {
 	str = binary.BigEndian.AppendUint32(str, 0xffffffff)
 	deep := []byte{0x81, 0xa1, 't', 0x91, 0x91, 0x91, 0xdf, 0xff, 0xff, 0xff, 0xff}
 	for name, b := range map[string][]byte{"array": arr, "bin": str, "nested map": deep, "bad type": {0xc1}, "truncated": {0xcd, 1}} {
-		if err := scanMsgpack(b); err == nil {
+		if err := msgpackscan.Check(b); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 		var h header
@@ -47,7 +48,7 @@ func FuzzScanMsgpack(f *testing.F) {
 	b, _ := msgpack.Marshal(&header{Type: frameData, Shape: []int{1, 2}, Done: []partBits{{Bits: []byte{1}}}})
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if len(b) > 1<<12 || scanMsgpack(b) != nil {
+		if len(b) > 1<<12 || msgpackscan.Check(b) != nil {
 			return
 		}
 		// Whatever passes decodes without allocating more than its size
