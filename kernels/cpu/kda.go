@@ -125,7 +125,7 @@ type kdaWork struct {
 	knT             []float64 // kn transposed, [dk, cp] (vector kernels)
 	vv, wm, u       []float64 // [C, dv], [C, dk], [C, dv]
 	lmat, aqk       []float64 // [C, cp]
-	decayC          []float64 // [dk]
+	decayC, f       []float64 // [dk], [C]
 	cp              int       // row stride of lmat, aqk and knT: C rounded up to 8
 	dk, dv, chunk   int       // the shape it was made for
 }
@@ -149,7 +149,7 @@ func newKDAWork(dk, dv, chunk int) *kdaWork {
 		gam: make([]float64, C*dk), kp: make([]float64, C*dk), kn: make([]float64, C*dk), qp: make([]float64, C*dk),
 		knT: make([]float64, dk*cp),
 		vv:  make([]float64, C*dv), wm: make([]float64, C*dk), u: make([]float64, C*dv),
-		lmat: make([]float64, C*cp), aqk: make([]float64, C*cp), decayC: make([]float64, dk), cp: cp,
+		lmat: make([]float64, C*cp), aqk: make([]float64, C*cp), decayC: make([]float64, dk), f: make([]float64, C), cp: cp,
 		dk: dk, dv: dv, chunk: C,
 	}
 }
@@ -264,38 +264,18 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 			for j := range ui {
 				ui[j] = bi * vv[i*dv+j]
 			}
-			for j := 0; j < i; j++ {
-				l := L[i*cp+j]
-				if l == 0 {
-					continue
-				}
-				w.ks.axmy(wi, wm[j*dk:(j+1)*dk], l)
-				w.ks.axmy(ui, u[j*dv:(j+1)*dv], l)
-			}
+			w.ks.matAcc(wi, L[i*cp:i*cp+i], wm, dk, true, true)
+			w.ks.matAcc(ui, L[i*cp:i*cp+i], u, dv, true, true)
 		}
 		// Ṽ = U − W S (in place in u); O = (Q⊙e^Γ) S + A_qk Ṽ.
 		for i := 0; i < n; i++ {
-			wi, ui := wm[i*dk:(i+1)*dk], u[i*dv:(i+1)*dv]
-			for c, x := range wi {
-				if x == 0 {
-					continue
-				}
-				w.ks.axmy(ui, S[c*dv:(c+1)*dv], x)
-			}
+			w.ks.matAcc(u[i*dv:(i+1)*dv], wm[i*dk:(i+1)*dk], S, dv, true, true)
 		}
 		for i := 0; i < n; i++ {
 			acc := vv[i*dv : (i+1)*dv] // V no longer needed: reuse as the output accumulator
 			clear(acc)
-			qpi := qp[i*dk : (i+1)*dk]
-			for c, x := range qpi {
-				if x == 0 {
-					continue
-				}
-				w.ks.axpy(acc, S[c*dv:(c+1)*dv], x)
-			}
-			for j := 0; j <= i; j++ {
-				w.ks.axpy(acc, u[j*dv:(j+1)*dv], A[i*cp+j])
-			}
+			w.ks.matAcc(acc, qp[i*dk:(i+1)*dk], S, dv, false, true)
+			w.ks.matAcc(acc, A[i*cp:i*cp+i+1], u, dv, false, false)
 			out := hv.oRow(c0 + i)
 			for j := range out {
 				out[j] = float32(acc[j])
@@ -308,15 +288,14 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 			w.decayC[c] = eC
 			w.ks.scal(S[c*dv:(c+1)*dv], eC)
 		}
-		for i := 0; i < n; i++ {
-			ui := u[i*dv : (i+1)*dv]
-			for c := 0; c < dk; c++ {
-				f := kn[i*dk+c] * w.decayC[c]
-				if f == 0 {
-					continue
-				}
-				w.ks.axpy(S[c*dv:(c+1)*dv], ui, f)
+		// Row c of S takes the chunk's rows i in order (as a loop over i
+		// then c would), with coefficients k_i[c]·e^{Γ_C−Γ_i}[c].
+		f := w.f[:n]
+		for c := 0; c < dk; c++ {
+			for i := range f {
+				f[i] = kn[i*dk+c] * w.decayC[c]
 			}
+			w.ks.matAcc(S[c*dv:(c+1)*dv], f, u, dv, false, true)
 		}
 		hv.storeS(w)
 	}

@@ -153,6 +153,28 @@ func TestVecMatchesGo(t *testing.T) {
 		goKernels.widen(w2, f1)
 		same(fmt.Sprintf("widen n=%d", n), w1, w2)
 	}
+	// matAcc: lengths on and off the 32-element slices, zero coefficients
+	// (skipped or not), both signs.
+	for _, n := range []int{5, 32, 64, 100, 128} {
+		const m, ld = 9, 131
+		mat := vec(m * ld)
+		a := vec(m)
+		a[2], a[5], a[7] = 0, math.Copysign(0, -1), math.NaN()
+		mat[5*ld] = math.Inf(1) // 0·inf is NaN unless the row is skipped
+		for _, sub := range []bool{false, true} {
+			for _, skip := range []bool{false, true} {
+				y1, y2 := vec(n), []float64(nil)
+				y2 = append(y2, y1...)
+				asm.matAcc(y1, a, mat, ld, sub, skip)
+				goKernels.matAcc(y2, a, mat, ld, sub, skip)
+				for i := range y2 {
+					if !sameFloat(y1[i], y2[i]) {
+						t.Fatalf("matAcc n=%d sub=%v skip=%v: element %d = %v, want %v", n, sub, skip, i, y1[i], y2[i])
+					}
+				}
+			}
+		}
+	}
 	// kdaDots against the scalar sums of kda.go, for nj off the 8-lane block.
 	const dk, ld = 37, 24
 	kp, qp, knT := vec(dk), vec(dk), vec(dk*ld)

@@ -1,5 +1,7 @@
 package cpu
 
+import "math"
+
 // kernelSet is the inner loops of one instruction set. Every set computes
 // the same bits as goKernels, the portable definition (tests compare them).
 //
@@ -35,13 +37,14 @@ type kernelSet struct {
 
 	// Vector steps of the KDA recurrences (vec.go): each element is one
 	// multiply then one add, as the scalar Go loops round them.
-	axpy      func(y, x []float64, a float64)             // y += a·x
-	axmy      func(y, x []float64, a float64)             // y -= a·x
-	scal      func(y []float64, a float64)                // y *= a
-	decayRead func(row, r []float64, a, kc float64)       // row *= a; r += kc·row
-	writeRead func(row, r, acc []float64, kc, qc float64) // row += kc·r; acc += qc·row
-	widen     func(dst []float64, src []float32)          // dst = float64(src)
-	narrow    func(dst []float32, s []float64)            // dst = float32(s); s = float64(dst)
+	axpy      func(y, x []float64, a float64)                   // y += a·x
+	axmy      func(y, x []float64, a float64)                   // y -= a·x
+	scal      func(y []float64, a float64)                      // y *= a
+	decayRead func(row, r []float64, a, kc float64)             // row *= a; r += kc·row
+	writeRead func(row, r, acc []float64, kc, qc float64)       // row += kc·r; acc += qc·row
+	matAcc    func(y, a, mat []float64, ld int, sub, skip bool) // y ±= Σ_r a[r]·mat row r (vec.go)
+	widen     func(dst []float64, src []float32)                // dst = float64(src)
+	narrow    func(dst []float32, s []float64)                  // dst = float32(s); s = float64(dst)
 	// kdaDots sets l[j] = Σ_c kp[c]·knT[c*ld+j] and a[j] likewise with qp,
 	// each sum in c order from 0, for j < nj (and up to nj rounded to 8,
 	// which l, a and knT rows must hold); nil: the scalar loop in kda.go.
@@ -75,6 +78,7 @@ var goKernels = kernelSet{
 	scal:      scalGo,
 	decayRead: decayReadGo,
 	writeRead: writeReadGo,
+	matAcc:    matAccGo,
 	widen:     widenGo,
 	narrow:    narrowGo,
 	situ:      situGo,
@@ -96,3 +100,8 @@ func selectKernels() *kernelSet {
 
 // KernelName names the GEMM kernels in use ("avx2" or "go"), for reports.
 func KernelName() string { return kernelsInUse.name }
+
+// sameFloat compares bits, any NaN matching any NaN.
+func sameFloat(a, b float64) bool {
+	return math.Float64bits(a) == math.Float64bits(b) || a != a && b != b
+}

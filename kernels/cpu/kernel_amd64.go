@@ -117,6 +117,7 @@ var avx2Kernels = func() kernelSet {
 		decayRead: decayReadVec,
 		writeRead: writeReadVec,
 		kdaDots:   kdaDotsVec,
+		matAcc:    matAccVec,
 		widen:     widenVec,
 		narrow:    narrowVec,
 		situ:      situGo,

@@ -56,11 +56,6 @@ func vecMathAgrees() bool {
 	return true
 }
 
-// sameFloat compares bits, any NaN matching any NaN.
-func sameFloat(a, b float64) bool {
-	return math.Float64bits(a) == math.Float64bits(b) || a != a && b != b
-}
-
 // situVec is situInPlace on the vector path, the scalar situ for the tail.
 func situVec(g, u []float64, beta1, beta2 float64) {
 	u = u[:len(g)]

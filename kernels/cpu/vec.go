@@ -61,3 +61,19 @@ func narrowGo(dst []float32, s []float64) {
 		s[i] = float64(f)
 	}
 }
+
+// matAccGo adds (or, with sub, subtracts) a[r]·mat[r*ld:][:len(y)] to y
+// for r in order, skipping rows whose a[r] == 0 when skip is set: the
+// row-by-row loops of the KDA chunk form.
+func matAccGo(y, a, mat []float64, ld int, sub, skip bool) {
+	for r, x := range a {
+		if skip && x == 0 {
+			continue
+		}
+		if sub {
+			axmyGo(y, mat[r*ld:], x)
+		} else {
+			axpyGo(y, mat[r*ld:], x)
+		}
+	}
+}

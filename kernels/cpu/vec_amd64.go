@@ -19,6 +19,12 @@ func decayReadAVX2(row, r *float64, n int, a, kc float64)
 func writeReadAVX2(row, r, acc *float64, n int, kc, qc float64)
 
 //go:noescape
+func matAddAVX2(y *float64, n int, a *float64, m int, mat *float64, ld int, skip bool)
+
+//go:noescape
+func matSubAVX2(y *float64, n int, a *float64, m int, mat *float64, ld int, skip bool)
+
+//go:noescape
 func widenAVX2(dst *float64, src *float32, n int)
 
 //go:noescape
@@ -82,4 +88,24 @@ func narrowVec(dst []float32, s []float64) {
 		narrowAVX2(&dst[:len(s)][0], &s[0], n)
 	}
 	narrowGo(dst[n:], s[n:])
+}
+
+// matAccVec is matAccGo with 32-element slices of y on the assembly and
+// the rest (the same per-element order) in Go.
+func matAccVec(y, a, mat []float64, ld int, sub, skip bool) {
+	m, n := len(a), len(y)&^31
+	if m == 0 {
+		return
+	}
+	_ = mat[(m-1)*ld+len(y)-1]
+	if n > 0 {
+		if sub {
+			matSubAVX2(&y[0], n, &a[0], m, &mat[0], ld, skip)
+		} else {
+			matAddAVX2(&y[0], n, &a[0], m, &mat[0], ld, skip)
+		}
+	}
+	if n < len(y) {
+		matAccGo(y[n:], a, mat[n:], ld, sub, skip)
+	}
 }

@@ -301,3 +301,157 @@ narrowLoop:
 	JNZ        narrowLoop
 	VZEROUPPER
 	RET
+
+// func matAddAVX2(y *float64, n int, a *float64, m int, mat *float64, ld int, skip bool)
+// For 32-element slices of y (n%32 == 0, n > 0), y[j] += a[r]*mat[r*ld+j]
+// for r < m in order (each a multiply, then the add), skipping rows
+// whose a[r] == 0 when skip is set: the loops of kda.go with the slice of y
+// held in registers across all r.
+TEXT ·matAddAVX2(SB), NOSPLIT, $0-49
+	MOVQ    y+0(FP), DI
+	MOVQ    n+8(FP), CX
+	SHRQ    $5, CX
+	MOVQ    mat+32(FP), R10
+	MOVQ    ld+40(FP), R11
+	SHLQ    $3, R11
+	MOVBLZX skip+48(FP), R12
+	VXORPD  X15, X15, X15
+
+matAddChunk:
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+	VMOVUPD 128(DI), Y4
+	VMOVUPD 160(DI), Y5
+	VMOVUPD 192(DI), Y6
+	VMOVUPD 224(DI), Y7
+	MOVQ    a+16(FP), SI
+	MOVQ    m+24(FP), BX
+	MOVQ    R10, DX
+
+matAddRow:
+	VMOVSD (SI), X8
+	TESTQ  R12, R12
+	JZ     matAddUse
+	VUCOMISD X15, X8
+	JNE    matAddUse
+	JP     matAddUse
+	JMP    matAddNext
+
+matAddUse:
+	VBROADCASTSD X8, Y8
+	VMULPD 0(DX), Y8, Y9
+	VADDPD Y9, Y0, Y0
+	VMULPD 32(DX), Y8, Y10
+	VADDPD Y10, Y1, Y1
+	VMULPD 64(DX), Y8, Y11
+	VADDPD Y11, Y2, Y2
+	VMULPD 96(DX), Y8, Y12
+	VADDPD Y12, Y3, Y3
+	VMULPD 128(DX), Y8, Y9
+	VADDPD Y9, Y4, Y4
+	VMULPD 160(DX), Y8, Y10
+	VADDPD Y10, Y5, Y5
+	VMULPD 192(DX), Y8, Y11
+	VADDPD Y11, Y6, Y6
+	VMULPD 224(DX), Y8, Y12
+	VADDPD Y12, Y7, Y7
+
+matAddNext:
+	ADDQ $8, SI
+	ADDQ R11, DX
+	DECQ BX
+	JNZ  matAddRow
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	VMOVUPD Y4, 128(DI)
+	VMOVUPD Y5, 160(DI)
+	VMOVUPD Y6, 192(DI)
+	VMOVUPD Y7, 224(DI)
+	ADDQ    $256, DI
+	ADDQ    $256, R10
+	DECQ    CX
+	JNZ     matAddChunk
+	VZEROUPPER
+	RET
+
+// func matSubAVX2(y *float64, n int, a *float64, m int, mat *float64, ld int, skip bool)
+// For 32-element slices of y (n%32 == 0, n > 0), y[j] -= a[r]*mat[r*ld+j]
+// for r < m in order (each a multiply, then the subtract), skipping rows
+// whose a[r] == 0 when skip is set: the loops of kda.go with the slice of y
+// held in registers across all r.
+TEXT ·matSubAVX2(SB), NOSPLIT, $0-49
+	MOVQ    y+0(FP), DI
+	MOVQ    n+8(FP), CX
+	SHRQ    $5, CX
+	MOVQ    mat+32(FP), R10
+	MOVQ    ld+40(FP), R11
+	SHLQ    $3, R11
+	MOVBLZX skip+48(FP), R12
+	VXORPD  X15, X15, X15
+
+matSubChunk:
+	VMOVUPD 0(DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+	VMOVUPD 128(DI), Y4
+	VMOVUPD 160(DI), Y5
+	VMOVUPD 192(DI), Y6
+	VMOVUPD 224(DI), Y7
+	MOVQ    a+16(FP), SI
+	MOVQ    m+24(FP), BX
+	MOVQ    R10, DX
+
+matSubRow:
+	VMOVSD (SI), X8
+	TESTQ  R12, R12
+	JZ     matSubUse
+	VUCOMISD X15, X8
+	JNE    matSubUse
+	JP     matSubUse
+	JMP    matSubNext
+
+matSubUse:
+	VBROADCASTSD X8, Y8
+	VMULPD 0(DX), Y8, Y9
+	VSUBPD Y9, Y0, Y0
+	VMULPD 32(DX), Y8, Y10
+	VSUBPD Y10, Y1, Y1
+	VMULPD 64(DX), Y8, Y11
+	VSUBPD Y11, Y2, Y2
+	VMULPD 96(DX), Y8, Y12
+	VSUBPD Y12, Y3, Y3
+	VMULPD 128(DX), Y8, Y9
+	VSUBPD Y9, Y4, Y4
+	VMULPD 160(DX), Y8, Y10
+	VSUBPD Y10, Y5, Y5
+	VMULPD 192(DX), Y8, Y11
+	VSUBPD Y11, Y6, Y6
+	VMULPD 224(DX), Y8, Y12
+	VSUBPD Y12, Y7, Y7
+
+matSubNext:
+	ADDQ $8, SI
+	ADDQ R11, DX
+	DECQ BX
+	JNZ  matSubRow
+
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	VMOVUPD Y4, 128(DI)
+	VMOVUPD Y5, 160(DI)
+	VMOVUPD Y6, 192(DI)
+	VMOVUPD Y7, 224(DI)
+	ADDQ    $256, DI
+	ADDQ    $256, R10
+	DECQ    CX
+	JNZ     matSubChunk
+	VZEROUPPER
+	RET
