@@ -30,6 +30,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tandem-inference/tandem/internal/diskfree"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/mxfp"
 	"github.com/tandem-inference/tandem/model/safetensors"
@@ -63,15 +64,18 @@ func Write(ctx context.Context, configJSON []byte, dir string, opt Options) erro
 	if err != nil {
 		return err
 	}
-	if err := prepareDir(dir, opt.Force); err != nil {
-		return err
-	}
 	plan := Plan(cfg)
-	shards := assignShards(cfg, plan, opt.Shards)
 	var total int64
 	for _, t := range plan.All() {
 		total += t.Bytes()
 	}
+	if free, ok := diskfree.Bytes(existingAncestor(dir)); ok && total > free {
+		return fmt.Errorf("%s: the model needs %.1f GiB, the filesystem has %.1f GiB free", dir, float64(total)/(1<<30), float64(free)/(1<<30))
+	}
+	if err := prepareDir(dir, opt.Force); err != nil {
+		return err
+	}
+	shards := assignShards(cfg, plan, opt.Shards)
 	var done atomic.Int64
 	report := func(n int64) {
 		d := done.Add(n)
@@ -136,6 +140,20 @@ func Write(ctx context.Context, configJSON []byte, dir string, opt Options) erro
 	}
 	// config.json last: its presence marks a complete model.
 	return os.WriteFile(filepath.Join(dir, "config.json"), append(out, '\n'), 0o644)
+}
+
+// existingAncestor is dir or its nearest existing parent.
+func existingAncestor(dir string) string {
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
 }
 
 func prepareDir(dir string, force bool) error {

@@ -1,0 +1,5 @@
+//go:build !(linux || darwin || freebsd || netbsd || openbsd)
+
+package diskfree
+
+func bytesAvail(string) (int64, bool) { return 0, false }
