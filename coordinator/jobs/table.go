@@ -1,0 +1,98 @@
+package jobs
+
+import (
+	"slices"
+	"sync"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+)
+
+// Table keeps every job's latest event for listing and lookups: the jobs
+// queued and running, and the most recent finished ones. It is safe for
+// concurrent use.
+type Table struct {
+	keep int // finished jobs kept
+
+	mu       sync.Mutex
+	latest   map[string]cp.JobEvent
+	finished []string // ids of finished jobs, oldest first
+}
+
+// NewTable keeps up to keep finished jobs (at least 1).
+func NewTable(keep int) *Table {
+	return &Table{keep: max(keep, 1), latest: map[string]cp.JobEvent{}}
+}
+
+// Record stores ev as its job's latest event, unless the table holds a
+// later one (events of one job may be recorded from several goroutines).
+func (t *Table) Record(ev cp.JobEvent) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, ok := t.latest[ev.JobID]
+	if ok && old.Seq >= ev.Seq && !restarted(old, ev) {
+		return
+	}
+	t.latest[ev.JobID] = ev
+	if ev.State.Final() && (!ok || !old.State.Final()) {
+		t.finished = append(t.finished, ev.JobID)
+		for len(t.finished) > t.keep {
+			delete(t.latest, t.finished[0])
+			t.finished = t.finished[1:]
+		}
+	}
+}
+
+// restarted reports whether ev starts a new run of a job whose earlier run
+// (another coordinator's delivery, stopped before its end) left old: the
+// new run numbers its events from 1 again.
+func restarted(old, ev cp.JobEvent) bool {
+	return !old.State.Final() && ev.Seq <= old.Seq && ev.Time.After(old.Time)
+}
+
+// Get returns the latest event of job id.
+func (t *Table) Get(id string) (cp.JobEvent, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev, ok := t.latest[id]
+	return ev, ok
+}
+
+// List returns the latest event of each job (only those in state, when
+// given), newest submission first, at most limit of them.
+func (t *Table) List(state cp.JobState, limit int) []cp.JobEvent {
+	t.mu.Lock()
+	out := make([]cp.JobEvent, 0, len(t.latest))
+	for _, ev := range t.latest {
+		if state == "" || ev.State == state {
+			out = append(out, ev)
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b cp.JobEvent) int {
+		if c := b.Submitted.Compare(a.Submitted); c != 0 {
+			return c
+		}
+		switch {
+		case a.JobID < b.JobID:
+			return -1
+		case a.JobID > b.JobID:
+			return 1
+		}
+		return 0
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out
+}
+
+// Counts returns how many jobs the table holds in each state.
+func (t *Table) Counts() map[cp.JobState]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := map[cp.JobState]int{}
+	for _, ev := range t.latest {
+		n[ev.State]++
+	}
+	return n
+}

@@ -1,0 +1,66 @@
+package modelinfo
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tandem-inference/tandem/configs"
+	"github.com/tandem-inference/tandem/coordinator/router"
+)
+
+func TestReleasedK3(t *testing.T) {
+	b, err := configs.ModelPreset("k3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.NumLayers != 93 || m.VocabSize != 163840 || len(m.MLALayers) != 24 || len(m.KDALayers) != 69 {
+		t.Fatalf("K3: %d layers (%d MLA, %d KDA), vocab %d", m.NumLayers, len(m.MLALayers), len(m.KDALayers), m.VocabSize)
+	}
+	if m.MLALayers[0] != 3 || m.MLALayers[23] != 92 {
+		t.Fatalf("MLA layers %v: want 0-based 3, 7, ..., 92", m.MLALayers)
+	}
+	if m.EOSTokenID != 163586 || m.MaxPositions != 1<<20 {
+		t.Fatalf("eos %d, max positions %d", m.EOSTokenID, m.MaxPositions)
+	}
+	// The router's own K3 figures (its tests check them against the spec).
+	if want := router.ShapeOf(24, 69, 512, 64, 2, 96, 128, 4, true); m.Shape != want {
+		t.Fatalf("shape %+v, want %+v", m.Shape, want)
+	}
+}
+
+func TestIdentityFollowsTheConfig(t *testing.T) {
+	tiny, _ := configs.ModelPreset("tiny")
+	small, _ := configs.ModelPreset("small")
+	a, _ := Parse(tiny)
+	b, _ := Parse(small)
+	c, _ := Parse(tiny)
+	if a.ID == b.ID || a.ID != c.ID || !strings.HasPrefix(a.ID, "cfg-") {
+		t.Fatalf("ids %s %s %s", a.ID, b.ID, c.ID)
+	}
+	dir := t.TempDir()
+	if _, err := Identity(dir); err == nil {
+		t.Fatal("identity of a directory without config.json")
+	}
+}
+
+func TestBadConfigsSayWhat(t *testing.T) {
+	for _, c := range []struct{ cfg, want string }{
+		{`{`, "not valid JSON"},
+		{`{"text_config": {}}`, "text_config.num_hidden_layers is missing"},
+		{`{"num_hidden_layers": 2, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2}`, "linear_attn_config is missing"},
+		{`{"num_hidden_layers": 2, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2,
+		   "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [3], "num_heads": 1, "head_dim": 4, "short_conv_kernel_size": 4}}`, "kda_layers has layer 3"},
+		{`{"num_hidden_layers": 2, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2,
+		   "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [], "num_heads": 1, "head_dim": 4, "short_conv_kernel_size": 4}}`, "layer 1 (1-based) is in neither"},
+		{`{"num_hidden_layers": 0, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2}`, "num_hidden_layers is 0"},
+	} {
+		_, err := Parse([]byte(c.cfg))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", c.cfg, err, c.want)
+		}
+	}
+}
