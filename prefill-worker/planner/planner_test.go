@@ -198,9 +198,9 @@ func TestMakeDepth(t *testing.T) {
 		err    bool
 	}{
 		{budget: 1 << 30, depth: -1, want: 2},
-		{budget: 50 * MiB, depth: -1, want: 1},   // 2 slots = 20 MiB <= half of 50 MiB
-		{budget: 30 * MiB, depth: -1, want: 1},   // depth 2 does not fit; 1 does (double buffering over half the budget)
-		{budget: 56 * MiB, depth: -1, want: 1},   // depth 2 fits but its ring takes over half
+		{budget: 50 * MiB, depth: -1, want: 2},   // 3 slots = 30 MiB <= 2/3 of 50 MiB
+		{budget: 30 * MiB, depth: -1, want: 1},   // depth 2 does not fit; 1 does
+		{budget: 40 * MiB, depth: -1, want: 1},   // depth 2 fits but its ring takes over 2/3
 		{budget: 12 * MiB, depth: -1, err: true}, // one slot plus a minimal tile does not fit
 		{budget: 1 << 30, depth: 0, want: 0},
 		{budget: 1 << 30, depth: 5, want: 5},
