@@ -96,3 +96,10 @@ func (t *Table) Counts() map[cp.JobState]int {
 	}
 	return n
 }
+
+// Forget drops job id (a submission that was never queued).
+func (t *Table) Forget(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.latest, id)
+}

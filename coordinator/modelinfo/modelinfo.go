@@ -35,6 +35,8 @@ type Info struct {
 	// Shape is the per-sequence decode state the router prices (bf16 MLA
 	// rows, fp32 KDA state and conv tails).
 	Shape router.Shape
+
+	mlaRow, kdaFixed int64 // bytes: one token's MLA row; one KDA layer's state and conv tails
 }
 
 // rawText holds the fields read from config.json (released nested shape:
@@ -172,5 +174,42 @@ func Parse(config []byte) (*Info, error) {
 	last := info.NumLayers - 1
 	info.Shape = router.ShapeOf(len(info.MLALayers), len(info.KDALayers), kvLora, rope, latentBytes, heads, headDim, conv,
 		slices.Contains(info.MLALayers, last))
+	info.mlaRow = int64((kvLora + rope) * latentBytes)
+	info.kdaFixed = int64(heads*headDim*headDim*4 + 3*heads*headDim*(conv-1)*4)
 	return info, nil
+}
+
+// StateBytes is the decode state of a sequence of tokens tokens on layers
+// [lo, hi): what a decode rank holding those layers reserves for it (bf16
+// MLA rows, fp32 KDA state and conv tails).
+func (m *Info) StateBytes(lo, hi, tokens int) int64 {
+	var mla, kda int64
+	for _, L := range m.MLALayers {
+		if L >= lo && L < hi {
+			mla++
+		}
+	}
+	for _, L := range m.KDALayers {
+		if L >= lo && L < hi {
+			kda++
+		}
+	}
+	return mla*m.mlaRow*int64(tokens) + kda*m.kdaFixed
+}
+
+// MaxTokens is the longest sequence whose state on layers [lo, hi) fits in
+// budget bytes, at most MaxPositions; a budget of 0 means unlimited.
+func (m *Info) MaxTokens(lo, hi int, budget int64) int {
+	if budget <= 0 {
+		return m.MaxPositions
+	}
+	fixed := m.StateBytes(lo, hi, 0)
+	per := m.StateBytes(lo, hi, 1) - fixed
+	switch {
+	case budget < fixed:
+		return 0
+	case per == 0:
+		return m.MaxPositions
+	}
+	return int(min(int64(m.MaxPositions), (budget-fixed)/per))
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/tandem-inference/tandem/configs"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/model"
 )
 
 func TestReleasedK3(t *testing.T) {
@@ -61,6 +63,38 @@ func TestBadConfigsSayWhat(t *testing.T) {
 		_, err := Parse([]byte(c.cfg))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+// TestStateBytesMatchesTheDecodeRanks: the coordinator's estimate of a
+// sequence's state equals what a decode rank reserves (rank.StateBytes, on
+// the model package's own parts).
+func TestStateBytesMatchesTheDecodeRanks(t *testing.T) {
+	for _, preset := range []string{"tiny", "demo", "k3"} {
+		b, _ := configs.ModelPreset(preset)
+		info, err := Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc, err := model.ParseConfig(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		half := info.NumLayers / 2
+		for _, r := range [][2]int{{0, half}, {half, info.NumLayers}} {
+			for _, n := range []int{0, 1, 1000} {
+				if got, want := info.StateBytes(r[0], r[1], n), rank.StateBytes(mc, r[0], r[1], n, model.BF16); got != want {
+					t.Fatalf("%s layers %v, %d tokens: %d bytes, decode rank reserves %d", preset, r, n, got, want)
+				}
+			}
+		}
+		budget := info.StateBytes(0, half, 5000) + 10
+		if got := info.MaxTokens(0, half, budget); got != 5000 {
+			t.Fatalf("%s: %d tokens fit, want 5000", preset, got)
+		}
+		if info.MaxTokens(0, half, 0) != info.MaxPositions || info.MaxTokens(0, half, 1) != 0 {
+			t.Fatalf("%s: unlimited or tiny budgets", preset)
 		}
 	}
 }

@@ -1,0 +1,465 @@
+// Package cluster runs a whole tandem deployment in one process: a NATS
+// server (embedded, or an existing one by URL), a coordinator, a CPU
+// prefill worker and an N-rank decode group on loopback, each on its own
+// NATS connection and each reached only through the control plane, as
+// separate machines would be. The demo, the tests and the benchmarks start
+// it; members can be stopped and started again to exercise failures.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/service"
+	decodecp "github.com/tandem-inference/tandem/decode-worker/cpadapter"
+	"github.com/tandem-inference/tandem/decode-worker/group"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+	prefillcp "github.com/tandem-inference/tandem/prefill-worker/cpadapter"
+	"github.com/tandem-inference/tandem/prefill-worker/worker"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// Options configure a cluster. Zero values take the defaults named.
+type Options struct {
+	// ModelDir is the checkpoint every member serves.
+	ModelDir string
+	// NATSURL joins an existing NATS server; empty starts an embedded one
+	// (Server configures it).
+	NATSURL string
+	Server  cp.ServerConfig
+	// Coordinator configures the coordinator; its Model, Tokenizer, Queue,
+	// Registry and Log are filled in.
+	Coordinator service.Config
+	Queue       cp.QueueConfig
+	Registry    cp.RegistryConfig
+	// Ranks is the decode group's size (default 2); Group its name
+	// (default "local").
+	Ranks int
+	Group string
+	// NoPrefill starts no prefill worker.
+	NoPrefill bool
+	// PrefillBudget is the prefill worker's memory budget (default 256 MiB).
+	PrefillBudget int64
+	// Threads per compute backend (0: all cores).
+	Threads int
+	// DecodeMemory is each decode rank's state budget (0: unlimited).
+	DecodeMemory int64
+	// Heartbeat is the workers' heartbeat interval (default: TTL/3).
+	Heartbeat time.Duration
+	// Transfer timeouts of the data plane (zero: kvtransfer's defaults).
+	Transfer kvtransfer.Timeouts
+	// Mesh keep-alive and idle limit of the decode group (zero: defaults).
+	MeshHeartbeat, MeshIdle time.Duration
+	Metrics                 *metrics.Metrics
+	Log                     *zap.Logger
+}
+
+// Cluster is a running deployment.
+type Cluster struct {
+	opt       Options
+	Server    *cp.Server // nil when joining NATSURL
+	URL       string
+	Model     *modelinfo.Info
+	Tokenizer *tokenizer.Tokenizer // nil for a model without one
+	Group     *group.Group
+	modelCfg  *model.Config
+	log       *zap.Logger
+
+	mu          sync.Mutex
+	coord       *member
+	coordinator *service.Coordinator
+	prefill     *prefillMember
+	ranks       []*rankMember
+}
+
+type member struct {
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+type prefillMember struct {
+	nc      *nats.Conn
+	worker  *worker.Worker
+	adapter *prefillcp.Adapter
+}
+
+type rankMember struct {
+	nc      *nats.Conn
+	adapter *decodecp.Adapter
+}
+
+// Start starts every member and returns once the coordinator serves and
+// every worker is registered.
+func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
+	if opt.Ranks == 0 {
+		opt.Ranks = 2
+	}
+	if opt.Group == "" {
+		opt.Group = "local"
+	}
+	if opt.PrefillBudget == 0 {
+		opt.PrefillBudget = 256 << 20
+	}
+	if opt.Log == nil {
+		opt.Log = zap.NewNop()
+	}
+	info, err := modelinfo.Load(opt.ModelDir)
+	if err != nil {
+		return nil, err
+	}
+	mc, err := model.LoadConfig(filepath.Join(opt.ModelDir, modelinfo.ConfigFile))
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{opt: opt, Model: info, modelCfg: mc, log: opt.Log, URL: opt.NATSURL}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	if _, statErr := os.Stat(filepath.Join(opt.ModelDir, tokenizer.ModelFile)); statErr == nil {
+		if c.Tokenizer, err = tokenizer.Load(opt.ModelDir); err != nil {
+			return nil, err
+		}
+	}
+	if c.URL == "" {
+		sc := opt.Server
+		if sc.Logger == nil {
+			sc.Logger = opt.Log
+		}
+		if c.Server, err = cp.StartServer(ctx, sc); err != nil {
+			return nil, err
+		}
+		c.URL = c.Server.ClientURL()
+	}
+	// The coordinator first: it creates the queue and the registry.
+	if err = c.StartCoordinator(ctx); err != nil {
+		return nil, err
+	}
+	c.Group, err = group.Start(ctx, group.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Group: opt.Group,
+		Threads: opt.Threads, MemoryBudget: opt.DecodeMemory, Timeouts: opt.Transfer,
+		Heartbeat: opt.MeshHeartbeat, Idle: opt.MeshIdle, Log: opt.Log.Named("decode")})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: decode group: %w", err)
+	}
+	c.ranks = make([]*rankMember, opt.Ranks)
+	for r := range opt.Ranks {
+		if err = c.StartRank(ctx, r); err != nil {
+			return nil, err
+		}
+	}
+	if !opt.NoPrefill {
+		if err = c.StartPrefill(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Connect opens a client connection to the cluster's NATS.
+func (c *Cluster) Connect(ctx context.Context, name string) (*nats.Conn, error) {
+	o := cp.Options{URL: c.URL, Name: name, User: c.opt.Server.User, Password: c.opt.Server.Password, Token: c.opt.Server.Token,
+		MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond}
+	return cp.Connect(ctx, o)
+}
+
+func (c *Cluster) registry(ctx context.Context, nc *nats.Conn) (*cp.Registry, error) {
+	return cp.OpenRegistry(ctx, nc, c.opt.Registry)
+}
+
+// Coordinator is the running coordinator (nil while stopped).
+func (c *Cluster) Coordinator() *service.Coordinator {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.coordinator
+}
+
+// StartCoordinator starts the coordinator and waits until it serves.
+func (c *Cluster) StartCoordinator(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.coord != nil {
+		return errors.New("cluster: the coordinator is running")
+	}
+	nc, err := c.Connect(ctx, "coordinator")
+	if err != nil {
+		return err
+	}
+	cfg := c.opt.Coordinator
+	cfg.Model, cfg.Tokenizer, cfg.Queue, cfg.Registry = c.Model, c.Tokenizer, c.opt.Queue, c.opt.Registry
+	if cfg.Log == nil {
+		cfg.Log = c.log.Named("coordinator")
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = c.opt.Metrics
+	}
+	co, err := service.New(nc, cfg)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	m := &member{nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- co.Run(runCtx) }()
+	select {
+	case <-co.Ready():
+	case err := <-m.done:
+		cancel()
+		nc.Close()
+		return fmt.Errorf("cluster: coordinator: %w", err)
+	case <-ctx.Done():
+		cancel()
+		<-m.done
+		nc.Close()
+		return ctx.Err()
+	}
+	c.coord, c.coordinator = m, co
+	return nil
+}
+
+// StopCoordinator stops the coordinator cleanly (its jobs go back to the
+// queue after its grace period) and waits for it.
+func (c *Cluster) StopCoordinator() error {
+	c.mu.Lock()
+	m := c.coord
+	c.coord, c.coordinator = nil, nil
+	c.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	m.cancel()
+	err := <-m.done
+	m.nc.Close()
+	return err
+}
+
+// KillCoordinator stops the coordinator as a crash would: its connection
+// drops, nothing is handed back (the queue delivers its jobs again after
+// the ack wait).
+func (c *Cluster) KillCoordinator() {
+	c.mu.Lock()
+	m := c.coord
+	c.coord, c.coordinator = nil, nil
+	c.mu.Unlock()
+	if m == nil {
+		return
+	}
+	m.nc.Close()
+	m.cancel()
+	<-m.done
+}
+
+// StartPrefill starts the prefill worker and registers it.
+func (c *Cluster) StartPrefill(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.prefill != nil {
+		return errors.New("cluster: the prefill worker is running")
+	}
+	nc, err := c.Connect(ctx, "prefill-0")
+	if err != nil {
+		return err
+	}
+	reg, err := c.registry(ctx, nc)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	w, err := worker.New(worker.Config{Model: c.opt.ModelDir, Budget: c.opt.PrefillBudget, Depth: -1, Threads: c.opt.Threads,
+		Log: c.log.Named("prefill")})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	a, err := prefillcp.Start(ctx, prefillcp.Config{Conn: nc, Registry: reg, WorkerID: "prefill-0", Worker: w, ModelID: c.Model.ID,
+		MemoryTotal: c.opt.PrefillBudget, Heartbeat: c.opt.Heartbeat, Transfer: c.opt.Transfer, Log: c.log.Named("prefill")})
+	if err != nil {
+		w.Close()
+		nc.Close()
+		return err
+	}
+	c.prefill = &prefillMember{nc: nc, worker: w, adapter: a}
+	return nil
+}
+
+// StopPrefill stops the prefill worker cleanly (it deregisters).
+func (c *Cluster) StopPrefill(ctx context.Context) error {
+	c.mu.Lock()
+	p := c.prefill
+	c.prefill = nil
+	c.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	err := p.adapter.Close(ctx)
+	err = errors.Join(err, p.worker.Close())
+	p.nc.Close()
+	return err
+}
+
+// KillPrefill stops the prefill worker as a crash would: its NATS
+// connection and its transfers drop mid-job, it does not deregister.
+func (c *Cluster) KillPrefill() {
+	c.mu.Lock()
+	p := c.prefill
+	c.prefill = nil
+	c.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.nc.Close()
+	_ = p.worker.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = p.adapter.Close(ctx) // its connection is gone: nothing reaches NATS
+}
+
+// PrefillWorker is the running prefill worker (nil while stopped).
+func (c *Cluster) PrefillWorker() *worker.Worker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.prefill == nil {
+		return nil
+	}
+	return c.prefill.worker
+}
+
+// StartRank registers decode rank r (starting its worker again if it was
+// killed).
+func (c *Cluster) StartRank(ctx context.Context, r int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ranks[r] != nil {
+		return fmt.Errorf("cluster: rank %d is running", r)
+	}
+	if c.Group.Worker(r) == nil {
+		if err := c.Group.Restart(r); err != nil {
+			return err
+		}
+	}
+	id := c.RankID(r)
+	nc, err := c.Connect(ctx, id)
+	if err != nil {
+		return err
+	}
+	reg, err := c.registry(ctx, nc)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	cfg := decodecp.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: c.Group.Worker(r), Layout: c.Group.Layout, Rank: r,
+		Model: c.modelCfg, ModelID: c.Model.ID, Heartbeat: c.opt.Heartbeat, Log: c.log.Named("decode")}
+	if r == 0 {
+		cfg.Tokenizer = c.Tokenizer
+	}
+	a, err := decodecp.Start(ctx, cfg)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	c.ranks[r] = &rankMember{nc: nc, adapter: a}
+	return nil
+}
+
+// RankID is decode rank r's worker id.
+func (c *Cluster) RankID(r int) string { return fmt.Sprintf("%s-r%d", c.opt.Group, r) }
+
+// KillRank stops decode rank r as a crash would: its links and its NATS
+// connection drop, it does not deregister.
+func (c *Cluster) KillRank(r int) {
+	c.mu.Lock()
+	m := c.ranks[r]
+	c.ranks[r] = nil
+	c.mu.Unlock()
+	if m == nil {
+		return
+	}
+	m.nc.Close()
+	c.Group.Stop(r)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = m.adapter.Close(ctx)
+}
+
+// WaitReady waits until the decode ring is formed and the registry shows
+// every rank ready (after a start or a restart).
+func (c *Cluster) WaitReady(ctx context.Context) error {
+	if err := c.Group.Head().WaitReady(ctx); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	var ranks []*rankMember
+	ranks = append(ranks, c.ranks...)
+	c.mu.Unlock()
+	for _, m := range ranks {
+		if m != nil {
+			m.adapter.Beat()
+		}
+	}
+	nc, err := c.Connect(ctx, "wait-ready")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	reg, err := c.registry(ctx, nc)
+	if err != nil {
+		return err
+	}
+	for {
+		ws, err := reg.List(ctx)
+		ready := 0
+		for _, w := range ws {
+			if w.Kind == cp.KindDecode && w.GroupID == c.opt.Group && !w.Draining {
+				ready++
+			}
+		}
+		if err == nil && ready == c.opt.Ranks {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: %d of %d decode ranks ready: %w", ready, c.opt.Ranks, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops every member (workers first, then the coordinator, then the
+// server).
+func (c *Cluster) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs []error
+	errs = append(errs, c.StopPrefill(ctx))
+	c.mu.Lock()
+	ranks := c.ranks
+	c.ranks = make([]*rankMember, len(ranks))
+	c.mu.Unlock()
+	for _, m := range ranks {
+		if m != nil {
+			errs = append(errs, m.adapter.Close(ctx))
+			m.nc.Close()
+		}
+	}
+	if c.Group != nil {
+		errs = append(errs, c.Group.Close())
+	}
+	errs = append(errs, c.StopCoordinator())
+	if c.Server != nil {
+		errs = append(errs, c.Server.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,138 @@
+// Package natstest runs the pinned NATS tools for the coordinator's tests:
+// a real nats-server process, and the nats CLI.
+package natstest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Tool finds a pinned NATS tool in <repo>/bin (scripts/install-nats.sh puts
+// them there), then on PATH, or skips the test saying how to install it.
+func Tool(tb testing.TB, name string) string {
+	tb.Helper()
+	if dir, err := os.Getwd(); err == nil {
+		for d := dir; ; d = filepath.Dir(d) {
+			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+				p := filepath.Join(d, "bin", name)
+				if _, err := os.Stat(p); err == nil {
+					return p
+				}
+				break
+			}
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	tb.Skipf("%s not found in <repo>/bin or on PATH: run scripts/install-nats.sh to install the pinned NATS tools", name)
+	return ""
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *strings.Builder
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// Server runs a real nats-server process on a random loopback port with
+// JetStream in a temporary directory and returns its URL; the process is
+// killed when the test ends.
+func Server(tb testing.TB) string {
+	tb.Helper()
+	bin := Tool(tb, "nats-server")
+	dir := tb.TempDir()
+	conf := fmt.Sprintf("listen: \"127.0.0.1:-1\"\nmax_payload: %d\njetstream {\n  store_dir: %q\n}\n", 8<<20, filepath.Join(dir, "js"))
+	confPath := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	portsDir := filepath.Join(dir, "ports")
+	if err := os.Mkdir(portsDir, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	var log strings.Builder
+	var mu sync.Mutex
+	cmd := exec.Command(bin, "-c", confPath, "--ports_file_dir", portsDir)
+	cmd.Stdout, cmd.Stderr = lockedWriter{&mu, &log}, lockedWriter{&mu, &log}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start %s: %v", bin, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		tb.Fatalf(format+"\nnats-server log:\n%s", append(args, log.String())...)
+	}
+	portsFile := filepath.Join(portsDir, fmt.Sprintf("%s_%d.ports", filepath.Base(bin), cmd.Process.Pid))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(portsFile); err == nil {
+			var ports struct{ Nats []string }
+			if json.Unmarshal(b, &ports) == nil && len(ports.Nats) > 0 {
+				url := ports.Nats[0]
+				waitJetStream(tb, url, fail)
+				return url
+			}
+		}
+		select {
+		case <-exited:
+			fail("nats-server exited before listening")
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			fail("nats-server wrote no ports file in 20s")
+		}
+	}
+}
+
+func waitJetStream(tb testing.TB, url string, fail func(string, ...any)) {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+		if err == nil {
+			_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
+			nc.Close()
+			if err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			fail("nats-server at %s not ready: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// CLI runs the nats CLI against url with args and returns its output.
+func CLI(ctx context.Context, tb testing.TB, url string, args ...string) (string, error) {
+	tb.Helper()
+	bin := Tool(tb, "nats")
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--server", url, "--no-context"}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+tb.TempDir()) // no user contexts
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

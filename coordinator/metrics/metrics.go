@@ -1,0 +1,182 @@
+// Package metrics holds the coordinator's Prometheus metrics: queue depth,
+// jobs by outcome, routing decisions and their predictions, time to first
+// token, prefill pass times, transfer tails, decode rates and the control
+// plane's own overhead (submission to assignment). Serve exposes them on
+// /metrics.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const ns = "tandem_coordinator"
+
+// Metrics are the coordinator's metrics, on their own registry. A nil
+// *Metrics records nothing, so callers need no checks.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	queueWaiting, queueInFlight prometheus.Gauge
+	running                     prometheus.Gauge
+	workers                     *prometheus.GaugeVec
+	submitted                   *prometheus.CounterVec
+	finished                    *prometheus.CounterVec
+	routes                      *prometheus.CounterVec
+	predicted                   *prometheus.HistogramVec
+	ttft                        *prometheus.HistogramVec
+	passTime                    prometheus.Histogram
+	transferTail                prometheus.Histogram
+	decodeRate                  prometheus.Histogram
+	assignOverhead              prometheus.Histogram
+}
+
+// New makes the metrics, with Go runtime and process collectors.
+func New() *Metrics {
+	secs := prometheus.ExponentialBuckets(0.001, 2, 22) // 1 ms .. ~35 min
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		queueWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "queue_waiting_jobs",
+			Help: "Jobs stored in the job queue and not yet delivered to a coordinator."}),
+		queueInFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "queue_in_flight_jobs",
+			Help: "Jobs delivered to coordinators and not yet in a final state (all coordinators)."}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "running_jobs",
+			Help: "Jobs this coordinator is driving."}),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "workers",
+			Help: "Live workers in the registry, by kind."}, []string{"kind"}),
+		submitted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "submissions_total",
+			Help: "Submissions answered, by outcome (accepted, duplicate, or the error code)."}, []string{"outcome"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "jobs_total",
+			Help: "Jobs that reached a final state, by state."}, []string{"state"}),
+		routes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "route_decisions_total",
+			Help: "Routing decisions, by policy and target."}, []string{"policy", "target"}),
+		predicted: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "predicted_ttft_seconds",
+			Help: "The router's predicted time to first token of each routed job, by side.", Buckets: secs}, []string{"side"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "ttft_seconds",
+			Help: "Submission to first token, by where the prompt was prefilled.", Buckets: secs}, []string{"target"}),
+		passTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "prefill_pass_seconds",
+			Help: "Remote prefill: the weight pass start to the last layer computed.", Buckets: secs}),
+		transferTail: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "transfer_tail_seconds",
+			Help: "Remote prefill: the last layer computed to every rank's commit.", Buckets: secs}),
+		decodeRate: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "decode_tokens_per_second",
+			Help:    "Decode rate of each finished job (tokens after the first, per second).",
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 16)}),
+		assignOverhead: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "submit_to_assign_seconds",
+			Help:    "Control-plane overhead: submission to the workers' acceptance of the assignment.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)}),
+	}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.queueWaiting, m.queueInFlight, m.running, m.workers, m.submitted, m.finished, m.routes, m.predicted,
+		m.ttft, m.passTime, m.transferTail, m.decodeRate, m.assignOverhead)
+	return m
+}
+
+// Registry is the registry the metrics are on.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Queue records the job queue's counters.
+func (m *Metrics) Queue(waiting uint64, inFlight int) {
+	if m == nil {
+		return
+	}
+	m.queueWaiting.Set(float64(waiting))
+	m.queueInFlight.Set(float64(inFlight))
+}
+
+// Running records the jobs this coordinator drives.
+func (m *Metrics) Running(n int) {
+	if m != nil {
+		m.running.Set(float64(n))
+	}
+}
+
+// Workers records the live workers of one kind.
+func (m *Metrics) Workers(kind string, n int) {
+	if m != nil {
+		m.workers.WithLabelValues(kind).Set(float64(n))
+	}
+}
+
+// Submission counts a submission's outcome.
+func (m *Metrics) Submission(outcome string) {
+	if m != nil {
+		m.submitted.WithLabelValues(outcome).Inc()
+	}
+}
+
+// Route records a routing decision and both predictions.
+func (m *Metrics) Route(policy, target string, local, remote time.Duration) {
+	if m == nil {
+		return
+	}
+	m.routes.WithLabelValues(policy, target).Inc()
+	m.predicted.WithLabelValues("local").Observe(local.Seconds())
+	if remote > 0 {
+		m.predicted.WithLabelValues("remote").Observe(remote.Seconds())
+	}
+}
+
+// Assigned records the control plane's overhead for one job.
+func (m *Metrics) Assigned(overhead time.Duration) {
+	if m != nil {
+		m.assignOverhead.Observe(overhead.Seconds())
+	}
+}
+
+// Finished records a final job: its state and, when measured, its time to
+// first token, pass time, transfer tail and decode rate.
+func (m *Metrics) Finished(state, target string, ttft, pass, tail time.Duration, decodeTokS float64) {
+	if m == nil {
+		return
+	}
+	m.finished.WithLabelValues(state).Inc()
+	if ttft > 0 {
+		m.ttft.WithLabelValues(target).Observe(ttft.Seconds())
+	}
+	if pass > 0 {
+		m.passTime.Observe(pass.Seconds())
+	}
+	if tail > 0 {
+		m.transferTail.Observe(tail.Seconds())
+	}
+	if decodeTokS > 0 {
+		m.decodeRate.Observe(decodeTokS)
+	}
+}
+
+// Serve serves /metrics on addr until ctx ends. It returns once listening
+// (the address actually bound, for port 0) or with the listen error.
+func (m *Metrics) Serve(ctx context.Context, addr string) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("metrics: listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			_ = ln.Close()
+		}
+	}()
+	return ln.Addr().String(), nil
+}

@@ -1,0 +1,195 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/coordinator/internal/natstest"
+	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// testOptions are a cluster on the tiny preset with timeouts short enough
+// for failure tests.
+func testOptions(t *testing.T) cluster.Options {
+	t.Helper()
+	return cluster.Options{
+		ModelDir: testmodel.Dir(t, "tiny", 1, 2),
+		Queue:    cp.QueueConfig{Memory: true, AckWait: 3 * time.Second},
+		Registry: cp.RegistryConfig{Memory: true, TTL: 2 * time.Second},
+		Coordinator: service.Config{AssignTimeout: 3 * time.Second, PlacementWait: 10 * time.Second,
+			StallTimeout: 10 * time.Second, ShutdownGrace: 2 * time.Second},
+		Threads:       1,
+		MeshHeartbeat: 100 * time.Millisecond, MeshIdle: 2 * time.Second,
+		Transfer: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 3 * time.Second, Idle: 3 * time.Second,
+			KeepAlive: 200 * time.Millisecond},
+		Log: testLogger(t),
+	}
+}
+
+func testLogger(t *testing.T) *zap.Logger {
+	if testing.Verbose() {
+		return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	}
+	return zap.NewNop()
+}
+
+func startCluster(t *testing.T, opt cluster.Options) *cluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Logf("cluster close: %v", err)
+		}
+	})
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func connect(t *testing.T, c *cluster.Cluster) *nats.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nc, err := c.Connect(ctx, "test-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// reference generates greedily with the whole model in one process.
+type reference struct{ *model.Loaded }
+
+func loadReference(t *testing.T, dir string) reference {
+	t.Helper()
+	m, err := model.Load(dir, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return reference{m}
+}
+
+func (r reference) generate(t *testing.T, prompt []int32, n int) []int32 {
+	t.Helper()
+	out, err := r.Generate(context.Background(), prompt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func prompt(n, vocab, seed int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
+	}
+	return out
+}
+
+func run(t *testing.T, nc *nats.Conn, req cp.SubmitRequest) *client.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := client.Run(ctx, nc, req, client.Handlers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// checkDone checks a job finished with the reference's tokens, routed as
+// wanted, with a consistent event history.
+func checkDone(t *testing.T, res *client.Result, want []int32, target cp.Target) {
+	t.Helper()
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
+	f := res.Final
+	if f.State != cp.StateDone {
+		t.Fatalf("job %s ended %s: %+v", res.JobID, f.State, f)
+	}
+	if !slices.Equal(res.Tokens, want) {
+		t.Fatalf("job %s (%s): tokens\n got %v\nwant %v (monolithic model)", res.JobID, target, res.Tokens, want)
+	}
+	if res.Finish != cp.FinishLength {
+		t.Fatalf("finish reason %q, want length", res.Finish)
+	}
+	if f.Route == nil || f.Route.Target != target || f.Route.PredictedLocal <= 0 {
+		t.Fatalf("route %+v, want target %s with predictions", f.Route, target)
+	}
+	if target == cp.TargetRemote && (f.Route.PredictedRemote <= 0 || f.Route.PrefillWorker == "") {
+		t.Fatalf("remote route without its prediction or worker: %+v", f.Route)
+	}
+	tm := f.Timing
+	if tm == nil || tm.FirstToken <= 0 || tm.Total < tm.FirstToken || tm.OutputTokens != len(want) || tm.Prefill <= 0 {
+		t.Fatalf("timing %+v", tm)
+	}
+	if target == cp.TargetRemote && tm.PassWait < 0 {
+		t.Fatalf("remote timing %+v", tm)
+	}
+	var states []cp.JobState
+	for i, ev := range res.Events {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("event %d has seq %d: %v", i, ev.Seq, res.Events)
+		}
+		if len(states) == 0 || states[len(states)-1] != ev.State {
+			states = append(states, ev.State)
+		}
+	}
+	wantStates := []cp.JobState{cp.StateQueued, cp.StateRouted, cp.StatePrefilling, cp.StateDecoding, cp.StateDone}
+	if target == cp.TargetRemote {
+		wantStates = []cp.JobState{cp.StateQueued, cp.StateRouted, cp.StatePrefilling, cp.StateTransferring, cp.StateDecoding, cp.StateDone}
+	}
+	if !slices.Equal(states, wantStates) {
+		t.Fatalf("states %v, want %v", states, wantStates)
+	}
+}
+
+// TestShortAndLongJobs: a short prompt prefilled by the decode group and a
+// long one prefilled by the prefill worker and transferred both generate
+// the monolithic model's tokens, on the embedded server and on a real
+// nats-server process.
+func TestShortAndLongJobs(t *testing.T) {
+	for _, kind := range []string{"embedded", "process"} {
+		t.Run(kind, func(t *testing.T) {
+			opt := testOptions(t)
+			if kind == "process" {
+				opt.NATSURL = natstest.Server(t)
+			}
+			c := startCluster(t, opt)
+			ref := loadReference(t, opt.ModelDir)
+			nc := connect(t, c)
+			short, long := prompt(7, c.Model.VocabSize, 1), prompt(300, c.Model.VocabSize, 2)
+
+			res := run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 12}, Policy: cp.PolicyLocal})
+			checkDone(t, res, ref.generate(t, short, 12), cp.TargetLocal)
+			res = run(t, nc, cp.SubmitRequest{TokenIDs: long, Sampling: cp.Sampling{MaxTokens: 12}, Policy: cp.PolicyRemote})
+			checkDone(t, res, ref.generate(t, long, 12), cp.TargetRemote)
+			t.Logf("%s: remote job %s: %+v", kind, res.JobID, *res.Final.Timing)
+		})
+	}
+}
+
+var _ = fmt.Sprint

@@ -1,0 +1,154 @@
+package service
+
+import (
+	"sync"
+	"time"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/router"
+)
+
+// loadTracker is what the coordinator knows of the work it has handed out:
+// the prompts each prefill worker holds (and how far its pass is) and the
+// prompts each decode group prefills itself. The router prices the queues
+// from it.
+type loadTracker struct {
+	mu      sync.Mutex
+	prefill map[string]map[string]*prefillLoad // worker -> job -> load
+	local   map[string]map[string]int          // group -> job -> prompt tokens not yet prefilled
+}
+
+type prefillLoad struct {
+	tokens      int
+	done, total int // layers of the current pass
+}
+
+func newLoadTracker() *loadTracker {
+	return &loadTracker{prefill: map[string]map[string]*prefillLoad{}, local: map[string]map[string]int{}}
+}
+
+func (t *loadTracker) addPrefill(worker, job string, tokens int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.prefill[worker] == nil {
+		t.prefill[worker] = map[string]*prefillLoad{}
+	}
+	t.prefill[worker][job] = &prefillLoad{tokens: tokens}
+}
+
+func (t *loadTracker) prefillProgress(worker, job string, done, total int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l := t.prefill[worker][job]; l != nil {
+		l.done, l.total = done, total
+	}
+}
+
+func (t *loadTracker) addLocal(group, job string, tokens int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.local[group] == nil {
+		t.local[group] = map[string]int{}
+	}
+	t.local[group][job] = tokens
+}
+
+// forget drops a job's load (its prefill is over, or the job is).
+func (t *loadTracker) forget(job string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range t.prefill {
+		delete(m, job)
+	}
+	for _, m := range t.local {
+		delete(m, job)
+	}
+}
+
+// routerLoad prices the queues in front of a new job on prefill worker pf
+// (empty: none up) and decode group g, at rates r.
+func (t *loadTracker) routerLoad(pf, g string, r router.Rates) router.Load {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := router.Load{PrefillUp: pf != ""}
+	if pf != "" {
+		running, next := 0, 0
+		frac := 1.0
+		for _, pl := range t.prefill[pf] {
+			if pl.total > 0 && pl.done > 0 {
+				running += pl.tokens
+				frac = min(frac, float64(pl.done)/float64(pl.total))
+			} else {
+				next += pl.tokens
+			}
+		}
+		if running > 0 {
+			pass := max(r.PassFloor, durationOf(float64(running), r.PrefillTokPerS))
+			l.PassRunning = true
+			l.PassRemaining = time.Duration(float64(pass) * (1 - frac))
+		}
+		l.NextPassTokens = next
+	}
+	busy := 0
+	for _, n := range t.local[g] {
+		busy += n
+	}
+	l.LocalBusy = durationOf(float64(busy), r.LocalPrefillTokPerS)
+	return l
+}
+
+func durationOf(tokens, perSec float64) time.Duration {
+	if tokens <= 0 || perSec <= 0 {
+		return 0
+	}
+	return time.Duration(tokens / perSec * float64(time.Second))
+}
+
+// rates are the cost model's rates, with any rate still unmeasured taken
+// from the workers' heartbeats.
+func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
+	r := c.est.Rates()
+	if pf != nil {
+		if r.PrefillTokPerS <= 0 {
+			r.PrefillTokPerS = pf.Rates.PrefillTokensPerSec
+		}
+		if r.PassFloor <= 0 {
+			r.PassFloor = pf.Rates.PassFloor
+		}
+		if r.LinkBytesPerS <= 0 {
+			r.LinkBytesPerS = pf.Rates.LinkBytesPerSec
+		}
+	}
+	if g != nil {
+		h := g.Head()
+		if r.LocalPrefillTokPerS <= 0 {
+			r.LocalPrefillTokPerS = h.Rates.PrefillTokensPerSec
+		}
+		if r.DecodeStep <= 0 && h.Rates.DecodeTokensPerSec > 0 {
+			r.DecodeStep = time.Duration(float64(time.Second) / h.Rates.DecodeTokensPerSec)
+		}
+	}
+	return r
+}
+
+// decide routes a prompt of n tokens under policy between prefill worker
+// pf (nil: none usable) and group g.
+func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n int) (*cp.RouteDecision, router.Decision) {
+	r := c.rates(pf, g)
+	pfID := ""
+	if pf != nil && n > 1 {
+		// A one-token prompt has nothing to prefill remotely.
+		pfID = pf.ID
+	}
+	pol := router.Policy(policy)
+	d := router.Route(pol, r, c.cfg.Model.Shape, c.load.routerLoad(pfID, g.ID, r), n)
+	if n <= 1 && pf != nil {
+		d.Reason = "a one-token prompt has nothing to prefill: " + d.Reason
+	}
+	rd := &cp.RouteDecision{Policy: policy, Target: cp.Target(d.Target), PredictedLocal: d.Local.Total,
+		PredictedRemote: d.Remote.Total, DecodeGroup: g.ID, Reason: d.Reason}
+	if d.Target == router.TargetRemote {
+		rd.PrefillWorker = pf.ID
+	}
+	return rd, d
+}

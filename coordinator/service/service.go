@@ -1,0 +1,316 @@
+// Package service is the coordinator: it accepts jobs on the control
+// plane (submit, cancel, list), stores them in the durable job queue,
+// follows the worker registry, routes each job with the cost model
+// (coordinator/router), assigns it to a decode group and, for a remote
+// prefill, a prefill worker, follows its progress to a final state, and
+// only then removes it from the queue.
+//
+// Several coordinators can share one NATS deployment: they serve the
+// request subjects in one queue group and share the queue's durable
+// consumer.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/jobs"
+	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// Config configures a coordinator. Zero values take the defaults named.
+type Config struct {
+	// Model is the model the coordinator serves (its config.json).
+	Model *modelinfo.Info
+	// Tokenizer encodes text prompts; nil accepts token ids only.
+	Tokenizer *tokenizer.Tokenizer
+
+	// Policy is the routing policy of jobs that do not name one (auto).
+	Policy cp.Policy
+	// Rates seed the cost model; measured job figures move them (EWMA
+	// with weight Alpha, default 0.2). A zero rate is taken from the
+	// workers' heartbeats until a job measures it.
+	Rates router.Rates
+	Alpha float64
+
+	// MaxPromptTokens refuses longer prompts at submission (default: the
+	// model's longest sequence). DefaultMaxTokens is the output length of
+	// a job that does not say (default 256); MaxOutputTokens the most a
+	// job may ask for (default 32768).
+	MaxPromptTokens  int
+	DefaultMaxTokens int
+	MaxOutputTokens  int
+
+	Queue    cp.QueueConfig
+	Registry cp.RegistryConfig
+
+	// MaxRunning bounds the jobs this coordinator drives at once (default
+	// 1024); the others wait in the queue.
+	MaxRunning int
+	// SubmitHandlers is the number of parallel submission handlers
+	// (default 4): a submission waits for the queue's store.
+	SubmitHandlers int
+	// AssignTimeout bounds a worker's answer to an assignment or a
+	// cancellation (default 10 s).
+	AssignTimeout time.Duration
+	// PlacementWait is how long a job waits for a decode group (or, under
+	// policy remote, a prefill worker) with room for it before it fails
+	// (default 60 s).
+	PlacementWait time.Duration
+	// StallTimeout fails a decoding job whose decode group reported
+	// nothing for that long (default 2 min; the group reports every few
+	// seconds).
+	StallTimeout time.Duration
+	// TransferTimeout is a remote job's deadline for prefill and transfer,
+	// given to both sides (default 30 min).
+	TransferTimeout time.Duration
+	// JobTimeout bounds a job from submission to its end (default 2 h).
+	JobTimeout time.Duration
+	// ShutdownGrace is how long a stopping coordinator lets its running
+	// jobs finish before it cancels them and hands them back to the queue
+	// (default 30 s).
+	ShutdownGrace time.Duration
+	// KeepFinished is how many finished jobs the job list remembers
+	// (default 10,000).
+	KeepFinished int
+
+	Metrics *metrics.Metrics // nil: none
+	Log     *zap.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	d := *c
+	if d.Model == nil {
+		return d, errors.New("coordinator: no model")
+	}
+	if d.Policy == "" {
+		d.Policy = cp.PolicyAuto
+	}
+	switch {
+	case d.MaxPromptTokens <= 0:
+		d.MaxPromptTokens = d.Model.MaxPositions - 1
+	case d.MaxPromptTokens >= d.Model.MaxPositions:
+		return d, fmt.Errorf("coordinator: max prompt tokens %d: the model holds %d positions, prompt and output together", d.MaxPromptTokens, d.Model.MaxPositions)
+	}
+	if d.DefaultMaxTokens <= 0 {
+		d.DefaultMaxTokens = 256
+	}
+	if d.MaxOutputTokens <= 0 {
+		d.MaxOutputTokens = 32768
+	}
+	if d.DefaultMaxTokens > d.MaxOutputTokens {
+		return d, fmt.Errorf("coordinator: default max tokens %d exceeds the maximum %d", d.DefaultMaxTokens, d.MaxOutputTokens)
+	}
+	defaults := []struct {
+		p *time.Duration
+		v time.Duration
+	}{{&d.AssignTimeout, 10 * time.Second}, {&d.PlacementWait, time.Minute}, {&d.StallTimeout, 2 * time.Minute},
+		{&d.TransferTimeout, 30 * time.Minute}, {&d.JobTimeout, 2 * time.Hour}, {&d.ShutdownGrace, 30 * time.Second}}
+	for _, x := range defaults {
+		if *x.p <= 0 {
+			*x.p = x.v
+		}
+	}
+	if d.MaxRunning <= 0 {
+		d.MaxRunning = 1024
+	}
+	if d.SubmitHandlers <= 0 {
+		d.SubmitHandlers = 4
+	}
+	if d.KeepFinished <= 0 {
+		d.KeepFinished = 10000
+	}
+	if d.Log == nil {
+		d.Log = zap.NewNop()
+	}
+	return d, nil
+}
+
+// Coordinator is a running coordinator.
+type Coordinator struct {
+	cfg   Config
+	nc    *nats.Conn
+	log   *zap.Logger
+	m     *metrics.Metrics
+	table *jobs.Table
+	est   *router.Estimator
+	view  *view
+	load  *loadTracker
+
+	queue *cp.JobQueue
+	reg   *cp.Registry
+
+	mu            sync.Mutex
+	runs          map[string]*run
+	pendingCancel map[string]string // queued jobs cancelled before delivery: id -> reason
+	ready         chan struct{}     // closed once Run serves
+}
+
+// New makes a coordinator on nc; Run starts it.
+func New(nc *nats.Conn, cfg Config) (*Coordinator, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Coordinator{cfg: cfg, nc: nc, log: cfg.Log, m: cfg.Metrics, table: jobs.NewTable(cfg.KeepFinished),
+		est: router.NewEstimator(cfg.Rates, cfg.Alpha), view: newView(), load: newLoadTracker(),
+		runs: map[string]*run{}, pendingCancel: map[string]string{}, ready: make(chan struct{})}, nil
+}
+
+// Ready is closed once the coordinator serves requests and takes jobs.
+func (c *Coordinator) Ready() <-chan struct{} { return c.ready }
+
+// Rates are the cost model's current rates.
+func (c *Coordinator) Rates() router.Rates { return c.est.Rates() }
+
+// Run serves until ctx ends, then shuts down cleanly: it stops taking
+// submissions and jobs, hands the jobs not yet assigned back to the queue
+// at once, lets running jobs finish for up to ShutdownGrace, then cancels
+// the rest on their workers and hands them back too.
+func (c *Coordinator) Run(ctx context.Context) error {
+	setup, cancelSetup := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelSetup()
+	var err error
+	if c.queue, err = cp.OpenJobQueue(setup, c.nc, c.cfg.Queue); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	if c.reg, err = cp.OpenRegistry(setup, c.nc, c.cfg.Registry); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+
+	// Background work lives until every job has settled, after ctx ends.
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+	var bgWG sync.WaitGroup
+	defer bgWG.Wait()
+	defer stopBG()
+
+	changes, err := c.reg.Watch(bg)
+	if err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); c.watch(changes) }()
+	select {
+	case <-c.view.synced:
+	case <-setup.Done():
+		return fmt.Errorf("coordinator: the worker registry did not list its workers: %w", setup.Err())
+	}
+
+	progress, err := c.nc.Subscribe(cp.SubjectAllJobProgress, c.onProgress)
+	if err != nil {
+		return fmt.Errorf("coordinator: subscribe to progress: %w", err)
+	}
+	defer func() { _ = progress.Unsubscribe() }()
+
+	serveCtx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	for range c.cfg.SubmitHandlers {
+		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectSubmit, cp.QueueGroupCoordinators, c.submit); err != nil {
+			return fmt.Errorf("coordinator: %w", err)
+		}
+	}
+	for range 2 {
+		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectCancel, cp.QueueGroupCoordinators, c.cancelJob); err != nil {
+			return fmt.Errorf("coordinator: %w", err)
+		}
+	}
+	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectListJobs, cp.QueueGroupCoordinators, c.list); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); c.pollQueue(bg) }()
+
+	c.log.Info("coordinator serving", zap.String("model", c.cfg.Model.ID), zap.String("policy", string(c.cfg.Policy)),
+		zap.Int("layers", c.cfg.Model.NumLayers), zap.Bool("tokenizer", c.cfg.Tokenizer != nil))
+	close(c.ready)
+
+	var runs sync.WaitGroup
+	c.consume(ctx, &runs)
+	stopServing()
+	c.log.Info("coordinator stopping: waiting for running jobs", zap.Int("running", c.running()),
+		zap.Duration("grace", c.cfg.ShutdownGrace))
+	runs.Wait()
+	c.log.Info("coordinator stopped")
+	return nil
+}
+
+// consume takes jobs from the queue until ctx ends, and drives each.
+func (c *Coordinator) consume(ctx context.Context, runs *sync.WaitGroup) {
+	slots := make(chan struct{}, c.cfg.MaxRunning)
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		d, err := c.queue.Next(ctx)
+		if err != nil {
+			<-slots
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, cp.ErrInvalid) {
+				c.log.Error("undecodable job in the queue, terminated", zap.Error(err))
+				continue
+			}
+			c.log.Warn("job queue", zap.Error(err))
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		runs.Add(1)
+		go func() {
+			defer runs.Done()
+			defer func() { <-slots }()
+			c.drive(ctx, d)
+		}()
+	}
+}
+
+func (c *Coordinator) running() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.runs)
+}
+
+// pollQueue keeps the queue-depth metrics current.
+func (c *Coordinator) pollQueue(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := c.queue.Stats(qctx)
+		cancel()
+		if err == nil {
+			c.m.Queue(st.Waiting, st.InFlight)
+		}
+		c.m.Running(c.running())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// publish announces a job event and records it in the job list.
+func (c *Coordinator) publish(ev cp.JobEvent) {
+	c.table.Record(ev)
+	if err := cp.Publish(c.nc, cp.JobEvents(ev.JobID), &ev); err != nil {
+		c.log.Warn("publish job event", zap.String("job", ev.JobID), zap.String("state", string(ev.State)), zap.Error(err))
+	}
+}

@@ -1,0 +1,208 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/jobs"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// submit accepts a job: it tokenizes the prompt, applies admission
+// control, announces the job as queued and stores it in the job queue.
+func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.SubmitReply, error) {
+	received := time.Now() // tokenization is part of the time to first token
+	id := cp.JobIDFor(req)
+	if req.IdempotencyKey != "" {
+		if _, ok := c.table.Get(id); ok {
+			c.m.Submission("duplicate")
+			return &cp.SubmitReply{JobID: id, Duplicate: true}, nil
+		}
+	}
+	stored, err := c.admit(req)
+	if err != nil {
+		c.m.Submission(string(codeOf(err)))
+		return nil, err
+	}
+	job := jobs.New(id, received, len(stored.TokenIDs))
+	ev := job.Queued(fmt.Sprintf("%d prompt tokens, up to %d new", len(stored.TokenIDs), stored.MaxTokens))
+	// Announced before it is stored, so that no later event of the job can
+	// overtake it.
+	c.publish(ev)
+	enq, err := c.queue.Enqueue(ctx, &cp.QueuedJob{JobID: id, Submitted: received, Request: *stored})
+	if err != nil {
+		c.log.Warn("job not queued", zap.String("job", id), zap.Error(err))
+		// Subscribers saw it queued: tell them it is not. The job list
+		// forgets it, so that a retry with the same key is not taken for a
+		// duplicate.
+		if fe, ferr := job.Advance(cp.StateFailed, time.Now(), jobs.Update{
+			Err: &cp.JobError{Code: codeOf(err), Message: "not queued: " + err.Error()}}); ferr == nil {
+			_ = cp.Publish(c.nc, cp.JobEvents(id), &fe)
+		}
+		c.table.Forget(id)
+		c.m.Submission(string(codeOf(err)))
+		return nil, err
+	}
+	if enq.Duplicate {
+		c.m.Submission("duplicate")
+		return &cp.SubmitReply{JobID: id, Duplicate: true}, nil
+	}
+	c.m.Submission("accepted")
+	c.log.Debug("job queued", zap.String("job", id), zap.Int("tokens", len(stored.TokenIDs)))
+	return &cp.SubmitReply{JobID: id}, nil
+}
+
+func codeOf(err error) cp.ErrorCode {
+	var re *cp.RemoteError
+	if errors.As(err, &re) && re.Code != "" {
+		return re.Code
+	}
+	if errors.Is(err, cp.ErrInvalid) {
+		return cp.CodeBadRequest
+	}
+	return cp.CodeInternal
+}
+
+func refuse(code cp.ErrorCode, format string, args ...any) error {
+	return &cp.RemoteError{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// admit checks a valid request against the model and the limits, and
+// returns the request as stored: the prompt as token ids, max_tokens set,
+// and for a chat prompt the end-of-turn token among the stops.
+func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
+	m, tok := c.cfg.Model, c.cfg.Tokenizer
+	out := *req
+	out.Prompt, out.Messages = "", nil
+	switch {
+	case req.Prompt != "" || len(req.Messages) > 0:
+		if tok == nil {
+			return nil, refuse(cp.CodeBadRequest, "model %s has no tokenizer: submit token_ids instead of text", m.ID)
+		}
+		var ids []int
+		if req.Prompt != "" {
+			ids = tok.Encode(req.Prompt)
+		} else {
+			turns := make([]tokenizer.Message, 0, len(req.Messages))
+			for i, t := range req.Messages {
+				if t.Role == "tool" {
+					return nil, refuse(cp.CodeBadRequest, "messages[%d].role: tool turns are not supported by this model's chat format", i)
+				}
+				turns = append(turns, tokenizer.Message{Role: t.Role, Content: t.Content})
+			}
+			var err error
+			if ids, err = tok.EncodeChat(turns, tokenizer.ChatOptions{OpenAssistant: true}); err != nil {
+				return nil, refuse(cp.CodeBadRequest, "messages: %v", err)
+			}
+			// A chat turn ends with <|end_of_msg|>: stop there.
+			if eom := tok.EndOfMessageID(); eom >= 0 && !slices.Contains(out.Stop.TokenIDs, int32(eom)) {
+				out.Stop.TokenIDs = append(slices.Clone(out.Stop.TokenIDs), int32(eom))
+			}
+		}
+		out.TokenIDs = make([]int32, len(ids))
+		for i, id := range ids {
+			out.TokenIDs[i] = int32(id)
+		}
+	default:
+		out.TokenIDs = slices.Clone(req.TokenIDs)
+	}
+	n := len(out.TokenIDs)
+	if n == 0 {
+		return nil, refuse(cp.CodeBadRequest, "empty prompt: the text encodes to no tokens")
+	}
+	for i, id := range out.TokenIDs {
+		if int(id) >= m.VocabSize {
+			return nil, refuse(cp.CodeBadRequest, "token_ids[%d] is %d, outside the model's vocabulary [0, %d)", i, id, m.VocabSize)
+		}
+	}
+	for i, id := range out.Stop.TokenIDs {
+		if int(id) >= m.VocabSize {
+			return nil, refuse(cp.CodeBadRequest, "stop token #%d is %d, outside the model's vocabulary [0, %d)", i, id, m.VocabSize)
+		}
+	}
+	if len(out.Stop.TokenIDs)+len(out.Stop.Texts) > cp.MaxStops {
+		return nil, refuse(cp.CodeBadRequest, "stop has %d entries with the end-of-turn token, at most %d allowed", len(out.Stop.TokenIDs)+len(out.Stop.Texts), cp.MaxStops)
+	}
+	if len(out.Stop.Texts) > 0 && tok == nil {
+		return nil, refuse(cp.CodeBadRequest, "model %s has no tokenizer: stop texts cannot be matched; give stop token ids", m.ID)
+	}
+	if n > c.cfg.MaxPromptTokens {
+		return nil, refuse(cp.CodeTooLarge, "prompt has %d tokens, at most %d allowed (limits.max_prompt_tokens)", n, c.cfg.MaxPromptTokens)
+	}
+	if out.MaxTokens == 0 {
+		out.MaxTokens = min(c.cfg.DefaultMaxTokens, m.MaxPositions-n)
+	}
+	if out.MaxTokens > c.cfg.MaxOutputTokens {
+		return nil, refuse(cp.CodeTooLarge, "max_tokens is %d, at most %d allowed (limits.max_output_tokens)", out.MaxTokens, c.cfg.MaxOutputTokens)
+	}
+	if n+out.MaxTokens > m.MaxPositions {
+		return nil, refuse(cp.CodeTooLarge, "prompt (%d tokens) and max_tokens (%d) exceed the model's %d positions", n, out.MaxTokens, m.MaxPositions)
+	}
+	// What the decode groups can hold at all (their memory budgets); one
+	// that is busy now may take the job later.
+	workers, _ := c.view.snapshot()
+	if gs, _ := groups(workers, m); len(gs) > 0 {
+		best := gs[0]
+		for _, g := range gs[1:] {
+			if g.Capacity > best.Capacity {
+				best = g
+			}
+		}
+		if need := n + out.MaxTokens; need > best.Capacity {
+			return nil, refuse(cp.CodeTooLarge, "prompt (%d tokens) and max_tokens (%d) need %d tokens of state; the largest decode group (%s) holds %d",
+				n, out.MaxTokens, need, best.ID, best.Capacity)
+		}
+	}
+	return &out, nil
+}
+
+// cancelJob cancels a job: a running job on every worker involved (the
+// reply comes once they were told), a queued one before it runs.
+func (c *Coordinator) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp.CancelReply, error) {
+	reason := req.Reason
+	if reason == "" {
+		reason = "cancelled by a client"
+	}
+	c.mu.Lock()
+	r := c.runs[req.JobID]
+	c.mu.Unlock()
+	if r != nil {
+		reply := make(chan *cp.CancelReply, 1)
+		r.inbox.put(message{cancel: reason, reply: reply})
+		wait, stop := context.WithTimeout(ctx, 2*c.cfg.AssignTimeout+time.Second)
+		defer stop()
+		select {
+		case rep := <-reply:
+			return rep, nil
+		case <-wait.Done():
+			return nil, refuse(cp.CodeInternal, "job %s: the cancellation did not complete in %v", req.JobID, 2*c.cfg.AssignTimeout+time.Second)
+		}
+	}
+	ev, ok := c.table.Get(req.JobID)
+	switch {
+	case !ok:
+		return nil, refuse(cp.CodeNotFound, "no job %s here (unknown, or finished long ago)", req.JobID)
+	case ev.State.Final():
+		return nil, refuse(cp.CodeConflict, "job %s is %s already", req.JobID, ev.State)
+	}
+	c.mu.Lock()
+	c.pendingCancel[req.JobID] = reason
+	c.mu.Unlock()
+	c.log.Info("queued job marked cancelled", zap.String("job", req.JobID))
+	return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled}, nil
+}
+
+// list answers with each job's latest event, newest first.
+func (c *Coordinator) list(_ context.Context, req *cp.ListJobsRequest) (*cp.ListJobsReply, error) {
+	limit := req.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	return &cp.ListJobsReply{Jobs: c.table.List(req.State, limit)}, nil
+}

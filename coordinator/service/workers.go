@@ -1,0 +1,224 @@
+package service
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+)
+
+// view is the coordinator's picture of the worker registry, kept current
+// by the registry watch.
+type view struct {
+	mu      sync.Mutex
+	workers map[string]cp.WorkerInfo
+	changed chan struct{} // closed (and replaced) at every change
+	synced  chan struct{} // closed once the registry's workers were listed
+	once    sync.Once
+}
+
+func newView() *view {
+	return &view{workers: map[string]cp.WorkerInfo{}, changed: make(chan struct{}), synced: make(chan struct{})}
+}
+
+// snapshot returns the live workers and a channel closed at the next change.
+func (v *view) snapshot() (map[string]cp.WorkerInfo, <-chan struct{}) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make(map[string]cp.WorkerInfo, len(v.workers))
+	for id, w := range v.workers {
+		out[id] = w
+	}
+	return out, v.changed
+}
+
+func (v *view) notifyLocked() {
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// watch follows the registry: workers coming, beating, leaving and
+// expiring. A worker that leaves, expires or restarts (a new start time
+// under the same id) takes its running jobs with it.
+func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
+	for ch := range changes {
+		var gone, reason string
+		v := c.view
+		v.mu.Lock()
+		switch ch.Op {
+		case cp.WorkerSynced:
+			v.once.Do(func() { close(v.synced) })
+		case cp.WorkerUp:
+			old, had := v.workers[ch.ID]
+			v.workers[ch.ID] = *ch.Info
+			if had && !old.Started.Equal(ch.Info.Started) {
+				gone, reason = ch.ID, fmt.Sprintf("restarted at %s: the jobs of its previous run are lost", ch.Info.Started.Format("15:04:05.000"))
+			}
+			if !had {
+				c.log.Info("worker up", zap.String("worker", ch.ID), zap.String("kind", string(ch.Info.Kind)),
+					zap.String("group", ch.Info.GroupID), zap.Int("rank", ch.Info.Rank), zap.String("model", ch.Info.Model))
+			}
+		case cp.WorkerLeft:
+			if _, had := v.workers[ch.ID]; had {
+				gone, reason = ch.ID, "left the registry (shut down)"
+			}
+			delete(v.workers, ch.ID)
+		case cp.WorkerExpired:
+			if _, had := v.workers[ch.ID]; had {
+				gone, reason = ch.ID, fmt.Sprintf("heartbeat expired: no heartbeat for %v, presumed dead", c.reg.TTL())
+			}
+			delete(v.workers, ch.ID)
+		case cp.WorkerInvalid:
+			c.log.Warn("undecodable worker registration", zap.String("worker", ch.ID), zap.Error(ch.Err))
+		}
+		counts := map[cp.WorkerKind]int{}
+		for _, w := range v.workers {
+			counts[w.Kind]++
+		}
+		v.notifyLocked()
+		v.mu.Unlock()
+		c.m.Workers(string(cp.KindPrefill), counts[cp.KindPrefill])
+		c.m.Workers(string(cp.KindDecode), counts[cp.KindDecode])
+		if gone != "" {
+			c.log.Warn("worker lost", zap.String("worker", gone), zap.String("reason", reason))
+			c.workerLost(gone, reason)
+		}
+	}
+}
+
+// workerLost tells every run that involves worker id.
+func (c *Coordinator) workerLost(id, reason string) {
+	c.mu.Lock()
+	var affected []*run
+	for _, r := range c.runs {
+		affected = append(affected, r)
+	}
+	c.mu.Unlock()
+	for _, r := range affected {
+		r.inbox.put(message{lost: id, reason: reason})
+	}
+}
+
+// group is a decode group as the registry shows it.
+type group struct {
+	ID    string
+	Ranks []cp.WorkerInfo // by rank
+	// Capacity is the longest sequence the group can hold when idle (its
+	// ranks' memory budgets); Free what it can take now (0 when the
+	// ranks do not say).
+	Capacity, Free int
+	Active         int
+}
+
+// Head is rank 0, the group's front door.
+func (g *group) Head() cp.WorkerInfo { return g.Ranks[0] }
+
+// Workers are the ids of every rank.
+func (g *group) Workers() []string {
+	ids := make([]string, len(g.Ranks))
+	for i, r := range g.Ranks {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// groups assembles the decode groups of the model from the registry. A
+// group is usable when every rank is registered, ready, and the ranks'
+// layers tile the model; the others are described in problems.
+func groups(workers map[string]cp.WorkerInfo, m *modelinfo.Info) (usable []group, problems []string) {
+	by := map[string][]cp.WorkerInfo{}
+	for _, w := range workers {
+		if w.Kind == cp.KindDecode {
+			by[w.GroupID] = append(by[w.GroupID], w)
+		}
+	}
+	ids := make([]string, 0, len(by))
+	for id := range by {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		ranks := by[id]
+		slices.SortFunc(ranks, func(a, b cp.WorkerInfo) int { return a.Rank - b.Rank })
+		if msg := checkGroup(ranks, m); msg != "" {
+			problems = append(problems, fmt.Sprintf("group %s: %s", id, msg))
+			continue
+		}
+		g := group{ID: id, Ranks: ranks, Capacity: m.MaxPositions}
+		free := m.MaxPositions
+		for _, r := range ranks {
+			g.Capacity = min(g.Capacity, m.MaxTokens(r.Layers.First, r.Layers.End, int64(r.MemoryTotal)))
+			if r.MemoryTotal > 0 {
+				free = min(free, r.MaxSeqTokens)
+			}
+			g.Active = max(g.Active, r.Active+r.QueueDepth)
+		}
+		g.Free = free
+		usable = append(usable, g)
+	}
+	return usable, problems
+}
+
+// checkGroup says why a group cannot take jobs, or "".
+func checkGroup(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
+	size := ranks[0].GroupSize
+	var missing []string
+	next := 0
+	for _, r := range ranks {
+		switch {
+		case r.Model != m.ID:
+			return fmt.Sprintf("rank %d (%s) serves model %q, the coordinator %q", r.Rank, r.ID, r.Model, m.ID)
+		case r.GroupSize != size:
+			return fmt.Sprintf("ranks disagree on the group size (%d and %d)", size, r.GroupSize)
+		case r.Draining:
+			return fmt.Sprintf("rank %d (%s) takes no jobs (draining, or its ring is not formed)", r.Rank, r.ID)
+		case r.Rank < next:
+			return fmt.Sprintf("rank %d is registered twice", r.Rank)
+		}
+		for ; next < r.Rank; next++ {
+			missing = append(missing, fmt.Sprint(next))
+		}
+		next = r.Rank + 1
+	}
+	for ; next < size; next++ {
+		missing = append(missing, fmt.Sprint(next))
+	}
+	if len(missing) > 0 {
+		return fmt.Sprintf("rank(s) %s of %d not registered", strings.Join(missing, ", "), size)
+	}
+	end := 0
+	for _, r := range ranks {
+		if r.Layers.First != end {
+			return fmt.Sprintf("rank %d holds layers %v, expected to start at %d", r.Rank, r.Layers, end)
+		}
+		end = r.Layers.End
+	}
+	if end != m.NumLayers {
+		return fmt.Sprintf("the ranks hold layers [0,%d), the model has %d", end, m.NumLayers)
+	}
+	return ""
+}
+
+// prefillWorkers are the model's prefill workers taking jobs, least loaded
+// first.
+func prefillWorkers(workers map[string]cp.WorkerInfo, m *modelinfo.Info) []cp.WorkerInfo {
+	var out []cp.WorkerInfo
+	for _, w := range workers {
+		if w.Kind == cp.KindPrefill && w.Model == m.ID && !w.Draining {
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(a, b cp.WorkerInfo) int {
+		if d := (a.Active + a.QueueDepth) - (b.Active + b.QueueDepth); d != 0 {
+			return d
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
+}

@@ -1,0 +1,342 @@
+// Package cpadapter is a decode rank's control-plane mode: it keeps the
+// rank registered in the worker registry (heartbeats with its layers, free
+// memory, load and measured rates) and, on rank 0 (the group's front door),
+// serves the coordinator's assignments and cancellations and publishes each
+// job's tokens and progress on NATS.
+//
+// The coordinator assigns a job to rank 0 only: rank 0 admits the sequence
+// on every rank over the mesh, carrying the job's transfer session (one
+// session id and secret for every rank of a job, as kvtransfer expects) to
+// the others, and a cancellation on rank 0 frees the sequence on every
+// rank. The other ranks only beat.
+package cpadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/membership"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// Config configures one rank's adapter.
+type Config struct {
+	Conn     *nats.Conn
+	Registry *cp.Registry
+	// WorkerID is this rank's id in the registry.
+	WorkerID string
+	// Worker is this rank's pipeline worker; Layout and Rank place it.
+	Worker *pipeline.Worker
+	Layout *rank.Layout
+	Rank   int
+	// Model is the model's configuration; ModelID its identity
+	// (membership of one model: modelinfo.Identity of the model directory).
+	Model   *model.Config
+	ModelID string
+	// LatentDType is the rank's MLA cache dtype (default BF16), for the
+	// memory it reports.
+	LatentDType model.DType
+	// Tokenizer detokenizes the tokens rank 0 publishes and finds stop
+	// texts; nil publishes token ids only and refuses stop texts.
+	Tokenizer *tokenizer.Tokenizer
+	// Backend names the compute backend (default "cpu").
+	Backend string
+	Version string
+	// Advertise is the host:port other workers reach this rank's
+	// kvtransfer server on (default: the layout's endpoint).
+	Advertise string
+	// Heartbeat is the interval between heartbeats (default: a third of
+	// the registry's TTL).
+	Heartbeat time.Duration
+	// TransferDeadline bounds a remote job's transfer when its assignment
+	// has no deadline (default 30 min).
+	TransferDeadline time.Duration
+	// Handlers is the number of assignment handlers on rank 0 (default 4):
+	// an admission waits for a trip around the ring.
+	Handlers int
+	Log      *zap.Logger
+}
+
+// Adapter is a running control-plane mode of one rank.
+type Adapter struct {
+	cfg     Config
+	lo, hi  int
+	started time.Time
+	log     *zap.Logger
+	hb      *membership.Heartbeat
+	cancel  context.CancelFunc
+	maxSeq  int
+
+	mu      sync.Mutex
+	streams map[string]*stream
+	closing bool
+	wg      sync.WaitGroup // streams
+}
+
+// Start registers the rank and, on rank 0, starts serving assignments.
+func Start(ctx context.Context, cfg Config) (*Adapter, error) {
+	switch {
+	case cfg.Conn == nil || cfg.Registry == nil || cfg.Worker == nil || cfg.Layout == nil || cfg.Model == nil:
+		return nil, errors.New("decode adapter: a NATS connection, a registry, a worker, a layout and a model config are required")
+	case cfg.Rank < 0 || cfg.Rank > cfg.Layout.Last():
+		return nil, fmt.Errorf("decode adapter: rank %d is not in group %q", cfg.Rank, cfg.Layout.Group)
+	}
+	if err := cp.CheckID(cfg.WorkerID); err != nil {
+		return nil, fmt.Errorf("decode adapter: worker id: %w", err)
+	}
+	if err := cp.CheckID(cfg.Layout.Group); err != nil {
+		return nil, fmt.Errorf("decode adapter: group name %q is not a protocol id: %w", cfg.Layout.Group, err)
+	}
+	if cfg.LatentDType == 0 {
+		cfg.LatentDType = model.BF16
+	}
+	if cfg.Backend == "" {
+		cfg.Backend = "cpu"
+	}
+	if cfg.Advertise == "" {
+		cfg.Advertise = cfg.Layout.Ranks[cfg.Rank].Endpoint
+	}
+	if cfg.TransferDeadline <= 0 {
+		cfg.TransferDeadline = 30 * time.Minute
+	}
+	if cfg.Handlers <= 0 {
+		cfg.Handlers = 4
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	spec := cfg.Layout.Ranks[cfg.Rank]
+	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{},
+		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20}
+	serveCtx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	if cfg.Rank == 0 {
+		// Several subscriptions in one queue group: requests are spread
+		// over them and handled in parallel.
+		queue := "tandem-worker-" + cfg.WorkerID
+		for range cfg.Handlers {
+			if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign); err != nil {
+				cancel()
+				return nil, fmt.Errorf("decode adapter: %w", err)
+			}
+		}
+		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
+			cancel()
+			return nil, fmt.Errorf("decode adapter: %w", err)
+		}
+	}
+	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("decode adapter: %w", err)
+	}
+	a.hb = hb
+	a.log.Info("decode rank registered", zap.String("group", cfg.Layout.Group), zap.Int("rank", cfg.Rank),
+		zap.Int("lo", a.lo), zap.Int("hi", a.hi), zap.String("advertise", cfg.Advertise))
+	return a, nil
+}
+
+// Close stops taking assignments, cancels the jobs still running on rank 0
+// (their coordinators learn it from their progress), waits until their last
+// messages are out, and deregisters the rank.
+func (a *Adapter) Close(ctx context.Context) error {
+	a.mu.Lock()
+	a.closing = true
+	ids := make([]string, 0, len(a.streams))
+	for id := range a.streams {
+		ids = append(ids, id)
+	}
+	a.mu.Unlock()
+	a.cancel()
+	for _, id := range ids {
+		_ = a.cfg.Worker.Cancel(ctx, id)
+	}
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	var errs []error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("decode adapter: %d jobs still ending: %w", len(ids), ctx.Err()))
+	}
+	errs = append(errs, a.hb.Stop(ctx))
+	return errors.Join(errs...)
+}
+
+// Beat sends a heartbeat now (e.g. once the ring is formed).
+func (a *Adapter) Beat() { a.hb.Beat() }
+
+// info is this rank's heartbeat.
+func (a *Adapter) info() cp.WorkerInfo {
+	st := a.cfg.Worker.Stats()
+	a.mu.Lock()
+	closing := a.closing
+	a.mu.Unlock()
+	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindDecode, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
+		Version: a.cfg.Version, GroupID: a.cfg.Layout.Group, Rank: a.cfg.Rank, GroupSize: len(a.cfg.Layout.Ranks),
+		Layers:     cp.LayerRange{First: a.lo, End: a.hi},
+		QueueDepth: st.Queued, Active: st.Sequences,
+		Endpoints: cp.Endpoints{Transfer: a.cfg.Advertise, Pipeline: a.cfg.Advertise},
+		Started:   a.started, Time: time.Now(),
+		// A rank whose ring is not formed cannot admit: it takes no jobs.
+		Draining: closing || !st.Formed,
+	}
+	if st.BudgetBytes > 0 {
+		w.MemoryTotal = uint64(st.BudgetBytes)
+		w.MemoryFree = uint64(max(st.BudgetBytes-st.ReservedBytes, 0))
+		w.MaxSeqTokens = a.maxTokens(int64(w.MemoryFree))
+	}
+	if st.DecodeSteps > 0 && st.StepTime > 0 {
+		w.Rates.DecodeTokensPerSec = float64(st.DecodeSteps) / st.StepTime.Seconds()
+	}
+	return w
+}
+
+// maxTokens is the longest sequence whose state on this rank's layers fits
+// in free bytes (the state grows linearly with the tokens).
+func (a *Adapter) maxTokens(free int64) int {
+	fixed := rank.StateBytes(a.cfg.Model, a.lo, a.hi, 0, a.cfg.LatentDType)
+	per := rank.StateBytes(a.cfg.Model, a.lo, a.hi, 1, a.cfg.LatentDType) - fixed
+	switch {
+	case free < fixed:
+		return 0
+	case per <= 0:
+		return a.maxSeq
+	}
+	return int(min(int64(a.maxSeq), (free-fixed)/per))
+}
+
+// assign admits a job on the group (rank 0).
+func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignReply, error) {
+	rep := &cp.AssignReply{JobID: as.JobID, WorkerID: a.cfg.WorkerID}
+	refuse := func(code cp.ErrorCode, format string, args ...any) (*cp.AssignReply, error) {
+		msg := fmt.Sprintf(format, args...)
+		a.log.Warn("assignment refused", zap.String("job", as.JobID), zap.String("reason", msg))
+		rep.SetError(code, fmt.Sprintf("decode group %s (rank 0 %s): %s", a.cfg.Layout.Group, a.cfg.WorkerID, msg))
+		return rep, nil
+	}
+	req, err := a.request(as)
+	if err != nil {
+		return refuse(cp.CodeBadRequest, "%v", err)
+	}
+	a.mu.Lock()
+	if a.closing {
+		a.mu.Unlock()
+		return refuse(cp.CodeUnavailable, "shutting down")
+	}
+	if a.streams[as.JobID] != nil {
+		a.mu.Unlock()
+		return refuse(cp.CodeConflict, "job %s is already running here", as.JobID)
+	}
+	s := a.newStream(as, req)
+	a.streams[as.JobID] = s
+	a.wg.Add(1)
+	a.mu.Unlock()
+	req.Sink = s
+
+	subCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := a.cfg.Worker.Submit(subCtx, *req); err != nil {
+		s.abandon()
+		var refused *pipeline.RefusedError
+		switch {
+		case errors.As(err, &refused), errors.Is(err, pipeline.ErrNotReady):
+			return refuse(cp.CodeUnavailable, "%v", err)
+		case ctx.Err() != nil || subCtx.Err() != nil:
+			return refuse(cp.CodeUnavailable, "admission did not finish: %v", err)
+		}
+		return refuse(cp.CodeBadRequest, "%v", err)
+	}
+	rep.Accepted = true
+	rep.ReservedBytes = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, len(req.Tokens)+as.CachedTokens+req.MaxTokens, a.cfg.LatentDType))
+	a.log.Info("job admitted", zap.String("job", as.JobID), zap.Int("tokens", len(req.Tokens)),
+		zap.Int("cached", as.CachedTokens), zap.Int("max_tokens", req.MaxTokens))
+	return rep, nil
+}
+
+// request turns an assignment into the group's request (without its sink).
+func (a *Adapter) request(as *cp.Assignment) (*pipeline.Request, error) {
+	l := a.cfg.Layout
+	switch {
+	case as.WorkerID != a.cfg.WorkerID:
+		return nil, fmt.Errorf("the assignment is addressed to %s", as.WorkerID)
+	case as.Role != cp.RoleDecode:
+		return nil, fmt.Errorf("role %s: a decode group takes the decode role", as.Role)
+	case as.GroupID != l.Group:
+		return nil, fmt.Errorf("the assignment is for group %s", as.GroupID)
+	case len(as.Placement) != len(l.Ranks):
+		return nil, fmt.Errorf("the placement has %d ranks, the group %d", len(as.Placement), len(l.Ranks))
+	case as.Sampling.MaxTokens < 1:
+		return nil, fmt.Errorf("max_tokens is %d: the coordinator must give at least 1", as.Sampling.MaxTokens)
+	case len(as.Sampling.Stop.Texts) > 0 && a.cfg.Tokenizer == nil:
+		return nil, errors.New("stop texts need a tokenizer, and this model directory has none: give stop token ids")
+	}
+	for i, p := range as.Placement {
+		if r := l.Ranks[i]; p.Layers.First != r.Lo || p.Layers.End != r.Hi {
+			return nil, fmt.Errorf("placement rank %d holds layers %v, the group's rank %d holds [%d,%d)", i, p.Layers, i, r.Lo, r.Hi)
+		}
+	}
+	s := as.Sampling
+	req := &pipeline.Request{ID: as.JobID, Tokens: as.TokenIDs, MaxTokens: s.MaxTokens, Stop: s.Stop.TokenIDs,
+		Sampling: sampling.Params{Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, Seed: s.Seed}}
+	if as.CachedTokens == 0 {
+		return req, nil
+	}
+	// Every rank of a job receives its layers under the job's one transfer
+	// session; rank 0's entry carries its id and secret.
+	own := as.Placement[0]
+	if own.SessionID == "" || len(own.Secret) == 0 {
+		return nil, errors.New("a remote job's placement gives rank 0 no transfer session")
+	}
+	for i, p := range as.Placement {
+		if p.SessionID != own.SessionID {
+			return nil, fmt.Errorf("placement rank %d has transfer session %q, rank 0 %q: a job has one session for every rank", i, p.SessionID, own.SessionID)
+		}
+	}
+	deadline := as.Deadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(a.cfg.TransferDeadline)
+	}
+	req.Remote = &pipeline.Remote{Tokens: as.CachedTokens, Deadline: deadline}
+	for range as.Placement {
+		req.Remote.Sessions = append(req.Remote.Sessions, pipeline.Session{ID: own.SessionID, Secret: own.Secret})
+	}
+	return req, nil
+}
+
+// cancelJob cancels a job on the group (rank 0); every rank frees it.
+func (a *Adapter) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp.CancelReply, error) {
+	a.mu.Lock()
+	s := a.streams[req.JobID]
+	a.mu.Unlock()
+	if s == nil {
+		return nil, &cp.RemoteError{Code: cp.CodeNotFound, Message: fmt.Sprintf("decode group %s: job %s is not running here", a.cfg.Layout.Group, req.JobID)}
+	}
+	s.markCancelled(req.Reason)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := a.cfg.Worker.Cancel(cctx, req.JobID); err != nil {
+		return nil, &cp.RemoteError{Code: cp.CodeConflict, Message: fmt.Sprintf("decode group %s: cancel job %s: %v", a.cfg.Layout.Group, req.JobID, err)}
+	}
+	a.log.Info("job cancelled", zap.String("job", req.JobID), zap.String("reason", req.Reason))
+	return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled, FreedBytes: s.reserved}, nil
+}
+
+// done forgets a finished stream.
+func (a *Adapter) done(id string) {
+	a.mu.Lock()
+	delete(a.streams, id)
+	a.mu.Unlock()
+	a.wg.Done()
+}

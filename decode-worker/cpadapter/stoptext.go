@@ -1,0 +1,51 @@
+package cpadapter
+
+import "strings"
+
+// stopText watches generated text for stop strings. It holds back the end
+// of the text while it could still be the start of a stop string, so that
+// no part of a stop string is ever handed out.
+type stopText struct {
+	stops []string
+	held  string
+}
+
+// push adds a piece of text and returns what can be handed out, and
+// whether a stop string was completed (then out ends just before it and
+// the rest is dropped).
+func (s *stopText) push(piece string) (out string, stopped bool) {
+	buf := s.held + piece
+	if len(s.stops) == 0 {
+		s.held = ""
+		return buf, false
+	}
+	first := -1
+	for _, st := range s.stops {
+		if i := strings.Index(buf, st); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	if first >= 0 {
+		s.held = ""
+		return buf[:first], true
+	}
+	// Hold back the longest tail that a stop string starts with.
+	keep := 0
+	for _, st := range s.stops {
+		for n := min(len(st)-1, len(buf)); n > keep; n-- {
+			if strings.HasPrefix(st, buf[len(buf)-n:]) {
+				keep = n
+				break
+			}
+		}
+	}
+	s.held = buf[len(buf)-keep:]
+	return buf[:len(buf)-keep], false
+}
+
+// flush returns the held-back text at the end of generation.
+func (s *stopText) flush() string {
+	out := s.held
+	s.held = ""
+	return out
+}

@@ -1,0 +1,217 @@
+package cpadapter
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// stream is one job's sink on rank 0: it turns the group's tokens into
+// TokenMsg (with text, stop texts applied) and Progress messages. The
+// group calls Token and End from its loop, which must never wait, so they
+// only queue; the stream's own goroutine detokenizes and publishes.
+type stream struct {
+	a        *Adapter
+	id       string
+	prompt   int // prompt tokens (run here or cached)
+	local    bool
+	stopIDs  map[int32]bool
+	dec      *tokenizer.StreamDecoder
+	text     stopText
+	reserved uint64
+	log      *zap.Logger
+
+	mu        sync.Mutex
+	items     []item
+	wake      chan struct{}
+	cancelled string // the coordinator's reason, once it cancelled
+
+	// Owned by run.
+	count    int
+	first    time.Time
+	reported time.Time // the last decoding progress
+	stopped  bool      // a stop text ended the job
+}
+
+type item struct {
+	end     bool
+	abandon bool
+	index   int
+	token   int32
+	res     pipeline.Result
+}
+
+var _ pipeline.Sink = (*stream)(nil)
+
+// progressEvery spaces the decoding reports of a job.
+const progressEvery = 2 * time.Second
+
+func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
+	s := &stream{a: a, id: as.JobID, prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
+		stopIDs: map[int32]bool{}, text: stopText{stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
+		log: a.log.With(zap.String("job", as.JobID))}
+	s.reserved = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, s.prompt+req.MaxTokens, a.cfg.LatentDType))
+	for _, id := range req.Stop {
+		s.stopIDs[id] = true
+	}
+	if a.cfg.Tokenizer != nil {
+		s.dec = tokenizer.NewStreamDecoder(a.cfg.Tokenizer)
+	}
+	go s.run()
+	return s
+}
+
+// Token queues a token (from the group's loop).
+func (s *stream) Token(_ string, index int, token int32) { s.push(item{index: index, token: token}) }
+
+// End queues the end (from the group's loop).
+func (s *stream) End(_ string, r pipeline.Result) { s.push(item{end: true, res: r}) }
+
+// abandon ends a stream whose sequence was never admitted: nothing is
+// published (the coordinator has the refusal).
+func (s *stream) abandon() { s.push(item{abandon: true}) }
+
+func (s *stream) markCancelled(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if reason == "" {
+		reason = "cancelled by the coordinator"
+	}
+	s.cancelled = reason
+}
+
+func (s *stream) push(it item) {
+	s.mu.Lock()
+	s.items = append(s.items, it)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *stream) run() {
+	defer s.a.done(s.id)
+	for {
+		<-s.wake
+		s.mu.Lock()
+		items := s.items
+		s.items = nil
+		s.mu.Unlock()
+		for _, it := range items {
+			switch {
+			case it.abandon:
+				return
+			case it.end:
+				s.end(it.res)
+				return
+			default:
+				s.token(it.index, it.token)
+			}
+		}
+	}
+}
+
+func (s *stream) token(index int, id int32) {
+	if s.stopped {
+		return // tokens already in flight when a stop text ended the job
+	}
+	now := time.Now()
+	if s.first.IsZero() {
+		s.first = now
+	}
+	// The first token, then a sign of life every few seconds: the
+	// coordinator fails a decoding job that goes silent.
+	if now.Sub(s.reported) >= progressEvery {
+		s.reported = now
+		s.publish(cp.JobProgress(s.id), &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Stage: cp.StateDecoding,
+			Time: now, Tokens: index + 1, Elapsed: now.Sub(s.first)})
+	}
+	var out string
+	if s.dec != nil && !s.stopIDs[id] {
+		piece, err := s.dec.Push(int(id))
+		if err != nil {
+			s.log.Warn("token does not decode", zap.Int32("token", id), zap.Error(err))
+		}
+		out, s.stopped = s.text.push(piece)
+	}
+	s.publish(cp.JobTokens(s.id), &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id, Text: out})
+	s.count = index + 1
+	if s.stopped {
+		// The group keeps stepping until the cancel lands; those tokens
+		// are dropped above.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.a.cfg.Worker.Cancel(ctx, s.id); err != nil {
+			s.log.Warn("cancel after a stop text", zap.Error(err))
+		}
+	}
+}
+
+func (s *stream) end(r pipeline.Result) {
+	s.mu.Lock()
+	cancelledBy := s.cancelled
+	s.mu.Unlock()
+	var rest string
+	if s.dec != nil && !s.stopped {
+		var stop bool
+		rest, stop = s.text.push(s.dec.Flush())
+		if !stop {
+			rest += s.text.flush()
+		}
+	}
+	reason := cp.FinishReason(r.Reason)
+	stage := cp.StateDone
+	p := &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Time: time.Now(), Tokens: s.count}
+	switch {
+	case s.stopped:
+		reason = cp.FinishStop
+	case r.Reason == pipeline.ReasonCancelled:
+		stage = cp.StateCancelled
+		if cancelledBy == "" {
+			cancelledBy = "cancelled on the decode group"
+		}
+		p.Error = &cp.JobError{Code: cp.CodeConflict, Worker: s.a.cfg.WorkerID, Message: cancelledBy}
+	case r.Reason == pipeline.ReasonError:
+		stage = cp.StateFailed
+		msg := "the decode group ended the sequence with an error"
+		if r.Err != nil {
+			msg = r.Err.Error()
+		}
+		p.Error = &cp.JobError{Code: cp.CodeInternal, Worker: s.a.cfg.WorkerID, Message: msg}
+	}
+	p.Stage = stage
+	if !s.first.IsZero() {
+		end := r.Timing.Ended
+		if end.IsZero() {
+			end = p.Time
+		}
+		p.Elapsed = max(end.Sub(s.first), 0)
+		m := &cp.Rates{}
+		if s.count > 1 && p.Elapsed > 0 {
+			m.DecodeTokensPerSec = float64(s.count-1) / p.Elapsed.Seconds()
+		}
+		if s.local && !r.Timing.Admitted.IsZero() && r.Timing.FirstToken.After(r.Timing.Admitted) {
+			m.PrefillTokensPerSec = float64(s.prompt) / r.Timing.FirstToken.Sub(r.Timing.Admitted).Seconds()
+		}
+		p.Measured = m
+	}
+	// The final token message goes out before the final progress, so a
+	// client that sees the job end has every token.
+	s.publish(cp.JobTokens(s.id), &cp.TokenMsg{JobID: s.id, Index: s.count, TokenID: -1, Text: rest, Final: true, FinishReason: reason})
+	s.publish(cp.JobProgress(s.id), p)
+	s.log.Info("job ended", zap.String("finish", string(reason)), zap.Int("tokens", s.count), zap.Duration("decode", p.Elapsed))
+}
+
+func (s *stream) publish(subject string, m cp.Message) {
+	if err := cp.Publish(s.a.cfg.Conn, subject, m); err != nil {
+		s.log.Warn("publish failed", zap.String("subject", subject), zap.Error(err))
+	}
+}

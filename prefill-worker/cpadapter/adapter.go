@@ -1,0 +1,349 @@
+// Package cpadapter is the prefill worker's control-plane mode: it keeps
+// the worker registered in the worker registry (heartbeats with its queue
+// and measured rates), takes the coordinator's assignments (prefill
+// prompt[:-1] and stream each layer's state to the decode ranks over
+// kvtransfer, under the job's transfer session), takes cancellations, and
+// reports each job's progress on NATS.
+package cpadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/membership"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
+	"github.com/tandem-inference/tandem/prefill-worker/worker"
+)
+
+// Config configures the adapter.
+type Config struct {
+	Conn     *nats.Conn
+	Registry *cp.Registry
+	WorkerID string
+	Worker   *worker.Worker
+	// ModelID is the model's identity (modelinfo.Identity of the model
+	// directory); the coordinator pairs workers of the same model.
+	ModelID string
+	Backend string // default "cpu"
+	Version string
+	// MemoryTotal is the worker's memory budget, reported in heartbeats.
+	MemoryTotal int64
+	// Heartbeat is the interval between heartbeats (default: a third of
+	// the registry's TTL).
+	Heartbeat time.Duration
+	// Transfer configures the kvtransfer senders: timeouts and connections
+	// per decode rank (0: kvtransfer's defaults).
+	Transfer      kvtransfer.Timeouts
+	TransferConns int
+	// DefaultDeadline bounds a job whose assignment has none (default 30 min).
+	DefaultDeadline time.Duration
+	// ProgressEvery is the least time between two progress reports of a
+	// job (default 100 ms); the last layer is always reported.
+	ProgressEvery time.Duration
+	Log           *zap.Logger
+}
+
+// Adapter is the running control-plane mode of a prefill worker.
+type Adapter struct {
+	cfg     Config
+	started time.Time
+	log     *zap.Logger
+	hb      *membership.Heartbeat
+	cancel  context.CancelFunc
+
+	mu      sync.Mutex
+	jobs    map[string]*job
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// job is one assignment in progress.
+type job struct {
+	id        string
+	sender    *kvtransfer.Sender
+	handle    *worker.Job
+	tokens    int
+	assigned  time.Time
+	cancelled string // reason, once the coordinator cancelled it
+
+	mu        sync.Mutex
+	lastSent  time.Time
+	layer     int // layers done in the current pass
+	layers    int
+	computed  time.Time // the last layer of the last pass is done
+	bytesThen int64     // bytes sent by then
+}
+
+// Start registers the worker and serves assignments until Close.
+func Start(ctx context.Context, cfg Config) (*Adapter, error) {
+	if cfg.Conn == nil || cfg.Registry == nil || cfg.Worker == nil {
+		return nil, errors.New("prefill adapter: a NATS connection, a registry and a worker are required")
+	}
+	if err := cp.CheckID(cfg.WorkerID); err != nil {
+		return nil, fmt.Errorf("prefill adapter: worker id: %w", err)
+	}
+	if cfg.Backend == "" {
+		cfg.Backend = "cpu"
+	}
+	if cfg.DefaultDeadline <= 0 {
+		cfg.DefaultDeadline = 30 * time.Minute
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 100 * time.Millisecond
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
+	serveCtx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	queue := "tandem-worker-" + cfg.WorkerID
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign); err != nil {
+		cancel()
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
+		cancel()
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
+	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
+	a.hb = hb
+	a.log.Info("prefill worker registered", zap.String("model", cfg.ModelID))
+	return a, nil
+}
+
+// Close stops taking assignments, cancels the jobs in progress (their
+// coordinators learn it from their progress) and deregisters the worker.
+// The worker itself is the caller's to close.
+func (a *Adapter) Close(ctx context.Context) error {
+	a.mu.Lock()
+	a.closing = true
+	for id := range a.jobs {
+		a.cfg.Worker.Cancel(id)
+	}
+	n := len(a.jobs)
+	a.mu.Unlock()
+	a.cancel()
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	var errs []error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("prefill adapter: %d jobs still ending: %w", n, ctx.Err()))
+	}
+	errs = append(errs, a.hb.Stop(ctx))
+	return errors.Join(errs...)
+}
+
+func (a *Adapter) info() cp.WorkerInfo {
+	st := a.cfg.Worker.Stats()
+	a.mu.Lock()
+	closing := a.closing
+	a.mu.Unlock()
+	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindPrefill, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
+		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress,
+		Rates:   cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor},
+		Started: a.started, Time: time.Now(), Draining: closing}
+	if a.cfg.MemoryTotal > 0 {
+		w.MemoryTotal = uint64(a.cfg.MemoryTotal)
+		w.MemoryFree = w.MemoryTotal // the budget is planned per pass, not reserved per job
+	}
+	return w
+}
+
+// assign starts prefilling a job and streaming its state.
+func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignReply, error) {
+	rep := &cp.AssignReply{JobID: as.JobID, WorkerID: a.cfg.WorkerID}
+	refuse := func(code cp.ErrorCode, format string, args ...any) (*cp.AssignReply, error) {
+		msg := fmt.Sprintf(format, args...)
+		a.log.Warn("assignment refused", zap.String("job", as.JobID), zap.String("reason", msg))
+		rep.SetError(code, fmt.Sprintf("prefill worker %s: %s", a.cfg.WorkerID, msg))
+		return rep, nil
+	}
+	place, session, secret, err := a.placement(as)
+	if err != nil {
+		return refuse(cp.CodeBadRequest, "%v", err)
+	}
+	deadline := as.Deadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(a.cfg.DefaultDeadline)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.closing:
+		return refuse(cp.CodeUnavailable, "shutting down")
+	case a.jobs[as.JobID] != nil:
+		return refuse(cp.CodeConflict, "job %s is already running here", as.JobID)
+	}
+	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Job: as.JobID, Session: session, Secret: secret,
+		Placement: place, Deadline: deadline, Timeouts: a.cfg.Transfer, Conns: a.cfg.TransferConns})
+	if err != nil {
+		return refuse(cp.CodeBadRequest, "%v", err)
+	}
+	j := &job{id: as.JobID, sender: snd, tokens: len(as.TokenIDs), assigned: time.Now(), layers: a.cfg.Worker.Model().NumLayers}
+	h, err := a.cfg.Worker.Submit(worker.Spec{ID: as.JobID, Tokens: as.TokenIDs, Sink: snd, Deadline: deadline,
+		Progress: func(p scheduler.Progress) { a.progress(j, p) }})
+	if err != nil {
+		snd.Abort(err)
+		return refuse(cp.CodeUnavailable, "%v", err)
+	}
+	j.handle = h
+	a.jobs[as.JobID] = j
+	a.wg.Add(1)
+	go a.wait(j)
+	rep.Accepted = true
+	a.log.Info("job assigned", zap.String("job", as.JobID), zap.Int("tokens", j.tokens), zap.Int("ranks", len(as.Placement)))
+	return rep, nil
+}
+
+// placement checks the assignment and maps each layer to its rank's
+// kvtransfer endpoint.
+func (a *Adapter) placement(as *cp.Assignment) (kvtransfer.LayerMap, string, []byte, error) {
+	n := a.cfg.Worker.Model().NumLayers
+	switch {
+	case as.WorkerID != a.cfg.WorkerID:
+		return nil, "", nil, fmt.Errorf("the assignment is addressed to %s", as.WorkerID)
+	case as.Role != cp.RolePrefill:
+		return nil, "", nil, fmt.Errorf("role %s: a prefill worker takes the prefill role", as.Role)
+	case as.Placement[len(as.Placement)-1].Layers.End != n:
+		return nil, "", nil, fmt.Errorf("the placement ends at layer %d, the model has %d layers", as.Placement[len(as.Placement)-1].Layers.End, n)
+	}
+	// kvtransfer sends a job under one session: every rank registers the
+	// same id and secret.
+	first := as.Placement[0]
+	place := kvtransfer.LayerMap{}
+	for i, p := range as.Placement {
+		if p.SessionID != first.SessionID || string(p.Secret) != string(first.Secret) {
+			return nil, "", nil, fmt.Errorf("placement rank %d has another transfer session than rank 0: a job has one session for every rank", i)
+		}
+		for L := p.Layers.First; L < p.Layers.End; L++ {
+			place[L] = p.Transfer
+		}
+	}
+	return place, first.SessionID, first.Secret, nil
+}
+
+// progress reports a job's layers (from the pass goroutine: it must be
+// quick).
+func (a *Adapter) progress(j *job, p scheduler.Progress) {
+	now := time.Now()
+	last := p.Final && p.Layer == p.Layers
+	j.mu.Lock()
+	j.layer = p.Layer
+	if last {
+		j.computed = now
+		j.bytesThen = j.sender.Stats().BytesSent
+	}
+	due := last || now.Sub(j.lastSent) >= a.cfg.ProgressEvery
+	if due {
+		j.lastSent = now
+	}
+	j.mu.Unlock()
+	if !due {
+		return
+	}
+	// Tokens counts the prompt tokens whose every layer is done.
+	stage, done := cp.StatePrefilling, p.Done
+	if last {
+		// Prefill compute is over; what is left is the transfer tail.
+		stage, done = cp.StateTransferring, p.Total
+	}
+	a.publish(cp.JobProgress(j.id), &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Stage: stage, Time: now,
+		Layers: &cp.LayerProgress{Done: p.Layer, Total: p.Layers}, Tokens: done, Elapsed: p.Elapsed})
+}
+
+// wait reports the job's end: done once every rank committed its state.
+func (a *Adapter) wait(j *job) {
+	defer a.wg.Done()
+	err := j.handle.Wait(context.Background())
+	res := j.handle.Result()
+	now := time.Now()
+	a.mu.Lock()
+	delete(a.jobs, j.id)
+	reason := j.cancelled
+	a.mu.Unlock()
+
+	st := j.sender.Stats()
+	p := &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Time: now, Tokens: res.Tokens,
+		Bytes: uint64(max(st.BytesSent, 0)), Elapsed: res.Prefill}
+	j.mu.Lock()
+	layer, computed, bytesThen := j.layer, j.computed, j.bytesThen
+	j.mu.Unlock()
+	switch {
+	case err == nil:
+		p.Stage = cp.StateDone
+		p.Measured = a.measured(computed, now, st.BytesSent-bytesThen)
+		a.log.Info("job prefilled and transferred", zap.String("job", j.id), zap.Int("tokens", res.Tokens),
+			zap.Duration("wait", res.Wait), zap.Duration("prefill", res.Prefill), zap.Int64("bytes", st.BytesSent))
+	case reason != "" || errors.Is(err, scheduler.ErrCancelled):
+		if reason == "" {
+			reason = "cancelled on the prefill worker"
+		}
+		p.Stage = cp.StateCancelled
+		p.Error = &cp.JobError{Code: cp.CodeConflict, Worker: a.cfg.WorkerID, Message: reason}
+	default:
+		p.Stage = cp.StateFailed
+		p.Error = &cp.JobError{Code: cp.CodeInternal, Worker: a.cfg.WorkerID, Message: err.Error()}
+		if computed.IsZero() {
+			// The pass stopped inside the model: name the layer it was on.
+			p.Error.Layer = &layer
+		}
+		a.log.Warn("job failed", zap.String("job", j.id), zap.Error(err))
+	}
+	a.publish(cp.JobProgress(j.id), p)
+}
+
+// measured are the figures of the latest pass and of this job's transfer
+// tail: the bytes sent between the end of prefill and the commit, over that
+// time, measure the link while it had a backlog (small tails say little,
+// so they are left out).
+func (a *Adapter) measured(computed, committed time.Time, tailBytes int64) *cp.Rates {
+	st := a.cfg.Worker.Stats()
+	r := &cp.Rates{PassFloor: st.PassFloor}
+	if lp := st.LastPass; lp != nil && lp.Stats.Compute > 0 && lp.Stats.Tokens > 0 {
+		r.PrefillTokensPerSec = float64(lp.Stats.Tokens) / lp.Stats.Compute.Seconds()
+	}
+	if tail := committed.Sub(computed); !computed.IsZero() && tail > 0 && tailBytes >= 1<<20 {
+		r.LinkBytesPerSec = float64(tailBytes) / tail.Seconds()
+	}
+	return r
+}
+
+// cancelJob cancels a job: the pass drops it at the next layer and its
+// sender aborts, so the decode ranks free their buffers.
+func (a *Adapter) cancelJob(_ context.Context, req *cp.CancelRequest) (*cp.CancelReply, error) {
+	a.mu.Lock()
+	j := a.jobs[req.JobID]
+	if j != nil {
+		j.cancelled = req.Reason
+		if j.cancelled == "" {
+			j.cancelled = "cancelled by the coordinator"
+		}
+	}
+	a.mu.Unlock()
+	if j == nil || !a.cfg.Worker.Cancel(req.JobID) {
+		return nil, &cp.RemoteError{Code: cp.CodeNotFound, Message: fmt.Sprintf("prefill worker %s: job %s is not running here", a.cfg.WorkerID, req.JobID)}
+	}
+	a.log.Info("job cancelled", zap.String("job", req.JobID), zap.String("reason", req.Reason))
+	return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled}, nil
+}
+
+func (a *Adapter) publish(subject string, m cp.Message) {
+	if err := cp.Publish(a.cfg.Conn, subject, m); err != nil {
+		a.log.Warn("publish failed", zap.String("subject", subject), zap.Error(err))
+	}
+}
