@@ -37,8 +37,6 @@ type kernelSet struct {
 
 	// Vector steps of the KDA recurrences (vec.go): each element is one
 	// multiply then one add, as the scalar Go loops round them.
-	axpy      func(y, x []float64, a float64)                   // y += a·x
-	axmy      func(y, x []float64, a float64)                   // y -= a·x
 	scal      func(y []float64, a float64)                      // y *= a
 	decayRead func(row, r []float64, a, kc float64)             // row *= a; r += kc·row
 	writeRead func(row, r, acc []float64, kc, qc float64)       // row += kc·r; acc += qc·row
@@ -73,8 +71,6 @@ var goKernels = kernelSet{
 	gemvF32:  gemv16F32Go,
 	gemvBF16: gemv16BF16Go,
 
-	axpy:      axpyGo,
-	axmy:      axmyGo,
 	scal:      scalGo,
 	decayRead: decayReadGo,
 	writeRead: writeReadGo,

@@ -111,8 +111,6 @@ var avx2Kernels = func() kernelSet {
 		},
 		gemvBF16: gemv16BF16AVX2,
 
-		axpy:      axpyVec,
-		axmy:      axmyVec,
 		scal:      scalVec,
 		decayRead: decayReadVec,
 		writeRead: writeReadVec,

@@ -4,12 +4,6 @@ package cpu
 // would (by slicing) before handing pointers over.
 
 //go:noescape
-func axpyAVX2(y, x *float64, n int, a float64)
-
-//go:noescape
-func axmyAVX2(y, x *float64, n int, a float64)
-
-//go:noescape
 func scalAVX2(y *float64, n int, a float64)
 
 //go:noescape
@@ -32,18 +26,6 @@ func narrowAVX2(dst *float32, s *float64, n int)
 
 //go:noescape
 func kdaDotsAVX2(l, a, kp, qp, knT *float64, ld, dk, nj int)
-
-func axpyVec(y, x []float64, a float64) {
-	if len(y) > 0 {
-		axpyAVX2(&y[0], &x[:len(y)][0], len(y), a)
-	}
-}
-
-func axmyVec(y, x []float64, a float64) {
-	if len(y) > 0 {
-		axmyAVX2(&y[0], &x[:len(y)][0], len(y), a)
-	}
-}
 
 func scalVec(y []float64, a float64) {
 	if len(y) > 0 {
