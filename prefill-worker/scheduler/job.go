@@ -94,28 +94,27 @@ func (j *Job) Result() Result {
 // ErrCancelled is the cause of jobs cancelled through the scheduler.
 var ErrCancelled = errors.New("job cancelled")
 
-// end finishes the job once; a failure aborts its sink.
-func (j *Job) end(err error) {
-	j.once.Do(func() {
-		if err != nil {
-			if j.out != nil {
-				j.out.Abort(err)
-			} else if j.spec.Sink != nil {
-				j.spec.Sink.Abort(err)
-			}
+// settle records the outcome and releases the job's waiters; a failure
+// aborts its sink. The scheduler calls it once (finish).
+func (j *Job) settle(err error) {
+	if err != nil {
+		if j.out != nil {
+			j.out.Abort(err)
+		} else if j.spec.Sink != nil {
+			j.spec.Sink.Abort(err)
 		}
-		j.result.Err = err
-		j.result.Tokens = len(j.spec.Tokens)
-		j.result.Passes = j.passes
-		if !j.started.IsZero() {
-			j.result.Wait = j.started.Sub(j.submitted)
-			j.result.Prefill = time.Since(j.started)
-		} else {
-			j.result.Wait = time.Since(j.submitted)
-		}
-		j.cancel(err)
-		close(j.finish)
-	})
+	}
+	j.result.Err = err
+	j.result.Tokens = len(j.spec.Tokens)
+	j.result.Passes = j.passes
+	if !j.started.IsZero() {
+		j.result.Wait = j.started.Sub(j.submitted)
+		j.result.Prefill = time.Since(j.started)
+	} else {
+		j.result.Wait = time.Since(j.submitted)
+	}
+	j.cancel(err)
+	close(j.finish)
 }
 
 func (j *Job) finished() bool {

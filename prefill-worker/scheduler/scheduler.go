@@ -218,47 +218,47 @@ func (s *Scheduler) Cancel(id string) bool {
 	return true
 }
 
-// finish ends a job and updates the books.
+// finish ends a job, once: the books first, then the job's waiters, so
+// that Stats counts a job as soon as its Wait returns.
 func (s *Scheduler) finish(j *Job, err error) {
-	if j.finished() {
-		return
-	}
-	j.state = nil // callers may keep the handle; the state must not stay with it
-	j.end(err)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.jobs, j.spec.ID)
-	for i, p := range s.progress {
-		if p == j {
-			s.progress = append(s.progress[:i], s.progress[i+1:]...)
-			break
+	j.once.Do(func() {
+		j.state = nil // callers may keep the handle; the state must not stay with it
+		s.mu.Lock()
+		delete(s.jobs, j.spec.ID)
+		for i, p := range s.progress {
+			if p == j {
+				s.progress = append(s.progress[:i], s.progress[i+1:]...)
+				break
+			}
 		}
-	}
-	for i, w := range s.waiting {
-		if w == j {
-			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
-			break
+		for i, w := range s.waiting {
+			if w == j {
+				s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+				break
+			}
 		}
-	}
-	switch {
-	case err == nil:
-		s.stats.Completed++
-	case errors.Is(err, ErrCancelled) || errors.Is(err, context.Canceled):
-		s.stats.Cancelled++
-	default:
-		s.stats.Failed++
-	}
-	s.stats.Queued, s.stats.InProgress = len(s.waiting), len(s.progress)
-	select { // a committed job frees memory a waiting pass may need
-	case s.wake <- struct{}{}:
-	default:
-	}
-	if err != nil {
-		s.log.Info("job failed", zap.String("job", j.spec.ID), zap.Error(err))
-	} else {
-		s.log.Info("job done", zap.String("job", j.spec.ID), zap.Int("tokens", len(j.spec.Tokens)),
-			zap.Int("passes", j.passes), zap.Duration("prefill", j.result.Prefill.Round(time.Millisecond)))
-	}
+		switch {
+		case err == nil:
+			s.stats.Completed++
+		case errors.Is(err, ErrCancelled) || errors.Is(err, context.Canceled):
+			s.stats.Cancelled++
+		default:
+			s.stats.Failed++
+		}
+		s.stats.Queued, s.stats.InProgress = len(s.waiting), len(s.progress)
+		select { // a settled job frees memory a waiting pass may need
+		case s.wake <- struct{}{}:
+		default:
+		}
+		s.mu.Unlock()
+		j.settle(err)
+		if err != nil {
+			s.log.Info("job failed", zap.String("job", j.spec.ID), zap.Error(err))
+		} else {
+			s.log.Info("job done", zap.String("job", j.spec.ID), zap.Int("tokens", len(j.spec.Tokens)),
+				zap.Int("passes", j.passes), zap.Duration("prefill", j.result.Prefill.Round(time.Millisecond)))
+		}
+	})
 }
 
 // Stats returns a snapshot of the counters.
