@@ -43,9 +43,10 @@ type Handlers struct {
 }
 
 // tailWait is how long the client waits, after the final event, for the
-// final token message (the decode group publishes it before its last
-// report, so it is normally already there).
-const tailWait = 2 * time.Second
+// final token message: the decode group publishes it before its last
+// report, so it is normally there already; it is missing only when the
+// decode group's front door died.
+const tailWait = 500 * time.Millisecond
 
 // Run submits req and follows the job until its final event (and its last
 // token message), or until ctx ends. Without an idempotency key it makes

@@ -377,6 +377,21 @@ func (c *Cluster) StartRank(ctx context.Context, r int) error {
 // RankID is decode rank r's worker id.
 func (c *Cluster) RankID(r int) string { return fmt.Sprintf("%s-r%d", c.opt.Group, r) }
 
+// StopRank deregisters decode rank r cleanly; its worker keeps running
+// (StartRank registers it again), so the group takes no jobs meanwhile.
+func (c *Cluster) StopRank(ctx context.Context, r int) error {
+	c.mu.Lock()
+	m := c.ranks[r]
+	c.ranks[r] = nil
+	c.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	err := m.adapter.Close(ctx)
+	m.nc.Close()
+	return err
+}
+
 // KillRank stops decode rank r as a crash would: its links and its NATS
 // connection drop, it does not deregister.
 func (c *Cluster) KillRank(r int) {

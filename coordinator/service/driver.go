@@ -120,9 +120,7 @@ func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 
 	r.job = jobs.New(qj.JobID, qj.Submitted, len(qj.Request.TokenIDs))
 	r.job.Queued("") // announced at submission
-	if d.Redelivered() {
-		r.log.Info("job redelivered", zap.Uint64("delivered", d.NumDelivered))
-	}
+	r.log.Debug("job delivered", zap.Uint64("delivered", d.NumDelivered))
 	var final *cp.JobEvent
 	switch {
 	case early:

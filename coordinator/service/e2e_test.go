@@ -15,6 +15,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/coordinator/internal/natstest"
+	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
@@ -31,7 +32,10 @@ func testOptions(t *testing.T) cluster.Options {
 		Queue:    cp.QueueConfig{Memory: true, AckWait: 3 * time.Second},
 		Registry: cp.RegistryConfig{Memory: true, TTL: 2 * time.Second},
 		Coordinator: service.Config{AssignTimeout: 3 * time.Second, PlacementWait: 10 * time.Second,
-			StallTimeout: 10 * time.Second, ShutdownGrace: 2 * time.Second},
+			StallTimeout: 10 * time.Second, ShutdownGrace: 2 * time.Second,
+			// The tiny model on this machine, roughly (measured jobs refine it).
+			Rates: router.Rates{PassFloor: 20 * time.Millisecond, PrefillTokPerS: 3000, LocalPrefillTokPerS: 2500,
+				LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}},
 		Threads:       1,
 		MeshHeartbeat: 100 * time.Millisecond, MeshIdle: 2 * time.Second,
 		Transfer: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 3 * time.Second, Idle: 3 * time.Second,

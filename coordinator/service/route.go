@@ -97,6 +97,10 @@ func (t *loadTracker) routerLoad(pf, g string, r router.Rates) router.Load {
 	return l
 }
 
+// unknown is where a prediction stops meaning anything: the router's
+// figure for a rate of zero.
+const unknown = 1000 * time.Hour
+
 func durationOf(tokens, perSec float64) time.Duration {
 	if tokens <= 0 || perSec <= 0 {
 		return 0
@@ -147,6 +151,14 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n in
 	}
 	rd := &cp.RouteDecision{Policy: policy, Target: cp.Target(d.Target), PredictedLocal: d.Local.Total,
 		PredictedRemote: d.Remote.Total, DecodeGroup: g.ID, Reason: d.Reason}
+	// A side whose rates are not known yet has no prediction: say so
+	// rather than show the router's stand-in for infinity.
+	if d.Local.Total >= unknown {
+		rd.PredictedLocal, rd.Reason = 0, rd.Reason+" (the decode group's prefill rate is not measured yet)"
+	}
+	if d.Remote.Total >= unknown {
+		rd.PredictedRemote, rd.Reason = 0, rd.Reason+" (the prefill worker's rates are not measured yet)"
+	}
 	if d.Target == router.TargetRemote {
 		rd.PrefillWorker = pf.ID
 	}

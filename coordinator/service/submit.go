@@ -69,8 +69,15 @@ func codeOf(err error) cp.ErrorCode {
 	return cp.CodeInternal
 }
 
+// refusal is an error answered with its code; its text is the message
+// alone (the reply carries the code in its own field).
+type refusal struct{ re *cp.RemoteError }
+
+func (r *refusal) Error() string { return r.re.Message }
+func (r *refusal) Unwrap() error { return r.re }
+
 func refuse(code cp.ErrorCode, format string, args ...any) error {
-	return &cp.RemoteError{Code: code, Message: fmt.Sprintf(format, args...)}
+	return &refusal{&cp.RemoteError{Code: code, Message: fmt.Sprintf(format, args...)}}
 }
 
 // admit checks a valid request against the model and the limits, and

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -45,38 +46,54 @@ func (v *view) notifyLocked() {
 
 // watch follows the registry: workers coming, beating, leaving and
 // expiring. A worker that leaves, expires or restarts (a new start time
-// under the same id) takes its running jobs with it.
+// under the same id) takes its running jobs with it. Besides the server's
+// expiry markers, the coordinator sweeps for workers silent longer than
+// the TTL itself, so that a dead worker is noticed within TTL + TTL/4
+// whatever the server's expiry timing.
 func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
-	for ch := range changes {
-		var gone, reason string
-		v := c.view
-		v.mu.Lock()
-		switch ch.Op {
-		case cp.WorkerSynced:
-			v.once.Do(func() { close(v.synced) })
-		case cp.WorkerUp:
-			old, had := v.workers[ch.ID]
-			v.workers[ch.ID] = *ch.Info
-			if had && !old.Started.Equal(ch.Info.Started) {
-				gone, reason = ch.ID, fmt.Sprintf("restarted at %s: the jobs of its previous run are lost", ch.Info.Started.Format("15:04:05.000"))
+	ttl := c.reg.TTL()
+	sweep := time.NewTicker(ttl / 4)
+	defer sweep.Stop()
+	seen := map[string]time.Time{} // when the registry last recorded each worker
+	for {
+		var lost map[string]string
+		select {
+		case ch, ok := <-changes:
+			if !ok {
+				return
 			}
-			if !had {
-				c.log.Info("worker up", zap.String("worker", ch.ID), zap.String("kind", string(ch.Info.Kind)),
-					zap.String("group", ch.Info.GroupID), zap.Int("rank", ch.Info.Rank), zap.String("model", ch.Info.Model))
+			lost = c.apply(ch, seen)
+		case now := <-sweep.C:
+			v := c.view
+			v.mu.Lock()
+			for id, at := range seen {
+				if now.Sub(at) > ttl {
+					delete(v.workers, id)
+					delete(seen, id)
+					if lost == nil {
+						lost = map[string]string{}
+					}
+					lost[id] = fmt.Sprintf("heartbeat expired: no heartbeat for %v, presumed dead", now.Sub(at).Round(time.Millisecond))
+				}
 			}
-		case cp.WorkerLeft:
-			if _, had := v.workers[ch.ID]; had {
-				gone, reason = ch.ID, "left the registry (shut down)"
+			if lost != nil {
+				v.notifyLocked()
 			}
-			delete(v.workers, ch.ID)
-		case cp.WorkerExpired:
-			if _, had := v.workers[ch.ID]; had {
-				gone, reason = ch.ID, fmt.Sprintf("heartbeat expired: no heartbeat for %v, presumed dead", c.reg.TTL())
-			}
-			delete(v.workers, ch.ID)
-		case cp.WorkerInvalid:
-			c.log.Warn("undecodable worker registration", zap.String("worker", ch.ID), zap.Error(ch.Err))
+			v.mu.Unlock()
 		}
+		for id, reason := range lost {
+			c.log.Warn("worker lost", zap.String("worker", id), zap.String("reason", reason))
+			c.workerLost(id, reason)
+		}
+	}
+}
+
+// apply records one registry change and returns the workers it lost.
+func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[string]string {
+	var gone, reason string
+	v := c.view
+	v.mu.Lock()
+	defer func() {
 		counts := map[cp.WorkerKind]int{}
 		for _, w := range v.workers {
 			counts[w.Kind]++
@@ -85,11 +102,40 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 		v.mu.Unlock()
 		c.m.Workers(string(cp.KindPrefill), counts[cp.KindPrefill])
 		c.m.Workers(string(cp.KindDecode), counts[cp.KindDecode])
-		if gone != "" {
-			c.log.Warn("worker lost", zap.String("worker", gone), zap.String("reason", reason))
-			c.workerLost(gone, reason)
+	}()
+	switch ch.Op {
+	case cp.WorkerSynced:
+		v.once.Do(func() { close(v.synced) })
+	case cp.WorkerUp:
+		old, had := v.workers[ch.ID]
+		v.workers[ch.ID] = *ch.Info
+		seen[ch.ID] = ch.Time
+		if had && !old.Started.Equal(ch.Info.Started) {
+			gone, reason = ch.ID, fmt.Sprintf("restarted at %s: the jobs of its previous run are lost", ch.Info.Started.Format("15:04:05.000"))
 		}
+		if !had {
+			c.log.Info("worker up", zap.String("worker", ch.ID), zap.String("kind", string(ch.Info.Kind)),
+				zap.String("group", ch.Info.GroupID), zap.Int("rank", ch.Info.Rank), zap.String("model", ch.Info.Model))
+		}
+	case cp.WorkerLeft:
+		if _, had := v.workers[ch.ID]; had {
+			gone, reason = ch.ID, "left the registry (shut down)"
+		}
+		delete(v.workers, ch.ID)
+		delete(seen, ch.ID)
+	case cp.WorkerExpired:
+		if _, had := v.workers[ch.ID]; had {
+			gone, reason = ch.ID, fmt.Sprintf("heartbeat expired: no heartbeat for %v, presumed dead", c.reg.TTL())
+		}
+		delete(v.workers, ch.ID)
+		delete(seen, ch.ID)
+	case cp.WorkerInvalid:
+		c.log.Warn("undecodable worker registration", zap.String("worker", ch.ID), zap.Error(ch.Err))
 	}
+	if gone == "" {
+		return nil
+	}
+	return map[string]string{gone: reason}
 }
 
 // workerLost tells every run that involves worker id.

@@ -321,13 +321,13 @@ func (a *Adapter) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp.Can
 	s := a.streams[req.JobID]
 	a.mu.Unlock()
 	if s == nil {
-		return nil, &cp.RemoteError{Code: cp.CodeNotFound, Message: fmt.Sprintf("decode group %s: job %s is not running here", a.cfg.Layout.Group, req.JobID)}
+		return cancelRefused(req.JobID, cp.CodeNotFound, fmt.Sprintf("decode group %s: job %s is not running here", a.cfg.Layout.Group, req.JobID)), nil
 	}
 	s.markCancelled(req.Reason)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.cfg.Worker.Cancel(cctx, req.JobID); err != nil {
-		return nil, &cp.RemoteError{Code: cp.CodeConflict, Message: fmt.Sprintf("decode group %s: cancel job %s: %v", a.cfg.Layout.Group, req.JobID, err)}
+		return cancelRefused(req.JobID, cp.CodeConflict, fmt.Sprintf("decode group %s: cancel job %s: %v", a.cfg.Layout.Group, req.JobID, err)), nil
 	}
 	a.log.Info("job cancelled", zap.String("job", req.JobID), zap.String("reason", req.Reason))
 	return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled, FreedBytes: s.reserved}, nil
@@ -339,4 +339,10 @@ func (a *Adapter) done(id string) {
 	delete(a.streams, id)
 	a.mu.Unlock()
 	a.wg.Done()
+}
+
+func cancelRefused(job string, code cp.ErrorCode, msg string) *cp.CancelReply {
+	rep := &cp.CancelReply{JobID: job}
+	rep.SetError(code, msg)
+	return rep
 }

@@ -336,7 +336,7 @@ func (a *Adapter) cancelJob(_ context.Context, req *cp.CancelRequest) (*cp.Cance
 	}
 	a.mu.Unlock()
 	if j == nil || !a.cfg.Worker.Cancel(req.JobID) {
-		return nil, &cp.RemoteError{Code: cp.CodeNotFound, Message: fmt.Sprintf("prefill worker %s: job %s is not running here", a.cfg.WorkerID, req.JobID)}
+		return cancelRefused(req.JobID, cp.CodeNotFound, fmt.Sprintf("prefill worker %s: job %s is not running here", a.cfg.WorkerID, req.JobID)), nil
 	}
 	a.log.Info("job cancelled", zap.String("job", req.JobID), zap.String("reason", req.Reason))
 	return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled}, nil
@@ -346,4 +346,10 @@ func (a *Adapter) publish(subject string, m cp.Message) {
 	if err := cp.Publish(a.cfg.Conn, subject, m); err != nil {
 		a.log.Warn("publish failed", zap.String("subject", subject), zap.Error(err))
 	}
+}
+
+func cancelRefused(job string, code cp.ErrorCode, msg string) *cp.CancelReply {
+	rep := &cp.CancelReply{JobID: job}
+	rep.SetError(code, msg)
+	return rep
 }

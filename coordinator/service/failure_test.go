@@ -1,0 +1,238 @@
+package service_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
+)
+
+// follow runs a job in the background and calls on for each event.
+type followed struct {
+	res  *client.Result
+	err  error
+	done chan struct{}
+}
+
+func follow(nc *nats.Conn, req cp.SubmitRequest, h client.Handlers) *followed {
+	f := &followed{done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		f.res, f.err = client.Run(ctx, nc, req, h)
+	}()
+	return f
+}
+
+func (f *followed) wait(t *testing.T, within time.Duration) *client.Result {
+	t.Helper()
+	select {
+	case <-f.done:
+	case <-time.After(within):
+		t.Fatalf("the job did not end within %v", within)
+	}
+	if f.err != nil {
+		t.Fatal(f.err)
+	}
+	return f.res
+}
+
+// onceWhen returns an event handler that calls do once, the first time
+// cond holds.
+func onceWhen(cond func(cp.JobEvent) bool, do func()) func(cp.JobEvent) {
+	var once sync.Once
+	return func(ev cp.JobEvent) {
+		if cond(ev) {
+			once.Do(func() { go do() })
+		}
+	}
+}
+
+// checkFreed waits until the decode group and the prefill worker hold no
+// sequence and no state.
+func checkFreed(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		busy := ""
+		for r := range c.Group.Layout.Ranks {
+			if w := c.Group.Worker(r); w != nil {
+				if st := w.Stats(); st.Sequences != 0 || st.ReservedBytes != 0 {
+					busy = "decode rank holds sequences"
+				}
+			}
+			if s := c.Group.Server(r); s != nil {
+				if st := s.Stats(); st.HeldBytes != 0 || st.Sessions != 0 {
+					busy = "decode rank's kvtransfer server holds sessions"
+				}
+			}
+		}
+		if w := c.PrefillWorker(); w != nil {
+			if st := w.Stats(); st.Queued != 0 || st.InProgress != 0 {
+				busy = "prefill worker holds jobs"
+			}
+		}
+		if busy == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("resources not freed after 10 s: %s", busy)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestKillPrefillWorkerMidJob: the prefill worker dies during a remote
+// prefill: the job fails with a reason that names what broke, within a
+// bounded time, the decode group frees its state, and the next job runs
+// (locally, or on a restarted prefill worker).
+func TestKillPrefillWorkerMidJob(t *testing.T) {
+	opt := testOptions(t)
+	c := startCluster(t, opt)
+	nc := connect(t, c)
+	p := prompt(2000, c.Model.VocabSize, 3)
+	var killed time.Time
+	var mu sync.Mutex
+	f := follow(nc, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote},
+		client.Handlers{Event: onceWhen(func(ev cp.JobEvent) bool {
+			return ev.State == cp.StatePrefilling && ev.Progress != nil && ev.Progress.Done >= 1
+		}, func() {
+			mu.Lock()
+			killed = time.Now()
+			mu.Unlock()
+			c.KillPrefill()
+		})})
+	res := f.wait(t, 30*time.Second)
+	mu.Lock()
+	took := res.Final.Time.Sub(killed)
+	mu.Unlock()
+	if killed.IsZero() {
+		t.Fatalf("the job ended (%s) before prefill progress was seen", res.Final.State)
+	}
+	e := res.Final.Error
+	if res.Final.State != cp.StateFailed || e == nil || e.Worker == "" || e.Message == "" {
+		t.Fatalf("after the prefill worker died: %+v", res.Final)
+	}
+	if bound := 2*time.Second + 2*time.Second; took > bound {
+		t.Fatalf("the job failed %v after the kill, want within %v (registry TTL + slack)", took, bound)
+	}
+	t.Logf("failed %v after the kill: %v", took.Round(time.Millisecond), e)
+	checkFreed(t, c)
+
+	// New jobs still run: locally at once, remotely on a new prefill worker.
+	ref := loadReference(t, opt.ModelDir)
+	short := prompt(9, c.Model.VocabSize, 4)
+	checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}}), ref.generate(t, short, 5), cp.TargetLocal)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.StartPrefill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}, Policy: cp.PolicyRemote}),
+		ref.generate(t, short, 5), cp.TargetRemote)
+}
+
+// TestKillDecodeRankMidJob: a decode rank dies while a job decodes. Rank 1
+// dying breaks the ring: rank 0 ends the job with the lost link named.
+// Rank 0 dying takes the group's front door: the registry notices the
+// silence and the coordinator fails the job naming rank 0. Either way the
+// job ends within a bounded time and, with the rank back, jobs run again.
+func TestKillDecodeRankMidJob(t *testing.T) {
+	opt := testOptions(t)
+	c := startCluster(t, opt)
+	nc := connect(t, c)
+	ref := loadReference(t, opt.ModelDir)
+	for _, victim := range []int{1, 0} {
+		var killed time.Time
+		var mu sync.Mutex
+		f := follow(nc, cp.SubmitRequest{TokenIDs: prompt(20, c.Model.VocabSize, 5), Sampling: cp.Sampling{MaxTokens: 30000}},
+			client.Handlers{Event: onceWhen(func(ev cp.JobEvent) bool { return ev.State == cp.StateDecoding }, func() {
+				time.Sleep(100 * time.Millisecond)
+				mu.Lock()
+				killed = time.Now()
+				mu.Unlock()
+				c.KillRank(victim)
+			})})
+		res := f.wait(t, 30*time.Second)
+		mu.Lock()
+		took := res.Final.Time.Sub(killed)
+		mu.Unlock()
+		e := res.Final.Error
+		if killed.IsZero() || res.Final.State != cp.StateFailed || e == nil || e.Worker == "" {
+			t.Fatalf("rank %d killed: %+v", victim, res.Final)
+		}
+		// Rank 0's silence is noticed within the registry TTL (2 s) and a
+		// quarter; the rest is slack for a loaded machine.
+		if bound := 2*time.Second + 2*time.Second; took > bound {
+			t.Fatalf("rank %d killed: the job failed %v later, want within %v", victim, took, bound)
+		}
+		if victim == 0 && e.Worker != c.RankID(0) {
+			t.Fatalf("rank 0 killed: the failure names %q: %v", e.Worker, e)
+		}
+		t.Logf("rank %d killed: failed %v later, after %d tokens: %v", victim, took.Round(time.Millisecond), len(res.Tokens), e)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := c.StartRank(ctx, victim); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		checkFreed(t, c)
+		short := prompt(6, c.Model.VocabSize, 6)
+		checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}, Policy: cp.PolicyLocal}),
+			ref.generate(t, short, 5), cp.TargetLocal)
+	}
+}
+
+// TestCancelReachesEveryWorker: cancelling a decoding job and a job in its
+// remote prefill ends them cancelled and frees the memory on every worker.
+func TestCancelReachesEveryWorker(t *testing.T) {
+	c := startCluster(t, testOptions(t))
+	nc := connect(t, c)
+	for _, tc := range []struct {
+		name   string
+		req    cp.SubmitRequest
+		cancel func(cp.JobEvent) bool
+	}{
+		{"decoding", cp.SubmitRequest{TokenIDs: prompt(10, c.Model.VocabSize, 7), Sampling: cp.Sampling{MaxTokens: 30000}},
+			func(ev cp.JobEvent) bool { return ev.State == cp.StateDecoding }},
+		{"prefilling", cp.SubmitRequest{TokenIDs: prompt(2000, c.Model.VocabSize, 8), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote},
+			func(ev cp.JobEvent) bool {
+				return ev.State == cp.StatePrefilling && ev.Progress != nil && ev.Progress.Done >= 1
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.IdempotencyKey = "cancel-" + cp.NewJobID()
+			var rep *cp.CancelReply
+			var repErr error
+			var mu sync.Mutex
+			f := follow(nc, tc.req, client.Handlers{Event: onceWhen(tc.cancel, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				r, err := cp.Cancel(ctx, nc, cp.JobIDForKey(tc.req.IdempotencyKey), "test cancels")
+				mu.Lock()
+				rep, repErr = r, err
+				mu.Unlock()
+			})})
+			res := f.wait(t, 30*time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if repErr != nil || rep == nil || rep.State != cp.StateCancelled {
+				t.Fatalf("cancel reply %+v, %v", rep, repErr)
+			}
+			if res.Final.State != cp.StateCancelled {
+				t.Fatalf("job ended %s: %+v", res.Final.State, res.Final)
+			}
+			checkFreed(t, c)
+		})
+	}
+}
