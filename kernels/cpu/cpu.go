@@ -96,22 +96,27 @@ func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 		return
 	}
 	var next atomic.Int64
+	work := func() {
+		for {
+			c := int(next.Add(1) - 1)
+			if c >= chunks {
+				return
+			}
+			lo := c * grain
+			fn(lo, min(lo+grain, n))
+		}
+	}
+	// The calling goroutine is one of the workers: one fewer goroutine to
+	// start and wake per op, which a decode step does hundreds of times.
 	var wg sync.WaitGroup
-	wg.Add(workers)
-	for w := 0; w < workers; w++ {
+	wg.Add(workers - 1)
+	for w := 1; w < workers; w++ {
 		go func() {
 			defer wg.Done()
-			for {
-				c := int(next.Add(1) - 1)
-				if c >= chunks {
-					return
-				}
-				lo := c * grain
-				hi := min(lo+grain, n)
-				fn(lo, hi)
-			}
+			work()
 		}()
 	}
+	work()
 	wg.Wait()
 }
 
