@@ -176,18 +176,22 @@ func gemmCase[X, Y float](t *testing.T, rng *rand.Rand, w *kernels.Matrix, T int
 	}
 }
 
-// TestGEMMMatchesDefinition: random shapes (I and O off the tile and panel
-// sizes, T = 1..70 and past one 96-row block), every weight format, fp32 and
-// fp64 in and out, assembly and Go kernels, 1 and 3 threads, serial path:
+// TestGEMMMatchesDefinition: every T from 1 to 70 (and past one 96-row
+// block), each with two weight formats in turn (F32, BF16, F16, MXFP4,
+// MXFP8 E4M3/E5M2) and fp32 or fp64 in and out, random I and O off the tile
+// and panel sizes, assembly and Go kernels, 1 and 3 threads, serial path:
 // all bit-identical to the scalar FMA chain.
 func TestGEMMMatchesDefinition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	Ts := []int{1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 17, 33, 70}
+	Ts := make([]int, 0, 72)
+	for T := 1; T <= 70; T++ {
+		Ts = append(Ts, T)
+	}
 	if !testing.Short() {
 		Ts = append(Ts, 101)
 	}
-	for _, f := range allFormats {
-		for i, T := range Ts {
+	for i, T := range Ts {
+		for _, f := range []kernels.Format{allFormats[i%len(allFormats)], allFormats[(i+3)%len(allFormats)]} {
 			var I int
 			if f.Scaled() {
 				I = kernels.MXBlock * (1 + rng.IntN(9)) // up to 288: several 128-wide panels
@@ -195,12 +199,12 @@ func TestGEMMMatchesDefinition(t *testing.T) {
 				I = 1 + rng.IntN(300)
 			}
 			O := 1 + rng.IntN(100)
-			if i == 0 {
+			if T <= 2 {
 				O, I = 67, 8*kernels.MXBlock // a partial group after two full ones, exact panels
 			}
 			w := randMatrix(rng, f, O, I, 110, 140)
 			t.Run(fmt.Sprintf("%s/T%d_O%d_I%d", f, T, O, I), func(t *testing.T) {
-				switch i % 4 {
+				switch (i + int(f)) % 4 {
 				case 0:
 					gemmCase[float32, float32](t, rng, w, T)
 				case 1:
