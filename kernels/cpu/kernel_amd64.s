@@ -2,8 +2,12 @@
 
 // AVX2+FMA GEMM kernels over the packed layout of tile.go: accumulator rows
 // are 32 doubles (256 bytes) apart, weight-panel rows 32 floats (128 bytes,
-// widened exactly by VCVTPS2PD); activation tiles hold mr doubles per k. Every VFMADD231PD lane is one output's chain
-// acc = fma(x[k], w[k], acc), k in order, so the bits equal math.FMA's.
+// widened exactly by VCVTPS2PD); activation tiles hold mr doubles per k.
+// Every VFMADD231PD lane is one output's chain acc = fma(x[k], w[k], acc),
+// k in order, so the bits equal math.FMA's.
+
+// (Macros that read named arguments come before the first TEXT so that vet
+// does not check those names against the function above them.)
 
 // MXFP4_SCALES writes to slot..slot+3 (SP, fp32 slots) the E8M0
 // multipliers (tab.scale, at 32(R10)) of four rows' scales, the first at
@@ -36,7 +40,7 @@
 	MOVL    AX, (256+4*r)(SP)    \
 	ADDQ    sb+40(FP), R13
 
-// func tile6x8AVX2(c, x, w *float64, k int)
+// func tile6x8AVX2(c, x *float64, w *float32, k int)
 TEXT ·tile6x8AVX2(SB), NOSPLIT, $0-32
 	MOVQ c+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -96,7 +100,7 @@ loop6x8:
 	VZEROUPPER
 	RET
 
-// func tile4x8AVX2(c, x, w *float64, k int)
+// func tile4x8AVX2(c, x *float64, w *float32, k int)
 TEXT ·tile4x8AVX2(SB), NOSPLIT, $0-32
 	MOVQ c+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -142,7 +146,7 @@ loop4x8:
 	VZEROUPPER
 	RET
 
-// func tile2x16AVX2(c, x, w *float64, k int)
+// func tile2x16AVX2(c, x *float64, w *float32, k int)
 TEXT ·tile2x16AVX2(SB), NOSPLIT, $0-32
 	MOVQ c+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -188,7 +192,7 @@ loop2x16:
 	VZEROUPPER
 	RET
 
-// func tile1x32AVX2(c, x, w *float64, k int)
+// func tile1x32AVX2(c, x *float64, w *float32, k int)
 TEXT ·tile1x32AVX2(SB), NOSPLIT, $0-32
 	MOVQ c+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -401,10 +405,10 @@ loopMXFP4:
 	VZEROUPPER
 	RET
 
-// GEMV16 multiplies 16 weight rows by one activation row: four quads of
-// rows, each transposed in registers (TRANSPOSE-like in-lane 4x4) and
-// widened, then eight FMAs in k order into the quad's accumulator, with x
-// pre-broadcast in memory (xb[k] holds four copies of x[k]).
+// GEMV_QUAD multiplies a quad of weight rows (Y4..Y7, eight k each) by one
+// activation row: an in-lane 4x4 transpose, widening, then eight FMAs in k
+// order into the quad's accumulator, with x pre-broadcast in memory (xb[k]
+// holds four copies of x[k]).
 #define GEMV_QUAD(acc) \
 	VUNPCKLPS    Y5, Y4, Y8        \
 	VUNPCKHPS    Y5, Y4, Y9        \
