@@ -13,16 +13,14 @@ import (
 // scratchPool so that a decode step allocates nothing per matrix.
 type gemmScratch struct {
 	wp   []float32 // [panelK][groupW] packed weight panel
-	rows []float32 // [packW][panelK] weight rows decoded to fp32
+	rows []float32 // weight rows decoded to fp32: [packW][panelK] or [gemvRows][gemvK]
 	c    []float64 // [rows][groupW] accumulators
 	xp   []float64 // packed activations (serial callers)
 	f64  []float64 // fp64 intermediates of fused ops (serial callers)
 	f64b []float64
-	f32  []float32 // gathered expert rows
-	y    []float64 // expert outputs
-	acc  [gemvRows]float64
-	sc   [panelK / kernels.MXBlock * packW]float32 // MX block multipliers
-	scg  []float32                                 // the same for gemv rows
+	f32  []float32         // gathered expert rows
+	y    []float64         // expert outputs
+	acc  [gemvRows]float64 // one-row kernel accumulators
 }
 
 var scratchPool = sync.Pool{New: func() any {
