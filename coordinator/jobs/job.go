@@ -84,8 +84,9 @@ func (j *Job) Queued(detail string) cp.JobEvent {
 // Advance moves the job to state to at time at and returns the event that
 // announces it. A job moves forward only: queued, routed, prefilling,
 // transferring (remote jobs only), decoding, then one final state;
-// prefilling and transferring may repeat (progress). A final state can be
-// entered from any other state, once.
+// prefilling and transferring may repeat (progress), and routed may repeat
+// before prefilling (the job is routed again when the chosen workers turn
+// it down). A final state can be entered from any other state, once.
 func (j *Job) Advance(to cp.JobState, at time.Time, u Update) (cp.JobEvent, error) {
 	if err := j.check(to, u); err != nil {
 		return cp.JobEvent{}, fmt.Errorf("job %s: %w", j.ID, err)
@@ -94,8 +95,8 @@ func (j *Job) Advance(to cp.JobState, at time.Time, u Update) (cp.JobEvent, erro
 		r := *u.Route
 		j.route = &r
 	}
-	if j.state != to {
-		j.entered[to] = at
+	if j.state != to || to == cp.StateRouted {
+		j.entered[to] = at // a job routed again counts from its last route
 	}
 	j.state = to
 	return j.event(to, at, u), nil
@@ -120,7 +121,7 @@ func (j *Job) check(to cp.JobState, u Update) error {
 		return fmt.Errorf("cannot become %s before it is routed", to)
 	case to == cp.StateTransferring && j.route.Target != cp.TargetRemote:
 		return fmt.Errorf("a job routed %s has no transfer", j.route.Target)
-	case rank[to] < rank[j.state], rank[to] == rank[j.state] && to != cp.StatePrefilling && to != cp.StateTransferring:
+	case rank[to] < rank[j.state], rank[to] == rank[j.state] && to != cp.StateRouted && to != cp.StatePrefilling && to != cp.StateTransferring:
 		return fmt.Errorf("cannot go from %s to %s", j.state, to)
 	}
 	return nil

@@ -66,7 +66,8 @@ func TestRemoteLifecycleAndTiming(t *testing.T) {
 // is the decode group's time to the first token.
 func TestLocalJobSkipsTransfer(t *testing.T) {
 	j := New("j-2", t0, 10)
-	advance(t, j, cp.StateRouted, 1, route(cp.TargetLocal))
+	advance(t, j, cp.StateRouted, 0, route(cp.TargetRemote))
+	advance(t, j, cp.StateRouted, 1, route(cp.TargetLocal)) // routed again: the prefill worker refused
 	advance(t, j, cp.StatePrefilling, 2, Update{})
 	if _, err := j.Advance(cp.StateTransferring, at(3), Update{}); err == nil || !strings.Contains(err.Error(), "no transfer") {
 		t.Fatalf("local job transferring: %v", err)
@@ -74,7 +75,7 @@ func TestLocalJobSkipsTransfer(t *testing.T) {
 	advance(t, j, cp.StateDecoding, 12, Update{})
 	j.Marks = Marks{FirstToken: at(12), LastToken: at(20), Decode: 7 * time.Millisecond, OutputTokens: 8}
 	ev := advance(t, j, cp.StateDone, 21, Update{})
-	if ev.Timing.Prefill != 10*time.Millisecond || ev.Timing.Decode != 7*time.Millisecond || ev.Timing.DecodeTokensPerSec != 1000 {
+	if ev.Timing.Queue != time.Millisecond || ev.Route.Target != cp.TargetLocal || ev.Timing.Prefill != 10*time.Millisecond || ev.Timing.Decode != 7*time.Millisecond || ev.Timing.DecodeTokensPerSec != 1000 {
 		t.Fatalf("timing %+v", ev.Timing)
 	}
 }
@@ -98,7 +99,11 @@ func TestForbiddenMoves(t *testing.T) {
 	advance(t, j, cp.StateRouted, 1, route(cp.TargetLocal))
 	advance(t, j, cp.StateDecoding, 2, Update{})
 	for _, s := range []cp.JobState{cp.StateQueued, cp.StateRouted, cp.StatePrefilling, cp.StateDecoding} {
-		if _, err := j.Advance(s, at(3), Update{}); err == nil {
+		u := Update{}
+		if s == cp.StateRouted {
+			u = route(cp.TargetLocal)
+		}
+		if _, err := j.Advance(s, at(3), u); err == nil {
 			t.Errorf("decoding -> %s allowed", s)
 		}
 	}

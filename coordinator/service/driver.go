@@ -287,6 +287,10 @@ func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[
 		a.Placement = append(a.Placement, p)
 	}
 	head := g.Head().ID
+	// Announced before the assignments go out: the routed event marks the
+	// end of the control plane's own work on the job.
+	c.m.Route(string(policy), string(rd.Target), d.Local.Total, d.Remote.Total)
+	r.advance(cp.StateRouted, decidedAt, jobs.Update{Route: rd, Detail: rd.Reason})
 	dec := a.ForWorker(head)
 	if remote {
 		dec.TokenIDs, dec.CachedTokens = r.req.TokenIDs[n-1:], n-1
@@ -325,9 +329,7 @@ func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[
 	} else {
 		c.load.addLocal(g.ID, r.job.ID, n)
 	}
-	c.m.Route(string(policy), string(rd.Target), d.Local.Total, d.Remote.Total)
 	c.m.Assigned(assigned.Sub(r.job.Submitted))
-	r.advance(cp.StateRouted, decidedAt, jobs.Update{Route: rd, Detail: rd.Reason})
 	u := jobs.Update{Detail: fmt.Sprintf("decode group %s prefills %d tokens", g.ID, n)}
 	if remote {
 		u = jobs.Update{Detail: fmt.Sprintf("prefill worker %s prefills %d tokens", pf.ID, n-1),

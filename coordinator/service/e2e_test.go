@@ -25,7 +25,7 @@ import (
 
 // testOptions are a cluster on the tiny preset with timeouts short enough
 // for failure tests.
-func testOptions(t *testing.T) cluster.Options {
+func testOptions(t testing.TB) cluster.Options {
 	t.Helper()
 	return cluster.Options{
 		ModelDir: testmodel.Dir(t, "tiny", 1, 2),
@@ -44,7 +44,7 @@ func testOptions(t *testing.T) cluster.Options {
 	}
 }
 
-func testLogger(t *testing.T) *zap.Logger {
+func testLogger(t testing.TB) *zap.Logger {
 	if testing.Verbose() {
 		return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 	}
