@@ -48,8 +48,9 @@ type Options struct {
 	// (default "local").
 	Ranks int
 	Group string
-	// NoPrefill starts no prefill worker.
-	NoPrefill bool
+	// NoPrefill starts no prefill worker; NoCoordinator no coordinator
+	// (one runs elsewhere on NATSURL).
+	NoPrefill, NoCoordinator bool
 	// PrefillBudget is the prefill worker's memory budget (default 256 MiB).
 	PrefillBudget int64
 	// Threads per compute backend (0: all cores).
@@ -146,8 +147,10 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 		c.URL = c.Server.ClientURL()
 	}
 	// The coordinator first: it creates the queue and the registry.
-	if err = c.StartCoordinator(ctx); err != nil {
-		return nil, err
+	if !opt.NoCoordinator {
+		if err = c.StartCoordinator(ctx); err != nil {
+			return nil, err
+		}
 	}
 	c.Group, err = group.Start(ctx, group.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Group: opt.Group,
 		Threads: opt.Threads, MemoryBudget: opt.DecodeMemory, Timeouts: opt.Transfer,

@@ -82,7 +82,6 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 			v.mu.Unlock()
 		}
 		for id, reason := range lost {
-			c.log.Warn("worker lost", zap.String("worker", id), zap.String("reason", reason))
 			c.workerLost(id, reason)
 		}
 	}
@@ -140,6 +139,7 @@ func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[s
 
 // workerLost tells every run that involves worker id.
 func (c *Coordinator) workerLost(id, reason string) {
+	c.log.Info("worker gone", zap.String("worker", id), zap.String("reason", reason))
 	c.mu.Lock()
 	var affected []*run
 	for _, r := range c.runs {

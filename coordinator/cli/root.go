@@ -1,0 +1,213 @@
+// Package cli is the coordinator binary's command line: serve, submit,
+// jobs, workers, cancel and demo, with configuration from flags,
+// TANDEM_COORD_* environment variables and an optional YAML file.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+const rootHelp = `tandem's coordinator: it takes jobs over NATS, routes each one between a
+GPU prefill worker and the decode group's own prefill by predicted time to
+first token, drives it through prefill, state transfer and decode, and
+streams its tokens and events back.
+
+  coordinator demo                 everything on this machine, one command
+  coordinator serve --model DIR    a coordinator (embedded NATS unless --nats-url)
+  coordinator submit "prompt"      run a job and stream its tokens
+  coordinator jobs | workers       what is queued, running, registered
+  coordinator cancel JOB
+
+Configuration: flags, then TANDEM_COORD_* environment variables (dots and
+dashes become underscores: TANDEM_COORD_NATS_URL), then --config FILE (YAML
+with the same keys, nested: nats: {url: ...}); every key has a default.
+configs/local.yaml and configs/cluster.yaml are examples.`
+
+// New returns the coordinator's root command writing to stdout and stderr.
+func New(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "coordinator",
+		Short:         "tandem's coordinator: job routing, lifecycle and streaming over NATS",
+		Long:          rootHelp,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.PersistentFlags().String("config", "", "YAML config file with any of the keys below (nested by their dots)")
+	root.AddCommand(serveCmd(), submitCmd(), jobsCmd(), workersCmd(), cancelCmd(), demoCmd())
+	return root
+}
+
+// Execute runs the command line; it returns the process exit status.
+func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := New(stdout, stderr)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// resolve loads the settings of cmd.
+func resolve(cmd *cobra.Command, sets ...[]setting) (*viper.Viper, error) {
+	file, _ := cmd.Flags().GetString("config")
+	return load(cmd.Flags(), file, sets...)
+}
+
+func newLogger(v *viper.Viper, w io.Writer) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(v.GetString("log.level"))
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	switch v.GetString("log.format") {
+	case "json":
+		enc = zapcore.NewJSONEncoder(ec)
+	case "console":
+		ec.EncodeLevel = zapcore.CapitalLevelEncoder
+		enc = zapcore.NewConsoleEncoder(ec)
+	default:
+		return nil, fmt.Errorf("log.format %q: want console or json", v.GetString("log.format"))
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
+}
+
+// natsOptions are the client options from the settings; url overrides
+// nats.url when set (the embedded server's).
+func natsOptions(v *viper.Viper, name, url string, log *zap.Logger) cp.Options {
+	o := cp.Options{URL: v.GetString("nats.url"), Name: name, User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
+		Token: v.GetString("nats.token"), NKeySeedFile: v.GetString("nats.nkey_seed_file"), CredsFile: v.GetString("nats.creds_file"),
+		ConnectTimeout: v.GetDuration("nats.connect_timeout"), Logger: log}
+	if url != "" {
+		o.URL = url
+	}
+	if ca, cert, key := v.GetString("nats.tls.ca"), v.GetString("nats.tls.cert"), v.GetString("nats.tls.key"); ca != "" || cert != "" || key != "" {
+		o.TLS = &cp.TLSFiles{CA: ca, Cert: cert, Key: key}
+	}
+	return o
+}
+
+// connect connects a client command to NATS.
+func connect(cmd *cobra.Command, v *viper.Viper, name string) (*nats.Conn, error) {
+	o := natsOptions(v, name, "", nil)
+	if o.URL == "" {
+		o.URL = nats.DefaultURL
+	}
+	o.MaxReconnects = 3
+	ctx, cancel := context.WithTimeout(cmd.Context(), o.ConnectTimeout+time.Second)
+	defer cancel()
+	nc, err := cp.Connect(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w (start a coordinator with `coordinator serve`, or give --nats-url)", err)
+	}
+	return nc, nil
+}
+
+// serverConfig is the embedded NATS server's configuration.
+func serverConfig(v *viper.Viper, log *zap.Logger) (cp.ServerConfig, error) {
+	payload, err := parseBytes("embedded.max_payload", v.GetString("embedded.max_payload"))
+	if err != nil {
+		return cp.ServerConfig{}, err
+	}
+	if payload > 64<<20 {
+		return cp.ServerConfig{}, fmt.Errorf("embedded.max_payload %d: at most 64 MiB", payload)
+	}
+	dir := v.GetString("embedded.data_dir")
+	if dir == "" {
+		dir = cacheDir("nats")
+	}
+	sc := cp.ServerConfig{Host: v.GetString("embedded.host"), Port: v.GetInt("embedded.port"), DataDir: dir,
+		MaxPayload: int32(payload), User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
+		Token: v.GetString("nats.token"), NKeys: v.GetStringSlice("embedded.nkeys"), Logger: log}
+	if cert, key, ca := v.GetString("embedded.tls.cert"), v.GetString("embedded.tls.key"), v.GetString("embedded.tls.ca"); cert != "" || key != "" || ca != "" {
+		sc.TLS = &cp.TLSFiles{Cert: cert, Key: key, CA: ca}
+	}
+	return sc, nil
+}
+
+// loadModel reads the model's config.json and, when the directory has
+// one, its tokenizer.
+func loadModel(dir string) (*modelinfo.Info, *tokenizer.Tokenizer, error) {
+	if dir == "" {
+		return nil, nil, errors.New("--model is required: the model directory (its config.json; tokenizer files to accept text)")
+	}
+	info, err := modelinfo.Load(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := os.Stat(dir + "/" + tokenizer.ModelFile); err != nil {
+		return info, nil, nil
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return info, tok, nil
+}
+
+// serviceConfig is the coordinator's configuration from the settings.
+func serviceConfig(v *viper.Viper) (service.Config, error) {
+	policy := cp.Policy(v.GetString("router.policy"))
+	switch policy {
+	case cp.PolicyAuto, cp.PolicyLocal, cp.PolicyRemote:
+	default:
+		return service.Config{}, fmt.Errorf("router.policy %q: want auto, local or remote", policy)
+	}
+	for _, k := range []string{"router.prefill_tok_s", "router.local_prefill_tok_s", "router.link_bytes_s"} {
+		if v.GetFloat64(k) < 0 {
+			return service.Config{}, fmt.Errorf("%s is %v: a rate cannot be negative", k, v.GetFloat64(k))
+		}
+	}
+	if a := v.GetFloat64("router.alpha"); a <= 0 || a > 1 {
+		return service.Config{}, fmt.Errorf("router.alpha %v: want 0 < alpha <= 1", a)
+	}
+	return service.Config{
+		Policy: policy,
+		Rates: router.Rates{PassFloor: v.GetDuration("router.pass_floor"), PrefillTokPerS: v.GetFloat64("router.prefill_tok_s"),
+			LocalPrefillTokPerS: v.GetFloat64("router.local_prefill_tok_s"), LinkBytesPerS: v.GetFloat64("router.link_bytes_s"),
+			LinkRTT: v.GetDuration("router.link_rtt"), DecodeStep: v.GetDuration("router.decode_step")},
+		Alpha:            v.GetFloat64("router.alpha"),
+		MaxPromptTokens:  v.GetInt("limits.max_prompt_tokens"),
+		DefaultMaxTokens: v.GetInt("limits.default_max_tokens"),
+		MaxOutputTokens:  v.GetInt("limits.max_output_tokens"),
+		Queue: cp.QueueConfig{MaxJobs: int64(v.GetInt("queue.max_jobs")), AckWait: v.GetDuration("queue.ack_wait"),
+			MaxDeliver: v.GetInt("queue.max_deliver"), DuplicateWindow: v.GetDuration("queue.duplicate_window"),
+			Memory: v.GetBool("queue.memory"), Replicas: v.GetInt("queue.replicas")},
+		Registry: cp.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory"),
+			Replicas: v.GetInt("registry.replicas")},
+		MaxRunning:      v.GetInt("max_running"),
+		AssignTimeout:   v.GetDuration("timeouts.assign"),
+		PlacementWait:   v.GetDuration("timeouts.placement"),
+		StallTimeout:    v.GetDuration("timeouts.stall"),
+		TransferTimeout: v.GetDuration("timeouts.transfer"),
+		JobTimeout:      v.GetDuration("timeouts.job"),
+		ShutdownGrace:   v.GetDuration("timeouts.shutdown_grace"),
+	}, nil
+}
+
+// settingsHelp lists the config keys for a command's long help.
+func settingsHelp(ss ...[]setting) string {
+	return "Config keys: " + strings.Join(keysOf(ss...), ", ") + "."
+}

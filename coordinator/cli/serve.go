@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/coordinator/service"
+)
+
+func serveCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "run a coordinator (embedded NATS server unless --nats-url)",
+		Long: `Run a coordinator until interrupted. Without --nats-url it starts an embedded
+NATS server with JetStream (embedded.*), so that workers and clients connect
+to it; with --nats-url it joins that deployment, and several coordinators can
+share it. Jobs are kept in the durable queue: a job accepted is not lost
+when the coordinator restarts.
+
+On SIGINT/SIGTERM it stops taking jobs, hands the ones not yet assigned back
+to the queue, and lets running ones finish for timeouts.shutdown_grace.
+
+` + settingsHelp(natsSettings, serveSettings),
+		Args: cobra.NoArgs,
+		RunE: runServe,
+	}
+	addFlags(cmd.Flags(), natsSettings)
+	addFlags(cmd.Flags(), serveSettings)
+	return cmd
+}
+
+func runServe(cmd *cobra.Command, _ []string) error {
+	v, err := resolve(cmd, natsSettings, serveSettings)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(v, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	cfg, err := serviceConfig(v)
+	if err != nil {
+		return err
+	}
+	if cfg.Model, cfg.Tokenizer, err = loadModel(v.GetString("model")); err != nil {
+		return err
+	}
+	cfg.Log = log
+	cfg.Metrics = metrics.New()
+	ctx := cmd.Context()
+
+	url := ""
+	if v.GetString("nats.url") == "" {
+		sc, err := serverConfig(v, log)
+		if err != nil {
+			return err
+		}
+		srv, err := cp.StartServer(ctx, sc)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				log.Warn("embedded NATS server shutdown", zap.Error(err))
+			}
+		}()
+		url = srv.ClientURL()
+		log.Info("embedded NATS server", zap.String("url", url), zap.String("data_dir", srv.StoreDir()))
+	}
+	o := natsOptions(v, "tandem-coordinator", url, log)
+	o.MaxReconnects = -1 // a coordinator rides out NATS restarts
+	nc, err := cp.Connect(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if listen := v.GetString("metrics.listen"); listen != "" {
+		addr, err := cfg.Metrics.Serve(ctx, listen)
+		if err != nil {
+			return err
+		}
+		log.Info("metrics", zap.String("url", "http://"+addr+"/metrics"))
+	}
+	co, err := service.New(nc, cfg)
+	if err != nil {
+		return err
+	}
+	return co.Run(ctx)
+}

@@ -1,0 +1,192 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+)
+
+func submitCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "submit [PROMPT]",
+		Short: "run a job: stream its tokens, then print how it was routed and where its time went",
+		Long: `Submit a job and follow it to its end. The prompt is the argument (text), a
+file (--file, "-" for stdin) or token ids (--ids 5,17,200). Text is tokenized
+by the coordinator; --chat frames it as a user turn and stops at the end of
+the model's turn. The generated text goes to stdout as it streams (token ids
+when the model has no tokenizer); the route and the timing go to stderr.
+
+The client picks an idempotency key (or takes --key), so it knows the job id
+before submitting and a retried submit runs the job once.
+
+` + settingsHelp(natsSettings),
+		Args: cobra.MaximumNArgs(1),
+		RunE: runSubmit,
+	}
+	f := cmd.Flags()
+	f.String("file", "", "read the prompt text from this file (- for stdin)")
+	f.String("ids", "", "the prompt as comma-separated token ids")
+	f.Bool("chat", false, "send the text as a user message in the model's chat format")
+	f.String("system", "", "with --chat: a system message first")
+	f.Int("max-tokens", 0, "tokens to generate (0: the coordinator's default)")
+	f.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	f.Float64("top-p", 0, "nucleus sampling threshold (0 or 1: off)")
+	f.Int("top-k", 0, "keep the k most likely tokens (0: off)")
+	f.Uint64("seed", 0, "sampler seed")
+	f.StringArray("stop", nil, "stop text (repeatable)")
+	f.Int32Slice("stop-id", nil, "stop token ids")
+	f.String("policy", "", "routing: auto, local or remote (default: the coordinator's)")
+	f.String("key", "", "idempotency key (default: a random one)")
+	f.Duration("timeout", 0, "give up waiting after this long (0: never; the job keeps running)")
+	f.Bool("json", false, "print the job's events as JSON lines on stdout instead of the text")
+	addFlags(f, natsSettings)
+	return cmd
+}
+
+func runSubmit(cmd *cobra.Command, args []string) error {
+	v, err := resolve(cmd, natsSettings)
+	if err != nil {
+		return err
+	}
+	f := cmd.Flags()
+	req, err := submission(cmd, args)
+	if err != nil {
+		return err
+	}
+	nc, err := connect(cmd, v, "tandem-submit")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx := cmd.Context()
+	if d, _ := f.GetDuration("timeout"); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	asJSON, _ := f.GetBool("json")
+	h := client.Handlers{
+		Event: func(ev cp.JobEvent) {
+			if asJSON {
+				b, _ := json.Marshal(ev)
+				fmt.Fprintln(out, string(b))
+				return
+			}
+			switch ev.State {
+			case cp.StateQueued:
+				fmt.Fprintf(errw, "job %s queued: %s\n", ev.JobID, ev.Detail)
+			case cp.StateRouted:
+				fmt.Fprintf(errw, "routed %s\n  %s\n", client.Route(ev.Route), ev.Route.Reason)
+			}
+		},
+		Token: func(t cp.TokenMsg) {
+			switch {
+			case asJSON:
+			case t.Text != "":
+				fmt.Fprint(out, client.Printable(t.Text))
+			case t.TokenID >= 0 && req.Prompt == "" && len(req.Messages) == 0:
+				fmt.Fprintf(out, "%d ", t.TokenID)
+			}
+		},
+	}
+	res, err := client.Run(ctx, nc, req, h)
+	if err != nil {
+		if res != nil && res.JobID != "" {
+			return fmt.Errorf("%w (the job goes on: coordinator jobs / coordinator cancel %s)", err, res.JobID)
+		}
+		return err
+	}
+	if !asJSON {
+		fmt.Fprintln(out)
+		fmt.Fprintf(errw, "job %s %s", res.JobID, res.Final.State)
+		if res.Finish != "" {
+			fmt.Fprintf(errw, " (%s)", res.Finish)
+		}
+		fmt.Fprintln(errw)
+		if res.Final.Error != nil {
+			fmt.Fprintf(errw, "  %v\n", res.Final.Error)
+		}
+		if res.Final.Route != nil {
+			fmt.Fprint(errw, client.Timing(res.Final.Timing, res.Final.Route.Target))
+		}
+	}
+	return res.Err()
+}
+
+// submission builds the request from the arguments and flags.
+func submission(cmd *cobra.Command, args []string) (cp.SubmitRequest, error) {
+	f := cmd.Flags()
+	var req cp.SubmitRequest
+	file, _ := f.GetString("file")
+	ids, _ := f.GetString("ids")
+	sources := 0
+	for _, given := range []bool{len(args) > 0, file != "", ids != ""} {
+		if given {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return req, errors.New("give the prompt once: as an argument, --file or --ids")
+	}
+	text := ""
+	switch {
+	case len(args) > 0:
+		text = args[0]
+	case file != "":
+		var b []byte
+		var err error
+		if file == "-" {
+			b, err = io.ReadAll(cmd.InOrStdin())
+		} else {
+			b, err = os.ReadFile(file)
+		}
+		if err != nil {
+			return req, fmt.Errorf("--file: %w", err)
+		}
+		text = string(b)
+	default:
+		for i, s := range strings.Split(ids, ",") {
+			n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 32)
+			if err != nil || n < 0 {
+				return req, fmt.Errorf("--ids: item %d %q is not a token id", i, s)
+			}
+			req.TokenIDs = append(req.TokenIDs, int32(n))
+		}
+	}
+	if chat, _ := f.GetBool("chat"); chat {
+		if text == "" {
+			return req, errors.New("--chat needs text, not --ids")
+		}
+		if sys, _ := f.GetString("system"); sys != "" {
+			req.Messages = append(req.Messages, cp.ChatMessage{Role: "system", Content: sys})
+		}
+		req.Messages = append(req.Messages, cp.ChatMessage{Role: "user", Content: text})
+	} else {
+		req.Prompt = text
+	}
+	req.MaxTokens, _ = f.GetInt("max-tokens")
+	req.Temperature, _ = f.GetFloat64("temperature")
+	req.TopP, _ = f.GetFloat64("top-p")
+	req.TopK, _ = f.GetInt("top-k")
+	req.Seed, _ = f.GetUint64("seed")
+	req.Stop.Texts, _ = f.GetStringArray("stop")
+	req.Stop.TokenIDs, _ = f.GetInt32Slice("stop-id")
+	policy, _ := f.GetString("policy")
+	req.Policy = cp.Policy(policy)
+	req.IdempotencyKey, _ = f.GetString("key")
+	if err := req.Validate(); err != nil {
+		return req, err
+	}
+	return req, nil
+}

@@ -1,0 +1,219 @@
+// Package demo is the one-command demonstration: on this machine, in one
+// process, an embedded NATS server, a coordinator, a CPU prefill worker and
+// a 2-rank decode group; a short and a long text prompt go through the
+// control plane, their tokens stream back as text, and for each job it
+// shows how it was routed (both predictions) and where its time went.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// Options configure the demo. Zero values take the defaults named.
+type Options struct {
+	// Model is a checkpoint directory with a tokenizer; empty generates
+	// the synthetic "demo" preset into CacheDir once.
+	Model    string
+	CacheDir string
+	// MaxTokens per job (default 32); LongTokens is the long prompt's
+	// length in tokens (default 1200).
+	MaxTokens, LongTokens int
+	// Threads per compute backend (0: every core).
+	Threads int
+	Log     *zap.Logger
+}
+
+// Preset is the synthetic model the demo generates.
+const Preset = "demo"
+
+const shortPrompt = "Tandem: prefill where the compute is, decode where the memory is. In one sentence, why?"
+
+// Run runs the demo, writing its story to out.
+func Run(ctx context.Context, opt Options, out io.Writer) error {
+	start := time.Now()
+	if opt.MaxTokens <= 0 {
+		opt.MaxTokens = 32
+	}
+	if opt.LongTokens <= 0 {
+		opt.LongTokens = 1200
+	}
+	if opt.Log == nil {
+		opt.Log = zap.NewNop()
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
+	p("tandem demo: a coordinator, a CPU prefill worker and a 2-rank decode group on this machine, over NATS\n\n")
+
+	dir := opt.Model
+	if dir == "" {
+		cache := opt.CacheDir
+		if cache == "" {
+			base, err := os.UserCacheDir()
+			if err != nil {
+				base = os.TempDir()
+			}
+			cache = filepath.Join(base, "tandem", "models")
+		}
+		t := time.Now()
+		var err error
+		if dir, err = testmodel.Ensure(ctx, cache, Preset, 1, 2); err != nil {
+			return fmt.Errorf("demo model: %w", err)
+		}
+		p("model: the synthetic %q preset (K3's structure at a small size, random weights: its text is noise)\n  %s (%s)\n",
+			Preset, dir, client.Duration(time.Since(t)))
+	} else {
+		p("model: %s\n", dir)
+	}
+
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, Threads: opt.Threads, Log: opt.Log,
+		Queue:    cp.QueueConfig{Memory: true},
+		Registry: cp.RegistryConfig{Memory: true, TTL: 3 * time.Second},
+		// The rates are measured below, except the link's: on loopback a
+		// transfer's tail is too short to measure, so it is taken as 1 GB/s.
+		Coordinator: service.Config{Alpha: 0.5, Rates: router.Rates{LinkBytesPerS: 1e9}}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if c.Tokenizer == nil {
+		return fmt.Errorf("model %s has no tokenizer (%s): the demo sends text; give a model with one", dir, tokenizer.ModelFile)
+	}
+	if err := c.WaitReady(ctx); err != nil {
+		return err
+	}
+	p("NATS: embedded server at %s, JetStream job queue and worker registry\n", c.URL)
+	p("prefill worker: prefill-0, CPU, streams each layer's weights from disk, 256 MiB budget\n")
+	for r, s := range c.Group.Layout.Ranks {
+		p("decode rank %d: %s, layers [%d,%d), kvtransfer at %s\n", r, c.RankID(r), s.Lo, s.Hi, s.Endpoint)
+	}
+	nc, err := c.Connect(ctx, "demo-client")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	// Measure this machine both ways before routing anything.
+	warm := c.Tokenizer.Encode(string(tokenizer.DefaultCorpus()))
+	warm = warm[:min(len(warm), 256)]
+	for _, pol := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
+		if _, err := quiet(ctx, nc, ids(warm), pol); err != nil {
+			return fmt.Errorf("warm-up (%s): %w", pol, err)
+		}
+	}
+	r := c.Coordinator().Rates()
+	p("\nmeasured on a %d-token warm-up, both ways: prefill worker %.0f tokens/s (weight pass %s), decode group's own prefill %.0f tokens/s, decode step %s; link taken as %.0f MB/s\n",
+		len(warm), r.PrefillTokPerS, client.Duration(r.PassFloor), r.LocalPrefillTokPerS, client.Duration(r.DecodeStep), r.LinkBytesPerS/1e6)
+
+	long := longPrompt(c.Tokenizer, opt.LongTokens)
+	if _, err := job(ctx, nc, out, "short prompt", shortPrompt, cp.PolicyAuto, opt.MaxTokens); err != nil {
+		return err
+	}
+	res, err := job(ctx, nc, out, "long prompt", long, cp.PolicyAuto, opt.MaxTokens)
+	if err != nil {
+		return err
+	}
+	if res.Final.Route.Target == cp.TargetLocal {
+		p("\nThe router kept the long prompt on the decode group: on one CPU machine the prefill worker is no\n" +
+			"faster than the decode group, so the prediction is honest. To show the disaggregated path, the same\n" +
+			"prompt runs again with policy remote: the prefill worker prefills it and streams each layer's state\n" +
+			"to the decode ranks over kvtransfer while the next layer computes.\n")
+		again, err := job(ctx, nc, out, "long prompt, policy remote", long, cp.PolicyRemote, opt.MaxTokens)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(again.Tokens, res.Tokens) {
+			return fmt.Errorf("the remote run generated other tokens than the local run:\n local  %v\n remote %v", res.Tokens, again.Tokens)
+		}
+		p("same %d tokens as the local run: the transferred state is the state the decode group computes itself\n", len(again.Tokens))
+	}
+	p("\ndemo finished in %s\n", client.Duration(time.Since(start)))
+	return nil
+}
+
+// longPrompt is n tokens of the tokenizer's corpus, as text.
+func longPrompt(tok *tokenizer.Tokenizer, n int) string {
+	corpus := string(tokenizer.DefaultCorpus())
+	var toks []int
+	for len(toks) < n {
+		toks = append(toks, tok.Encode(corpus)...)
+	}
+	text, err := tok.DecodeString(toks[:n])
+	if err != nil {
+		return corpus
+	}
+	return text
+}
+
+func ids(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// quiet runs a job without showing it.
+func quiet(ctx context.Context, nc *nats.Conn, prompt []int32, pol cp.Policy) (*client.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: prompt, Sampling: cp.Sampling{MaxTokens: 4}, Policy: pol}, client.Handlers{})
+	if err != nil {
+		return nil, err
+	}
+	return res, res.Err()
+}
+
+// job runs one text prompt and tells its story.
+func job(ctx context.Context, nc *nats.Conn, out io.Writer, title, prompt string, pol cp.Policy, maxTokens int) (*client.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	fmt.Fprintf(out, "\n== %s (%d characters, policy %s)\n", title, len(prompt), pol)
+	streaming := false
+	res, err := client.Run(ctx, nc, cp.SubmitRequest{Prompt: prompt, Sampling: cp.Sampling{MaxTokens: maxTokens}, Policy: pol}, client.Handlers{
+		Event: func(ev cp.JobEvent) {
+			if ev.State == cp.StateRouted {
+				fmt.Fprintf(out, "routed %s\n  why: %s\n", client.Route(ev.Route), ev.Route.Reason)
+			}
+		},
+		Token: func(t cp.TokenMsg) {
+			if !streaming {
+				fmt.Fprint(out, "text: ")
+				streaming = true
+			}
+			fmt.Fprint(out, client.Printable(t.Text))
+		},
+	})
+	if streaming {
+		fmt.Fprintln(out)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := res.Err(); err != nil {
+		return nil, err
+	}
+	if res.Final.State != cp.StateDone || res.Final.Route == nil {
+		return nil, errors.New(title + ": ended " + string(res.Final.State))
+	}
+	fmt.Fprintf(out, "job %s done: %d prompt tokens, %d generated (%s); where the time went:\n", res.JobID,
+		res.Final.Timing.PromptTokens, len(res.Tokens), res.Finish)
+	fmt.Fprint(out, client.Timing(res.Final.Timing, res.Final.Route.Target))
+	return res, nil
+}
