@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -44,6 +45,22 @@ var defaults = map[string]any{
 	"frontdoor":           true,
 	"log.level":           "info",
 	"log.format":          "json",
+	// Control-plane mode (with nats.url): the rank registers in the worker
+	// registry and rank 0 takes the coordinator's jobs.
+	"nats.url":            "",
+	"nats.user":           "",
+	"nats.password":       "",
+	"nats.token":          "",
+	"nats.nkey_seed_file": "",
+	"nats.creds_file":     "",
+	"nats.tls.ca":         "",
+	"nats.tls.cert":       "",
+	"nats.tls.key":        "",
+	"worker_id":           "", // default: <group>-r<rank>
+	"advertise":           "", // default: the rank's endpoint
+	"registry.ttl":        10 * time.Second,
+	"registry.memory":     false,
+	"registry.heartbeat":  time.Duration(0), // 0: a third of registry.ttl
 }
 
 // config is the decode worker's resolved configuration.
@@ -69,6 +86,12 @@ type config struct {
 	Frontdoor    bool
 	LogLevel     string
 	LogFormat    string
+	// Control-plane mode: NATS.URL set.
+	NATS      controlplane.Options
+	WorkerID  string
+	Advertise string
+	Registry  controlplane.RegistryConfig
+	Beat      time.Duration // registry heartbeat interval
 }
 
 // loadConfig resolves the configuration from args, the environment and
@@ -88,6 +111,10 @@ func loadConfig(args []string) (*config, error) {
 	fs.String("cache-dtype", "bf16", "MLA latent cache dtype: bf16 (the state contract) or f32")
 	fs.String("log-level", "info", "log level: debug (every step), info, warn, error")
 	fs.String("log-format", "json", "log format: json or console")
+	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the rank registers and rank 0 takes its jobs (empty: front door only)")
+	fs.String("worker-id", "", "control-plane mode: this rank's worker id (default <group>-r<rank>)")
+	fs.String("advertise", "", "control-plane mode: host:port other workers reach this rank on (default: its endpoint in the group file)")
+	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL, as the coordinator's")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -101,7 +128,8 @@ func loadConfig(args []string) (*config, error) {
 	for key, flag := range map[string]string{"rank": "rank", "group_config": "group-config", "model": "model",
 		"listen": "listen", "threads": "threads", "memory_budget": "memory-budget", "micro_batches": "micro-batches",
 		"max_batch": "max-batch", "prefill_chunk": "prefill-chunk", "cache_dtype": "cache-dtype",
-		"log.level": "log-level", "log.format": "log-format"} {
+		"log.level": "log-level", "log.format": "log-format", "nats.url": "nats-url", "worker_id": "worker-id",
+		"advertise": "advertise", "registry.ttl": "registry-ttl"} {
 		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
 			return nil, err
 		}
@@ -118,7 +146,15 @@ func loadConfig(args []string) (*config, error) {
 		StepTimeout: v.GetDuration("step_timeout"), Heartbeat: v.GetDuration("mesh.heartbeat"), Idle: v.GetDuration("mesh.idle"),
 		Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 		TransferIdle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive"),
-		Frontdoor: v.GetBool("frontdoor"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format")}
+		Frontdoor: v.GetBool("frontdoor"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
+		WorkerID: v.GetString("worker_id"), Advertise: v.GetString("advertise"), Beat: v.GetDuration("registry.heartbeat"),
+		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
+		NATS: controlplane.Options{URL: v.GetString("nats.url"), User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
+			Token: v.GetString("nats.token"), NKeySeedFile: v.GetString("nats.nkey_seed_file"), CredsFile: v.GetString("nats.creds_file"),
+			MaxReconnects: -1}}
+	if ca, cert, key := v.GetString("nats.tls.ca"), v.GetString("nats.tls.cert"), v.GetString("nats.tls.key"); ca != "" || cert != "" || key != "" {
+		c.NATS.TLS = &controlplane.TLSFiles{CA: ca, Cert: cert, Key: key}
+	}
 	var err error
 	if c.MemoryBudget, err = parseBytes(v.GetString("memory_budget")); err != nil {
 		return nil, fmt.Errorf("memory_budget: %w", err)

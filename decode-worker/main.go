@@ -6,6 +6,11 @@
 //
 //	decode-worker --rank R --group-config FILE --model DIR
 //
+// With --nats-url the rank joins the control plane: it registers in the
+// worker registry (heartbeats) and rank 0 takes the coordinator's jobs and
+// publishes their tokens (package cpadapter). Without it, rank 0 serves
+// clients of its front door only.
+//
 // Configuration comes from flags, TANDEM_DECODE_* environment variables and
 // an optional --config file; see config.go for every key and its default.
 package main
@@ -19,16 +24,21 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/decode-worker/cpadapter"
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 func main() {
@@ -102,13 +112,72 @@ func run(ctx context.Context, args []string) error {
 			frontdoor.Serve(ctx, srv, layout.Group, secret, w, log)
 		}()
 	}
+	var adapter *cpadapter.Adapter
+	if cfg.NATS.URL != "" {
+		if adapter, err = startAdapter(ctx, cfg, layout, w, log); err != nil {
+			return err
+		}
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := adapter.Close(cctx); err != nil {
+				log.Warn("control plane: leaving", zap.Error(err))
+			}
+		}()
+	}
 	if err := w.WaitReady(ctx); err == nil {
 		log.Info("decode group ready")
+		if adapter != nil {
+			adapter.Beat() // the coordinator learns at once that the ring is formed
+		}
 	}
 	<-ctx.Done()
 	log.Info("shutting down")
 	wg.Wait()
 	return nil
+}
+
+// startAdapter joins the control plane: the rank registers in the worker
+// registry and, on rank 0, takes the coordinator's jobs.
+func startAdapter(ctx context.Context, cfg *config, layout *rank.Layout, w *pipeline.Worker, log *zap.Logger) (*cpadapter.Adapter, error) {
+	id := cfg.WorkerID
+	if id == "" {
+		id = fmt.Sprintf("%s-r%d", layout.Group, cfg.Rank)
+	}
+	mcfg, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	modelID, err := modelinfo.Identity(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	var tok *tokenizer.Tokenizer
+	if _, err := os.Stat(filepath.Join(cfg.Model, tokenizer.ModelFile)); err == nil && cfg.Rank == 0 {
+		if tok, err = tokenizer.Load(cfg.Model); err != nil {
+			return nil, err
+		}
+	}
+	o := cfg.NATS
+	o.Name, o.Logger = id, log
+	nc, err := controlplane.Connect(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
+	reg, err := controlplane.OpenRegistry(ctx, nc, cfg.Registry)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
+	a, err := cpadapter.Start(ctx, cpadapter.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: w, Layout: layout, Rank: cfg.Rank,
+		Model: mcfg, ModelID: modelID, LatentDType: cfg.CacheDType, Tokenizer: tok, Advertise: cfg.Advertise,
+		Heartbeat: cfg.Beat, Log: log})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	log.Info("control plane joined", zap.String("worker", id), zap.String("nats", nc.ConnectedUrlRedacted()))
+	return a, nil
 }
 
 func newLogger(level, format string) (*zap.Logger, error) {

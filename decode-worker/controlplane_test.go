@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+)
+
+// TestControlPlaneMode: decode-worker processes started with --nats-url
+// register in the worker registry, rank 0 takes a coordinator's job and
+// publishes its tokens (the monolithic model's), and a rank stopping
+// deregisters.
+func TestControlPlaneMode(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := loadReference(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := cp.StartServer(ctx, cp.ServerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	nc, err := cp.Connect(ctx, cp.Options{URL: srv.ClientURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	info, err := modelinfo.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	co, err := service.New(nc, service.Config{Model: info, Queue: cp.QueueConfig{Memory: true},
+		Registry: cp.RegistryConfig{TTL: 2 * time.Second}, ShutdownGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- co.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-co.Ready()
+
+	c := startCluster(t, dir, 2, nil, "--nats-url", srv.ClientURL(), "--registry-ttl", "2s")
+	reg, err := cp.OpenRegistry(ctx, nc, cp.RegistryConfig{TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ws, _ := reg.List(ctx)
+		ready := 0
+		for _, w := range ws {
+			if w.Kind == cp.KindDecode && w.GroupID == "ptest" && !w.Draining && w.Model == info.ID {
+				ready++
+			}
+		}
+		if ready == 2 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the ranks did not register ready: %v", ws)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	p := makePrompt(9, ref.Cfg.VocabSize, 7)
+	res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 6}}, client.Handlers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Final.State != cp.StateDone || !slices.Equal(res.Tokens, ref.generate(t, p, 6)) {
+		t.Fatalf("job: %+v, tokens %v", res.Final, res.Tokens)
+	}
+	if res.Final.Route == nil || res.Final.Route.DecodeGroup != "ptest" {
+		t.Fatalf("route %+v", res.Final.Route)
+	}
+
+	c.stop()
+	for {
+		ws, _ := reg.List(ctx)
+		if len(ws) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("stopped ranks still registered: %v", ws)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
