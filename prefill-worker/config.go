@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
@@ -44,6 +46,27 @@ var defaults = map[string]any{
 	"memory_limit":       true, // set the Go runtime's memory limit to the budget
 	"log.level":          "info",
 	"log.format":         "console",
+	// Control-plane mode (with nats.url): the worker registers in the
+	// worker registry and takes the coordinator's jobs, streaming each
+	// job's state to its decode ranks over kvtransfer.
+	"nats.url":            "",
+	"nats.user":           "",
+	"nats.password":       "",
+	"nats.token":          "",
+	"nats.nkey_seed_file": "",
+	"nats.creds_file":     "",
+	"nats.tls.ca":         "",
+	"nats.tls.cert":       "",
+	"nats.tls.key":        "",
+	"worker_id":           "", // default: prefill-<host name>
+	"registry.ttl":        10 * time.Second,
+	"registry.memory":     false,
+	"registry.heartbeat":  time.Duration(0), // 0: a third of registry.ttl
+	"transfer.conns":      0,                // connections per decode rank (0: kvtransfer's default)
+	"transfer.handshake":  5 * time.Second,
+	"transfer.io":         15 * time.Second,
+	"transfer.idle":       15 * time.Second,
+	"transfer.keep_alive": 2 * time.Second,
 }
 
 // config is the prefill worker's resolved configuration.
@@ -68,6 +91,13 @@ type config struct {
 	MemoryLimit  bool
 	LogLevel     string
 	LogFormat    string
+	// Control-plane mode: NATS.URL set.
+	NATS          controlplane.Options
+	WorkerID      string
+	Registry      controlplane.RegistryConfig
+	Beat          time.Duration // registry heartbeat interval
+	Transfer      kvtransfer.Timeouts
+	TransferConns int
 }
 
 // loadConfig resolves the configuration from args, the environment and the
@@ -92,6 +122,9 @@ func loadConfig(args []string) (*config, error) {
 	fs.Bool("dry-run", false, "print the pass plans for the prompts and exit without reading weights")
 	fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fs.String("log-format", "console", "log format: console or json")
+	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the worker registers and takes its jobs")
+	fs.String("worker-id", "", "control-plane mode: this worker's id (default prefill-<host name>)")
+	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL, as the coordinator's")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -108,7 +141,8 @@ func loadConfig(args []string) (*config, error) {
 	for key, flag := range map[string]string{"model": "model", "mem_budget": "mem-budget", "backend": "backend",
 		"threads": "threads", "depth": "depth", "cache_dtype": "cache-dtype", "latent_norm_eps": "latent-norm-eps",
 		"io": "io", "read_size": "read-size", "readers": "readers", "max_tile": "max-tile", "prompt": "prompt",
-		"prompts_file": "prompts-file", "out": "out", "dry_run": "dry-run", "log.level": "log-level", "log.format": "log-format"} {
+		"prompts_file": "prompts-file", "out": "out", "dry_run": "dry-run", "log.level": "log-level", "log.format": "log-format",
+		"nats.url": "nats-url", "worker_id": "worker-id", "registry.ttl": "registry-ttl"} {
 		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
 			return nil, err
 		}
@@ -123,7 +157,17 @@ func loadConfig(args []string) (*config, error) {
 		Depth: v.GetInt("depth"), LatentEps: v.GetFloat64("latent_norm_eps"), Readers: v.GetInt("readers"),
 		MaxTile: v.GetInt("max_tile"), SinkQueue: v.GetInt("sink.queue"), SinkTimeout: v.GetDuration("sink.timeout"),
 		CloseTimeout: v.GetDuration("sink.close_timeout"), Out: v.GetString("out"), DryRun: v.GetBool("dry_run"),
-		MemoryLimit: v.GetBool("memory_limit"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format")}
+		MemoryLimit: v.GetBool("memory_limit"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
+		WorkerID: v.GetString("worker_id"), Beat: v.GetDuration("registry.heartbeat"), TransferConns: v.GetInt("transfer.conns"),
+		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
+		Transfer: kvtransfer.Timeouts{Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
+			Idle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive")},
+		NATS: controlplane.Options{URL: v.GetString("nats.url"), User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
+			Token: v.GetString("nats.token"), NKeySeedFile: v.GetString("nats.nkey_seed_file"), CredsFile: v.GetString("nats.creds_file"),
+			MaxReconnects: -1}}
+	if ca, cert, key := v.GetString("nats.tls.ca"), v.GetString("nats.tls.cert"), v.GetString("nats.tls.key"); ca != "" || cert != "" || key != "" {
+		c.NATS.TLS = &controlplane.TLSFiles{CA: ca, Cert: cert, Key: key}
+	}
 	var err error
 	if c.Budget, err = planner.ParseBytes(v.GetString("mem_budget")); err != nil {
 		return nil, fmt.Errorf("mem_budget: %w", err)
@@ -176,6 +220,8 @@ func loadConfig(args []string) (*config, error) {
 		return nil, fmt.Errorf("sink.queue %d: want at least 1", c.SinkQueue)
 	case len(c.Prompts) > 0 && c.Out == "" && !c.DryRun:
 		return nil, errors.New("--out is required with prompts (standalone mode writes each prompt's state there)")
+	case len(c.Prompts) > 0 && c.NATS.URL != "" && !c.DryRun:
+		return nil, errors.New("--nats-url and prompts: choose the control-plane mode (jobs from the coordinator) or standalone prompts")
 	}
 	return c, nil
 }

@@ -10,9 +10,11 @@
 //	prefill-worker --model DIR --mem-budget 512MiB --prompts-file P --dry-run
 //
 // The worker prefills prompt[:-1] of each prompt (the decode side runs the
-// last token as its first step). The control-plane mode (NATS assignments,
-// kvtransfer sinks) drives the same prefill-worker/worker library and is
-// wired by the coordinator.
+// last token as its first step). The control-plane mode takes the
+// coordinator's jobs instead and streams each job's state to its decode
+// ranks over kvtransfer (package cpadapter):
+//
+//	prefill-worker --model DIR --mem-budget 24GiB --nats-url nats://coordinator:4222
 //
 // Configuration comes from flags, TANDEM_PREFILL_* environment variables and
 // an optional --config file; see config.go for every key and its default.
@@ -34,7 +36,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/membership"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/prefill-worker/cpadapter"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/rss"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
@@ -69,15 +75,64 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.DryRun {
 		return dryRun(wc, cfg.Prompts, stdout)
 	}
-	if len(cfg.Prompts) == 0 {
-		return errors.New("no prompts: give --prompt or --prompts-file for standalone mode (the control-plane mode is started by the coordinator's adapter)")
+	if len(cfg.Prompts) == 0 && cfg.NATS.URL == "" {
+		return errors.New("no prompts: give --prompt or --prompts-file for standalone mode, or --nats-url to take the coordinator's jobs")
 	}
 	if cfg.MemoryLimit {
 		// The planner keeps live memory within the budget; the limit makes
 		// the collector keep garbage within it too.
 		debug.SetMemoryLimit(cfg.Budget)
 	}
+	if cfg.NATS.URL != "" {
+		return controlPlane(ctx, cfg, wc, log)
+	}
 	return standalone(ctx, wc, cfg.Prompts, cfg.Out, log, stdout)
+}
+
+// controlPlane serves the coordinator's jobs until ctx ends: the worker
+// registers in the worker registry and streams each job's state to its
+// decode ranks over kvtransfer.
+func controlPlane(ctx context.Context, cfg *config, wc worker.Config, log *zap.Logger) error {
+	id := cfg.WorkerID
+	if id == "" {
+		host, _ := os.Hostname()
+		var err error
+		if id, err = membership.ID("prefill", host); err != nil {
+			return fmt.Errorf("worker id from the host name: %w (give --worker-id)", err)
+		}
+	}
+	modelID, err := modelinfo.Identity(cfg.Model)
+	if err != nil {
+		return err
+	}
+	w, err := worker.New(wc)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	o := cfg.NATS
+	o.Name, o.Logger = id, log
+	nc, err := controlplane.Connect(ctx, o)
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	defer nc.Close()
+	reg, err := controlplane.OpenRegistry(ctx, nc, cfg.Registry)
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	a, err := cpadapter.Start(ctx, cpadapter.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: w, ModelID: modelID,
+		Backend: cfg.Backend, MemoryTotal: cfg.Budget, Heartbeat: cfg.Beat, Transfer: cfg.Transfer,
+		TransferConns: cfg.TransferConns, Log: log})
+	if err != nil {
+		return err
+	}
+	log.Info("control plane joined", zap.String("worker", id), zap.String("nats", nc.ConnectedUrlRedacted()))
+	<-ctx.Done()
+	log.Info("shutting down")
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return a.Close(cctx)
 }
 
 // dryRun prints the plan of every pass the prompts would take, as the

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// TestControlPlaneMode runs the binary's main path with --nats-url next to
+// a coordinator and a decode group: the worker registers, takes a remote
+// job, streams its state to the decode ranks (whose tokens are the
+// monolithic model's), and deregisters when stopped.
+func TestControlPlaneMode(t *testing.T) {
+	t.Setenv("TANDEM_PREFILL_MEMORY_LIMIT", "false")
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	reg := cp.RegistryConfig{TTL: 2 * time.Second}
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NoPrefill: true, Threads: 1, Registry: reg,
+		Queue: cp.QueueConfig{Memory: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	var stdout, stderr bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, []string{"--model", dir, "--mem-budget", "128MiB", "--nats-url", c.URL, "--worker-id", "prefill-test",
+			"--registry-ttl", "2s", "--log-level", "warn"}, &stdout, &stderr)
+	}()
+	nc, err := c.Connect(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	registry, err := cp.OpenRegistry(ctx, nc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if w, err := registry.Get(ctx, "prefill-test"); err == nil && w.Kind == cp.KindPrefill && w.Model == c.Model.ID {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the worker stopped: %v\n%s", err, stderr.String())
+		case <-ctx.Done():
+			t.Fatal("the worker did not register")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	p := make([]int32, 60)
+	for i := range p {
+		p[i] = int32((i*7919 + 13) % c.Model.VocabSize)
+	}
+	res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 5}, Policy: cp.PolicyRemote}, client.Handlers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	want, err := m.Generate(ctx, p, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Final.State != cp.StateDone || res.Final.Route.PrefillWorker != "prefill-test" || !slices.Equal(res.Tokens, want) {
+		t.Fatalf("job %+v: tokens %v, want %v\n%s", res.Final, res.Tokens, want, stderr.String())
+	}
+
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	if _, err := registry.Get(ctx, "prefill-test"); err == nil {
+		t.Fatal("the stopped worker is still registered")
+	}
+}
