@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-//go:embed models hardware
+//go:embed models hardware *.yaml
 var files embed.FS
 
 // FS exposes the embedded files.
@@ -58,6 +58,30 @@ func HardwareProfiles() []string {
 	var out []string
 	for _, e := range ents {
 		if n, ok := strings.CutSuffix(e.Name(), ".yaml"); ok {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Layout returns a cluster layout (NAME.yaml at the top of configs): the
+// coordinator's configuration of a deployment (local, cluster) or its
+// decode group's file (local-group, cluster-group).
+func Layout(name string) ([]byte, error) {
+	b, err := files.ReadFile(name + ".yaml")
+	if err != nil {
+		return nil, fmt.Errorf("no cluster layout %q (have %s)", name, strings.Join(Layouts(), ", "))
+	}
+	return b, nil
+}
+
+// Layouts lists the cluster layout names.
+func Layouts() []string {
+	ents, _ := files.ReadDir(".")
+	var out []string
+	for _, e := range ents {
+		if n, ok := strings.CutSuffix(e.Name(), ".yaml"); ok && !e.IsDir() {
 			out = append(out, n)
 		}
 	}

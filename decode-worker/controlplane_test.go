@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/configs"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
@@ -97,6 +98,35 @@ func TestControlPlaneMode(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("stopped ranks still registered: %v", ws)
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestLayoutGroupFiles: the decode group files of the layouts in configs/
+// load for their models (the local one for the demo model, the cluster's
+// for K3).
+func TestLayoutGroupFiles(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		layers int
+		ranks  int
+	}{{"local-group", 12, 2}, {"cluster-group", 93, 4}} {
+		b, err := configs.Layout(tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		file := writeFile(t, dir, tc.name+".yaml", string(b))
+		writeFile(t, dir, "group.secret", "a-secret-for-the-test-0123456789\n")
+		l, _, err := loadGroup(file, tc.layers)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(l.Ranks) != tc.ranks || l.Ranks[tc.ranks-1].Hi != tc.layers || l.Ranks[0].MemoryBudget == 0 {
+			t.Fatalf("%s: %+v", tc.name, l)
+		}
+		if err := cp.CheckID(l.Group); err != nil {
+			t.Fatalf("%s: group name: %v", tc.name, err)
 		}
 	}
 }

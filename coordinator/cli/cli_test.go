@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/configs"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/internal/testmodel"
@@ -200,6 +201,40 @@ func TestHelpExplains(t *testing.T) {
 	for _, want := range []string{"--nats-url", "--router-policy", "--registry-ttl", "--metrics-listen", "TANDEM_COORD"} {
 		if !strings.Contains(out, want) && !strings.Contains(rootHelp, want) {
 			t.Errorf("serve --help lacks %s", want)
+		}
+	}
+}
+
+// TestLayoutsLoad: the coordinator configurations in configs/ load with no
+// unknown key and valid values.
+func TestLayoutsLoad(t *testing.T) {
+	for _, name := range []string{"local", "cluster"} {
+		b, err := configs.Layout(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), name+".yaml")
+		if err := os.WriteFile(file, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := serveCmd()
+		cmd.Flags().String("config", "", "")
+		if err := cmd.ParseFlags([]string{"--config", file}); err != nil {
+			t.Fatal(err)
+		}
+		v, err := resolve(cmd, natsSettings, serveSettings)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		cfg, err := serviceConfig(v)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := serverConfig(v, nil); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if cfg.Rates.PrefillTokPerS <= 0 || cfg.Rates.LocalPrefillTokPerS <= 0 || cfg.Registry.TTL != 10*time.Second {
+			t.Fatalf("%s: %+v", name, cfg)
 		}
 	}
 }
