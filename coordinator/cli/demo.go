@@ -55,9 +55,9 @@ runs again with policy remote to show the disaggregated path.`,
 	return cmd
 }
 
-// demoSettings: the demo's members log only warnings by default, so that
+// demoSettings: the demo's members log only errors by default, so that
 // its story reads on its own.
 var demoSettings = []setting{
-	{"log.level", "warn", "log level of the members: debug, info, warn, error"},
+	{"log.level", "error", "log level of the members: debug, info, warn, error"},
 	{"log.format", "console", "log format: console or json"},
 }
