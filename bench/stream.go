@@ -89,10 +89,12 @@ type streamReport struct {
 	PeakRSSBytes      int64   `json:"peak_rss_bytes"`
 	StatesMatch       bool    `json:"states_match"`
 	StatesChecked     bool    `json:"states_checked"`
-	Targets           struct {
-		PassReadGE09Raw bool `json:"pass_read_ge_0_9_raw"`
-		PassLE115Max    bool `json:"pass_le_1_15_max"`
-		BatchLE13       bool `json:"batch_le_1_3"`
+	// Targets of the issue; the read-rate and batching targets apply only
+	// to I/O-bound passes and are null otherwise.
+	Targets struct {
+		PassReadGE09Raw *bool `json:"pass_read_ge_0_9_raw"`
+		PassLE115Max    bool  `json:"pass_le_1_15_max"`
+		BatchLE13       *bool `json:"batch_le_1_3"`
 	} `json:"targets"`
 }
 
@@ -291,9 +293,15 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 	floor := max(rep.ReadOnlyS, rep.ComputeOnlyS)
 	rep.OverlapRatio = rep.PassS / floor
 	rep.ReadRatio = rep.PassReadGBps / rep.RawReadGBps
-	rep.Targets.PassReadGE09Raw = rep.ReadRatio >= 0.9
 	rep.Targets.PassLE115Max = rep.OverlapRatio <= 1.15
-	rep.Targets.BatchLE13 = rep.BatchRatio > 0 && rep.BatchRatio <= 1.3
+	if rep.IOBound {
+		ok := rep.ReadRatio >= 0.9
+		rep.Targets.PassReadGE09Raw = &ok
+		if rep.BatchRatio > 0 {
+			ok := rep.BatchRatio <= 1.3
+			rep.Targets.BatchLE13 = &ok
+		}
+	}
 	say("peak RSS %s of a %s budget; pass/max(read-only, compute-only) = %.2f; pass read/raw read = %.2f",
 		progress.HumanBytes(rep.PeakRSSBytes), progress.HumanBytes(budget), rep.OverlapRatio, rep.ReadRatio)
 	if f.jsonOut {
