@@ -10,6 +10,7 @@ import (
 	"github.com/tandem-inference/tandem/bench/workload"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 )
 
 // Setup is the cluster a simulation runs: a model, a decode group, and
@@ -359,10 +360,10 @@ func (c *cluster) arrive(j *simJob) {
 }
 
 // kickPrefill starts the next pass if the box is idle, with the pass
-// scheduler's rule (prefill-worker/scheduler/scheduler.go, Run and
-// snapshot): jobs in progress first, then waiting jobs in arrival order;
-// committing jobs' sink queues count as draining memory; the planner
-// decides which tokens of which jobs the pass takes.
+// scheduler's own rule (scheduler.Next): jobs in progress first, then
+// waiting jobs in arrival order; committing jobs' sink queues count as
+// draining memory; the planner decides which tokens of which jobs the pass
+// takes.
 func (c *cluster) kickPrefill() {
 	if c.s.Prefill == nil || c.running {
 		return
@@ -380,27 +381,18 @@ func (c *cluster) kickPrefill() {
 		for _, j := range c.committing {
 			draining += int64(c.opt.SinkQueue+1) * c.costs.LayerState(j.total)
 		}
-		plan, err := planner.Make(planner.Input{Costs: c.costs, Budget: c.budget, Depth: -1, MaxDepth: c.s.Prefill.MaxDepth,
+		st := scheduler.Next(planner.Input{Costs: c.costs, Budget: c.budget, Depth: -1, MaxDepth: c.s.Prefill.MaxDepth,
 			MaxTile: c.s.Prefill.MaxTile, Jobs: pj, Draining: draining})
-		if err != nil {
-			c.dropFromPrefill(js[0], fmt.Sprintf("prefill box: %v", err))
-			continue
+		for _, d := range st.Drops {
+			c.dropFromPrefill(js[d.Job], fmt.Sprintf("prefill box: %v", d.Err))
 		}
-		for _, r := range plan.Rejected {
-			c.dropFromPrefill(js[r.Job], fmt.Sprintf("prefill box: %v: %s", planner.ErrBudget, r.Reason))
+		if st.Run {
+			c.runPass(st.Plan, js)
+			return
 		}
-		if len(plan.Pieces) == 0 {
-			if len(plan.Rejected) > 0 {
-				continue
-			}
-			if draining > 0 {
-				return // a commit frees memory and kicks again
-			}
-			c.dropFromPrefill(js[0], fmt.Sprintf("prefill box: no pass can take it (%s)", plan))
-			continue
+		if st.Wait {
+			return // a commit frees memory and kicks again
 		}
-		c.runPass(plan, js)
-		return
 	}
 }
 

@@ -323,21 +323,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				return ctx.Err()
 			}
 		}
-		plan, err := planner.Make(s.input(pj, draining))
-		if err != nil {
-			// Not even the first job fits beside the ring: it can never run.
-			s.finish(js[0], fmt.Errorf("job %s: %w", js[0].spec.ID, err))
-			continue
+		st := Next(s.input(pj, draining))
+		for _, d := range st.Drops {
+			s.finish(js[d.Job], d.Err)
 		}
-		for _, r := range plan.Rejected {
-			s.finish(js[r.Job], fmt.Errorf("job %s: %w: %s", r.ID, planner.ErrBudget, r.Reason))
-		}
-		if len(plan.Pieces) == 0 {
-			if len(plan.Rejected) > 0 {
-				continue
-			}
-			if draining == 0 {
-				s.finish(js[0], fmt.Errorf("job %s: no pass can take it (%s)", js[0].spec.ID, plan))
+		if !st.Run {
+			if !st.Wait {
 				continue
 			}
 			// Finished jobs' states are still draining to their sinks: wait
@@ -349,6 +340,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				return ctx.Err()
 			}
 		}
+		plan := st.Plan
 		s.runPass(ctx, pass, plan, js)
 		pass++
 		if ctx.Err() != nil {
