@@ -49,7 +49,9 @@ type Handlers struct {
 const tailWait = 500 * time.Millisecond
 
 // Run submits req and follows the job until its final event (and its last
-// token message), or until ctx ends. Without an idempotency key it makes
+// token message), or until ctx ends. A job handed back to the queue by a
+// stopping coordinator runs again from the start; Run then starts its
+// tokens over. Without an idempotency key it makes
 // one up, so that it knows the job's id and can subscribe to the job's
 // subjects before the job can start; retrying with the same request is
 // then safe.
@@ -94,6 +96,12 @@ func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (
 			if _, err := cp.DecodeMsg(m, &ev); err != nil {
 				return res, fmt.Errorf("job %s: %w", id, err)
 			}
+			if n := len(res.Events); n > 0 && ev.Seq <= res.Events[n-1].Seq {
+				// A stopped coordinator handed the job back and it runs
+				// again from the start: so do its tokens.
+				res.Tokens, lastToken = nil, false
+				text.Reset()
+			}
 			res.Events = append(res.Events, ev)
 			if h.Event != nil {
 				h.Event(ev)
@@ -110,6 +118,10 @@ func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (
 			var t cp.TokenMsg
 			if _, err := cp.DecodeMsg(m, &t); err != nil {
 				return res, fmt.Errorf("job %s: %w", id, err)
+			}
+			if t.Index == 0 && len(res.Tokens) > 0 {
+				res.Tokens, lastToken = nil, false // the job runs again
+				text.Reset()
 			}
 			if t.Index != len(res.Tokens) {
 				return res, fmt.Errorf("job %s: token message %d after %d tokens (lost messages)", id, t.Index, len(res.Tokens))

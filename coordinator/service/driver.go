@@ -22,6 +22,7 @@ type message struct {
 	at       time.Time // when the coordinator received it
 
 	lost, reason string
+	since        time.Time // when the registry recorded the loss
 
 	cancel string
 	reply  chan *cp.CancelReply
@@ -83,10 +84,12 @@ type run struct {
 	log   *zap.Logger
 	inbox *mailbox
 
-	group    *group
-	head     string // the group's rank 0
-	prefill  string // the prefill worker of a remote job
-	involved map[string]bool
+	group   *group
+	head    string // the group's rank 0
+	prefill string // the prefill worker of a remote job
+	// involved: the workers holding the job, with when their assignment
+	// was sent (the whole group's ranks count from rank 0's).
+	involved map[string]time.Time
 	// prefillOpen and decodeOpen: that side was assigned and has not
 	// reported its end.
 	prefillOpen, decodeOpen bool
@@ -97,7 +100,7 @@ type run struct {
 // state, released when the coordinator stops first.
 func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 	qj := d.Job
-	r := &run{c: c, req: &qj.Request, inbox: newMailbox(), involved: map[string]bool{},
+	r := &run{c: c, req: &qj.Request, inbox: newMailbox(), involved: map[string]time.Time{},
 		log: c.log.With(zap.String("job", qj.JobID))}
 	c.mu.Lock()
 	if c.runs[qj.JobID] != nil {
@@ -180,14 +183,16 @@ func (r *run) place(ctx context.Context) *cp.JobEvent {
 	}
 	giveUp := time.NewTimer(c.cfg.PlacementWait)
 	defer giveUp.Stop()
+	// Prefill workers that turned this job down; under policy auto it then
+	// goes local rather than wait for them.
 	exclude := map[string]bool{}
 	for {
 		workers, changed := c.view.snapshot()
 		gs, problems := groups(workers, m)
-		g := pickGroup(gs, need, exclude)
+		g := pickGroup(gs, need)
 		var pf *cp.WorkerInfo
 		for _, w := range prefillWorkers(workers, m) {
-			if !exclude[w.ID] {
+			if !exclude[w.ID] || policy == cp.PolicyRemote {
 				pf = &w
 				break
 			}
@@ -238,7 +243,7 @@ func (r *run) place(ctx context.Context) *cp.JobEvent {
 
 // pickGroup chooses the decode group for a job of need tokens: one that
 // can hold it, preferring room now, then the least loaded.
-func pickGroup(gs []group, need int, exclude map[string]bool) *group {
+func pickGroup(gs []group, need int) *group {
 	var best *group
 	better := func(a, b *group) bool {
 		if (a.Free >= need) != (b.Free >= need) {
@@ -248,7 +253,7 @@ func pickGroup(gs []group, need int, exclude map[string]bool) *group {
 	}
 	for i := range gs {
 		g := &gs[i]
-		if g.Capacity < need || exclude[g.Head().ID] {
+		if g.Capacity < need {
 			continue
 		}
 		if best == nil || better(g, best) {
@@ -261,8 +266,11 @@ func pickGroup(gs []group, need int, exclude map[string]bool) *group {
 // assign routes the job between pf (nil: none) and g and hands it out: the
 // decode group first (it reserves the memory and expects the transfer),
 // then the prefill worker. It returns a final event if the job failed, or
-// again=true when the workers refused for now (a worker that did not
-// answer, or a prefill worker that refused, is excluded from the next try).
+// again=true when the workers turned it down for now (no memory, not
+// ready, shutting down, gone). A job is tried again only while no worker
+// holds it: once the decode group admitted it, a failure to hand it to the
+// prefill worker fails the job, since a second admission under the same
+// job id could mix its messages with those of the first.
 func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[string]bool) (ev *cp.JobEvent, again bool) {
 	c := r.c
 	n := len(r.req.TokenIDs)
@@ -287,6 +295,10 @@ func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[
 		a.Placement = append(a.Placement, p)
 	}
 	head := g.Head().ID
+	if remote && !r.answers(pf.ID) {
+		exclude[pf.ID] = true // under policy auto, the next try goes local
+		return nil, true
+	}
 	// Announced before the assignments go out: the routed event marks the
 	// end of the control plane's own work on the job.
 	c.m.Route(string(policy), string(rd.Target), d.Local.Total, d.Remote.Total)
@@ -300,31 +312,33 @@ func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[
 	// A local prefill starts as the group admits the job, before its
 	// answer is back; a remote one as the prefill worker takes it.
 	started := time.Now()
-	if ev, again := r.request(head, &dec, exclude); ev != nil || again {
+	sentDecode := started
+	if ev, again := r.request(head, &dec); ev != nil || again {
 		return ev, again
 	}
 	if remote {
 		pre := a
 		pre.Role, pre.WorkerID, pre.TokenIDs = cp.RolePrefill, pf.ID, r.req.TokenIDs[:n-1]
 		started = time.Now()
-		ev, again := r.request(pf.ID, &pre, exclude)
-		if ev != nil || again {
+		ev, again := r.request(pf.ID, &pre)
+		if again {
+			ev = r.fail(&cp.JobError{Code: cp.CodeUnavailable, Worker: pf.ID,
+				Message: "did not take the job after the decode group had admitted it"})
+		}
+		if ev != nil {
 			r.cancelOn(head, "the prefill worker did not take the job")
-			if again {
-				exclude[pf.ID] = true // under policy auto, the next try may go local
-			}
-			return ev, again
+			return ev, false
 		}
 	}
 	// Assigned.
 	assigned := time.Now()
 	r.group, r.head, r.decodeOpen = g, head, true
 	for _, id := range g.Workers() {
-		r.involved[id] = true
+		r.involved[id] = sentDecode
 	}
 	if remote {
 		r.prefill, r.prefillOpen = pf.ID, true
-		r.involved[pf.ID] = true
+		r.involved[pf.ID] = started
 		c.load.addPrefill(pf.ID, r.job.ID, n-1)
 	} else {
 		c.load.addLocal(g.ID, r.job.ID, n)
@@ -342,8 +356,24 @@ func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[
 	return nil, false
 }
 
+// answers checks that a prefill worker is there before the decode group
+// reserves anything for a remote job: a worker that died keeps its
+// registration for up to the registry TTL, but no longer answers (asked to
+// cancel this job, which it does not hold, it says so).
+func (r *run) answers(worker string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.AssignTimeout)
+	defer cancel()
+	_, err := cancelRequest(ctx, r.c.nc, worker, r.job.ID, "probe: are you there?")
+	var re *cp.RemoteError
+	if err == nil || errors.As(err, &re) {
+		return true
+	}
+	r.log.Info("prefill worker does not answer", zap.String("worker", worker), zap.Error(err))
+	return false
+}
+
 // request sends one assignment and sorts out the answer.
-func (r *run) request(worker string, a *cp.Assignment, exclude map[string]bool) (ev *cp.JobEvent, again bool) {
+func (r *run) request(worker string, a *cp.Assignment) (ev *cp.JobEvent, again bool) {
 	c := r.c
 	if a.Role == "" {
 		a.Role = cp.RoleDecode
@@ -352,11 +382,17 @@ func (r *run) request(worker string, a *cp.Assignment, exclude map[string]bool) 
 	defer cancel()
 	var rep cp.AssignReply
 	if err := cp.Request(ctx, c.nc, cp.WorkerAssign(worker), a, &rep); err != nil {
-		r.log.Warn("assignment not answered", zap.String("worker", worker), zap.Error(err))
-		// It may have been taken after all: make sure it is not kept.
-		r.cancelOn(worker, "assignment not answered in time")
-		exclude[worker] = true
-		return nil, true
+		if errors.Is(err, nats.ErrNoResponders) {
+			// Nobody took the request: the worker is gone (the registry
+			// will say so) or not serving yet.
+			r.log.Info("assignment: no worker", zap.String("worker", worker), zap.Error(err))
+			return nil, true
+		}
+		// It may have been taken after all: make sure it is not kept (a
+		// worker drops a job cancelled while it is being admitted).
+		r.cancelOn(worker, "the assignment was not answered in time")
+		return r.fail(&cp.JobError{Code: cp.CodeUnavailable, Worker: worker,
+			Message: fmt.Sprintf("did not answer the assignment within %v: %v", c.cfg.AssignTimeout, err)}), false
 	}
 	if rep.Accepted {
 		return nil, false
@@ -411,7 +447,10 @@ func (r *run) handle(msg message, stall *time.Timer) *cp.JobEvent {
 		msg.reply <- &cp.CancelReply{JobID: r.job.ID, State: cp.StateCancelled}
 		return ev
 	case msg.lost != "":
-		if !r.involved[msg.lost] {
+		sent, ok := r.involved[msg.lost]
+		if !ok || sent.After(msg.since) {
+			// Not ours, or a worker that restarted before the job was sent
+			// to it (workers register before they serve): it holds the job.
 			return nil
 		}
 		r.cancelWorkers(fmt.Sprintf("worker %s was lost", msg.lost), msg.lost)

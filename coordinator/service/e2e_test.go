@@ -31,7 +31,7 @@ func testOptions(t testing.TB) cluster.Options {
 		ModelDir: testmodel.Dir(t, "tiny", 1, 2),
 		Queue:    cp.QueueConfig{Memory: true, AckWait: 3 * time.Second},
 		Registry: cp.RegistryConfig{Memory: true, TTL: 2 * time.Second},
-		Coordinator: service.Config{AssignTimeout: 3 * time.Second, PlacementWait: 10 * time.Second,
+		Coordinator: service.Config{AssignTimeout: 10 * time.Second, PlacementWait: 10 * time.Second,
 			StallTimeout: 10 * time.Second, ShutdownGrace: 2 * time.Second,
 			// The tiny model on this machine, roughly (measured jobs refine it).
 			Rates: router.Rates{PassFloor: 20 * time.Millisecond, PrefillTokPerS: 3000, LocalPrefillTokPerS: 2500,

@@ -57,13 +57,16 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 	seen := map[string]time.Time{} // when the registry last recorded each worker
 	for {
 		var lost map[string]string
+		var since time.Time
 		select {
 		case ch, ok := <-changes:
 			if !ok {
 				return
 			}
 			lost = c.apply(ch, seen)
+			since = ch.Time
 		case now := <-sweep.C:
+			since = now
 			v := c.view
 			v.mu.Lock()
 			for id, at := range seen {
@@ -82,7 +85,7 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 			v.mu.Unlock()
 		}
 		for id, reason := range lost {
-			c.workerLost(id, reason)
+			c.workerLost(id, reason, since)
 		}
 	}
 }
@@ -137,8 +140,11 @@ func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[s
 	return map[string]string{gone: reason}
 }
 
-// workerLost tells every run that involves worker id.
-func (c *Coordinator) workerLost(id, reason string) {
+// workerLost tells every run that involves worker id. since is when the
+// registry recorded the change: a run that sent the worker its assignment
+// after a restart was recorded talks to the new process, and is not
+// affected.
+func (c *Coordinator) workerLost(id, reason string, since time.Time) {
 	c.log.Info("worker gone", zap.String("worker", id), zap.String("reason", reason))
 	c.mu.Lock()
 	var affected []*run
@@ -147,7 +153,7 @@ func (c *Coordinator) workerLost(id, reason string) {
 	}
 	c.mu.Unlock()
 	for _, r := range affected {
-		r.inbox.put(message{lost: id, reason: reason})
+		r.inbox.put(message{lost: id, reason: reason, since: since})
 	}
 }
 

@@ -62,8 +62,9 @@ type Config struct {
 	// TransferDeadline bounds a remote job's transfer when its assignment
 	// has no deadline (default 30 min).
 	TransferDeadline time.Duration
-	// Handlers is the number of assignment handlers on rank 0 (default 4):
-	// an admission waits for a trip around the ring.
+	// Handlers is the number of assignment handlers on rank 0 (default
+	// 16): an admission waits for a trip around the ring, and several
+	// admissions travel it at once.
 	Handlers int
 	Log      *zap.Logger
 }
@@ -111,7 +112,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		cfg.TransferDeadline = 30 * time.Minute
 	}
 	if cfg.Handlers <= 0 {
-		cfg.Handlers = 4
+		cfg.Handlers = 16
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
@@ -119,6 +120,14 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	spec := cfg.Layout.Ranks[cfg.Rank]
 	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{},
 		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20}
+	// Registered before serving: an assignment can reach this process only
+	// once the registry shows it (the coordinator tells a restarted
+	// worker's old jobs from its new ones by that order).
+	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	if err != nil {
+		return nil, fmt.Errorf("decode adapter: %w", err)
+	}
+	a.hb = hb
 	serveCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	if cfg.Rank == 0 {
@@ -128,20 +137,16 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		for range cfg.Handlers {
 			if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign); err != nil {
 				cancel()
+				_ = hb.Stop(ctx)
 				return nil, fmt.Errorf("decode adapter: %w", err)
 			}
 		}
 		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
 			cancel()
+			_ = hb.Stop(ctx)
 			return nil, fmt.Errorf("decode adapter: %w", err)
 		}
 	}
-	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("decode adapter: %w", err)
-	}
-	a.hb = hb
 	a.log.Info("decode rank registered", zap.String("group", cfg.Layout.Group), zap.Int("rank", cfg.Rank),
 		zap.Int("lo", a.lo), zap.Int("hi", a.hi), zap.String("advertise", cfg.Advertise))
 	return a, nil
@@ -258,6 +263,12 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		}
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
+	if reason, cancelled := s.admitted(); cancelled {
+		// The coordinator gave up on this assignment while it was being
+		// admitted: drop the sequence without a word on the job's subjects.
+		_ = a.cfg.Worker.Cancel(ctx, as.JobID)
+		return refuse(cp.CodeConflict, "cancelled while being admitted: %s", reason)
+	}
 	rep.Accepted = true
 	rep.ReservedBytes = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, len(req.Tokens)+as.CachedTokens+req.MaxTokens, a.cfg.LatentDType))
 	a.log.Info("job admitted", zap.String("job", as.JobID), zap.Int("tokens", len(req.Tokens)),
@@ -323,7 +334,11 @@ func (a *Adapter) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp.Can
 	if s == nil {
 		return cancelRefused(req.JobID, cp.CodeNotFound, fmt.Sprintf("decode group %s: job %s is not running here", a.cfg.Layout.Group, req.JobID)), nil
 	}
-	s.markCancelled(req.Reason)
+	if !s.markCancelled(req.Reason) {
+		// Still being admitted: the assignment's handler drops it.
+		a.log.Info("job cancelled during its admission", zap.String("job", req.JobID), zap.String("reason", req.Reason))
+		return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled}, nil
+	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.cfg.Worker.Cancel(cctx, req.JobID); err != nil {

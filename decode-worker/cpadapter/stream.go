@@ -28,10 +28,12 @@ type stream struct {
 	reserved uint64
 	log      *zap.Logger
 
-	mu        sync.Mutex
-	items     []item
-	wake      chan struct{}
-	cancelled string // the coordinator's reason, once it cancelled
+	mu         sync.Mutex
+	items      []item
+	wake       chan struct{}
+	cancelled  string // the coordinator's reason, once it cancelled
+	isAdmitted bool   // the group admitted the sequence and the coordinator was told
+	silent     bool   // cancelled during admission: publish nothing
 
 	// Owned by run.
 	count    int
@@ -78,13 +80,29 @@ func (s *stream) End(_ string, r pipeline.Result) { s.push(item{end: true, res: 
 // published (the coordinator has the refusal).
 func (s *stream) abandon() { s.push(item{abandon: true}) }
 
-func (s *stream) markCancelled(reason string) {
+// markCancelled records the coordinator's cancellation and reports whether
+// the sequence is admitted (else the admission in progress drops it).
+func (s *stream) markCancelled(reason string) (admitted bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if reason == "" {
 		reason = "cancelled by the coordinator"
 	}
 	s.cancelled = reason
+	return s.isAdmitted
+}
+
+// admitted marks the sequence admitted, unless it was cancelled meanwhile:
+// then the stream goes silent and the reason is returned.
+func (s *stream) admitted() (reason string, cancelled bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancelled != "" {
+		s.silent = true
+		return s.cancelled, true
+	}
+	s.isAdmitted = true
+	return "", false
 }
 
 func (s *stream) push(it item) {
@@ -211,6 +229,12 @@ func (s *stream) end(r pipeline.Result) {
 }
 
 func (s *stream) publish(subject string, m cp.Message) {
+	s.mu.Lock()
+	silent := s.silent
+	s.mu.Unlock()
+	if silent {
+		return
+	}
 	if err := cp.Publish(s.a.cfg.Conn, subject, m); err != nil {
 		s.log.Warn("publish failed", zap.String("subject", subject), zap.Error(err))
 	}

@@ -103,23 +103,27 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		cfg.Log = zap.NewNop()
 	}
 	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
+	// Registered before serving: an assignment can reach this process only
+	// once the registry shows it (the coordinator tells a restarted
+	// worker's old jobs from its new ones by that order).
+	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	if err != nil {
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
+	a.hb = hb
 	serveCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	queue := "tandem-worker-" + cfg.WorkerID
 	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign); err != nil {
 		cancel()
+		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
 	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
 		cancel()
+		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
-	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("prefill adapter: %w", err)
-	}
-	a.hb = hb
 	a.log.Info("prefill worker registered", zap.String("model", cfg.ModelID))
 	return a, nil
 }
@@ -264,6 +268,14 @@ func (a *Adapter) progress(j *job, p scheduler.Progress) {
 	}
 	a.publish(cp.JobProgress(j.id), &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Stage: stage, Time: now,
 		Layers: &cp.LayerProgress{Done: p.Layer, Total: p.Layers}, Tokens: done, Elapsed: p.Elapsed})
+	if last {
+		// Make sure the server has it before the last layer's state leaves:
+		// the decode group's first token, which follows the commit, must
+		// not overtake it on its way to the coordinator.
+		if err := a.cfg.Conn.FlushTimeout(time.Second); err != nil {
+			a.log.Warn("flush progress", zap.String("job", j.id), zap.Error(err))
+		}
+	}
 }
 
 // wait reports the job's end: done once every rank committed its state.
