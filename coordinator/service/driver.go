@@ -94,6 +94,8 @@ type run struct {
 	// reported its end.
 	prefillOpen, decodeOpen bool
 	cancelling              bool
+	// refused says why the last try to assign the job did not take.
+	refused string
 }
 
 // drive runs one delivery of a job and settles it: acknowledged at a final
@@ -215,7 +217,7 @@ func (r *run) place(ctx context.Context) *cp.JobEvent {
 			if ev != nil || !again {
 				return ev
 			}
-			why, retry = "the chosen workers refused the job for now", 250*time.Millisecond
+			why, retry = r.refused, 250*time.Millisecond
 		}
 		retryT := time.NewTimer(retry)
 		if retry == 0 {
@@ -369,6 +371,7 @@ func (r *run) answers(worker string) bool {
 		return true
 	}
 	r.log.Info("prefill worker does not answer", zap.String("worker", worker), zap.Error(err))
+	r.refused = fmt.Sprintf("prefill worker %s does not answer: %v", worker, err)
 	return false
 }
 
@@ -386,6 +389,7 @@ func (r *run) request(worker string, a *cp.Assignment) (ev *cp.JobEvent, again b
 			// Nobody took the request: the worker is gone (the registry
 			// will say so) or not serving yet.
 			r.log.Info("assignment: no worker", zap.String("worker", worker), zap.Error(err))
+			r.refused = fmt.Sprintf("worker %s does not serve assignments (gone, or not started yet)", worker)
 			return nil, true
 		}
 		// It may have been taken after all: make sure it is not kept (a
@@ -399,6 +403,7 @@ func (r *run) request(worker string, a *cp.Assignment) (ev *cp.JobEvent, again b
 	}
 	r.log.Info("assignment refused", zap.String("worker", worker), zap.String("code", string(rep.Code)), zap.String("reason", rep.Error))
 	if rep.Code == cp.CodeUnavailable || rep.Code == cp.CodeConflict {
+		r.refused = fmt.Sprintf("worker %s: %s", worker, rep.Error)
 		return nil, true
 	}
 	return r.fail(&cp.JobError{Code: rep.Code, Worker: worker, Message: "refused the assignment: " + rep.Error}), false
