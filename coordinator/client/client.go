@@ -75,8 +75,10 @@ func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (
 	for _, s := range []*nats.Subscription{es, ts} {
 		_ = s.SetPendingLimits(-1, -1) // a long job's tokens must not be dropped
 	}
-	if err := nc.FlushWithContext(ctx); err != nil {
-		return nil, fmt.Errorf("job %s: %w", id, err)
+	// The subscriptions must be in place at the server before the job can
+	// start.
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		return nil, fmt.Errorf("job %s: subscribe: %w", id, err)
 	}
 	res := &Result{JobID: id, Submitted: time.Now()}
 	rep, err := cp.Submit(ctx, nc, &req)

@@ -60,7 +60,7 @@ func Timing(t *cp.Timing, target cp.Target) string {
 func Duration(d time.Duration) string {
 	switch {
 	case d <= 0:
-		return "0"
+		return "0s"
 	case d < time.Millisecond:
 		return d.Round(time.Microsecond).String()
 	case d < time.Second:
