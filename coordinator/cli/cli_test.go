@@ -3,9 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
-	"fmt"
+	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,14 +19,39 @@ import (
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
-func freePort(t *testing.T) int {
+// syncBuffer collects a command's log while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// logged waits for a JSON log line with message msg and returns its field.
+func logged(t *testing.T, log *syncBuffer, msg, field string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, line := range strings.Split(log.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
+				if v, ok := m[field].(string); ok {
+					return v
+				}
+			}
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no %q in the log:\n%s", msg, log.String())
+	return ""
 }
 
 // run runs the command line and returns its stdout, stderr and error.
@@ -44,28 +68,29 @@ func run(ctx context.Context, args ...string) (string, string, error) {
 // its timing; jobs, workers and cancel report; /metrics counts the job.
 func TestServeAndClientCommands(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	port, mport := freePort(t), freePort(t)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	serveCtx, stop := context.WithCancel(ctx)
 	var serveErr error
-	var serveOut string
+	serveLog := &syncBuffer{}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, serveOut, serveErr = run(serveCtx, "serve", "--model", dir, "--embedded-port", fmt.Sprint(port),
-			"--embedded-data-dir", t.TempDir(), "--metrics-listen", fmt.Sprintf("127.0.0.1:%d", mport),
-			"--registry-ttl", "2s", "--timeouts-shutdown-grace", "2s", "--log-level", "warn")
+		root := New(io.Discard, serveLog)
+		root.SetArgs([]string{"serve", "--model", dir, "--embedded-port", "0", "--embedded-data-dir", t.TempDir(),
+			"--metrics-listen", "127.0.0.1:0", "--registry-ttl", "2s", "--timeouts-shutdown-grace", "2s", "--log-format", "json"})
+		serveErr = root.ExecuteContext(serveCtx)
 	}()
 	defer func() {
 		stop()
 		wg.Wait()
 		if serveErr != nil {
-			t.Errorf("serve: %v\n%s", serveErr, serveOut)
+			t.Errorf("serve: %v\n%s", serveErr, serveLog.String())
 		}
 	}()
+	url := logged(t, serveLog, "embedded NATS server", "url")
+	metricsURL := logged(t, serveLog, "metrics", "url")
 
 	// Workers join the coordinator's NATS, as other machines would.
 	var c *cluster.Cluster
@@ -124,7 +149,7 @@ func TestServeAndClientCommands(t *testing.T) {
 		t.Errorf("text for a model without tokenizer: %v", err)
 	}
 
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mport))
+	resp, err := http.Get(metricsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
