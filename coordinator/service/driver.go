@@ -96,13 +96,16 @@ type run struct {
 	cancelling              bool
 	// refused says why the last try to assign the job did not take.
 	refused string
+	// ended is closed when the run stops reading its inbox (the job
+	// reached its end, or goes back to the queue).
+	ended chan struct{}
 }
 
 // drive runs one delivery of a job and settles it: acknowledged at a final
 // state, released when the coordinator stops first.
 func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 	qj := d.Job
-	r := &run{c: c, req: &qj.Request, inbox: newMailbox(), involved: map[string]time.Time{},
+	r := &run{c: c, req: &qj.Request, inbox: newMailbox(), involved: map[string]time.Time{}, ended: make(chan struct{}),
 		log: c.log.With(zap.String("job", qj.JobID))}
 	c.mu.Lock()
 	if c.runs[qj.JobID] != nil {
@@ -138,6 +141,7 @@ func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 		final = r.execute(ctx)
 		stop()
 	}
+	close(r.ended)
 	if final == nil {
 		if err := d.Release(0); err != nil {
 			r.log.Warn("release job", zap.Error(err))

@@ -187,6 +187,12 @@ func (c *Coordinator) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp
 		select {
 		case rep := <-reply:
 			return rep, nil
+		case <-r.ended:
+			select {
+			case rep := <-reply: // this cancellation ended it
+				return rep, nil
+			default: // it ended on its own: the job list says how
+			}
 		case <-wait.Done():
 			return nil, refuse(cp.CodeInternal, "job %s: the cancellation did not complete in %v", req.JobID, 2*c.cfg.AssignTimeout+time.Second)
 		}
