@@ -214,18 +214,19 @@ func TestCancelReachesEveryWorker(t *testing.T) {
 			tc.req.IdempotencyKey = "cancel-" + cp.NewJobID()
 			var rep *cp.CancelReply
 			var repErr error
-			var mu sync.Mutex
+			cancelled := make(chan struct{})
 			f := follow(nc, tc.req, client.Handlers{Event: onceWhen(tc.cancel, func() {
+				defer close(cancelled)
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
-				r, err := cp.Cancel(ctx, nc, cp.JobIDForKey(tc.req.IdempotencyKey), "test cancels")
-				mu.Lock()
-				rep, repErr = r, err
-				mu.Unlock()
+				rep, repErr = cp.Cancel(ctx, nc, cp.JobIDForKey(tc.req.IdempotencyKey), "test cancels")
 			})})
 			res := f.wait(t, 30*time.Second)
-			mu.Lock()
-			defer mu.Unlock()
+			select {
+			case <-cancelled:
+			case <-time.After(20 * time.Second):
+				t.Fatal("no answer to the cancellation")
+			}
 			if repErr != nil || rep == nil || rep.State != cp.StateCancelled {
 				t.Fatalf("cancel reply %+v, %v", rep, repErr)
 			}
