@@ -47,7 +47,9 @@ func TestRegistryHeartbeatsAndExpiry(t *testing.T) {
 	serverKinds(t, security{}, func(t *testing.T, srv testServer) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		const ttl = time.Second
+		// A TTL of 2 s with beats every TTL/4 leaves 1.5 s of slack for a
+		// heartbeat goroutine delayed by a loaded CI machine.
+		const ttl = 2 * time.Second
 		reg := openRegistry(t, srv, ttl)
 		if err := reg.Put(ctx, worker("pre-existing", KindPrefill)); err != nil {
 			t.Fatal(err)
@@ -125,8 +127,11 @@ func TestRegistryHeartbeatsAndExpiry(t *testing.T) {
 		if d := expiredAt.Sub(lastBeat); d < ttl || d > 3*ttl {
 			t.Errorf("silent worker expired %v after its heartbeat, want between TTL and 3 TTL (%v)", d, ttl)
 		}
-		if ops := events["leaving"]; len(ops) != 2 || ops[1] != WorkerLeft {
-			t.Errorf("leaving worker's changes %v, want up then left", ops)
+		// The watcher may see the put and the delete, or (when both land
+		// before it catches up: history 1 keeps the latest per key) only the
+		// delete; either way it must learn that the worker left.
+		if ops := events["leaving"]; len(ops) == 0 || ops[len(ops)-1] != WorkerLeft || len(ops) > 2 {
+			t.Errorf("leaving worker's changes %v, want [up left] or [left]", ops)
 		}
 		if ops := events["beating"]; len(ops) < 2 {
 			t.Errorf("beating worker's changes %v, want its heartbeats", ops)
