@@ -22,14 +22,11 @@ func init() {
 // groupOptions maps the model tools' flags onto an in-process group.
 func groupOptions(mf *modelFlags, ranks int) (group.Options, error) {
 	opt := group.Options{ModelDir: mf.dir, Ranks: ranks, Threads: mf.threads, LatentNormEps: mf.latentEps}
-	switch mf.cache {
-	case "bf16":
-		opt.LatentDType = model.BF16
-	case "f32":
-		opt.LatentDType = model.F32
-	default:
-		return opt, fmt.Errorf("--cache-dtype %q: want bf16 or f32", mf.cache)
+	dt, err := model.ParseCacheDType(mf.cache)
+	if err != nil {
+		return opt, fmt.Errorf("--cache-dtype: %w", err)
 	}
+	opt.LatentDType = dt
 	return opt, nil
 }
 

@@ -45,19 +45,15 @@ func (f *modelFlags) load() (*model.Loaded, []int32, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	dt, err := model.ParseCacheDType(f.cache)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--cache-dtype: %w", err)
+	}
 	m, err := model.Load(f.dir, cpu.New(f.threads), model.LoadOptions{Embed: true, Head: true, LatentNormEps: f.latentEps})
 	if err != nil {
 		return nil, nil, err
 	}
-	switch f.cache {
-	case "bf16":
-		m.State.LatentDType = model.BF16
-	case "f32":
-		m.State.LatentDType = model.F32
-	default:
-		m.Close()
-		return nil, nil, fmt.Errorf("--cache-dtype %q: want bf16 or f32", f.cache)
-	}
+	m.State.LatentDType = dt
 	for _, id := range ids {
 		if id < 0 || int(id) >= m.Cfg.VocabSize {
 			m.Close()

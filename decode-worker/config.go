@@ -47,20 +47,11 @@ var defaults = map[string]any{
 	"log.format":          "json",
 	// Control-plane mode (with nats.url): the rank registers in the worker
 	// registry and rank 0 takes the coordinator's jobs.
-	"nats.url":            "",
-	"nats.user":           "",
-	"nats.password":       "",
-	"nats.token":          "",
-	"nats.nkey_seed_file": "",
-	"nats.creds_file":     "",
-	"nats.tls.ca":         "",
-	"nats.tls.cert":       "",
-	"nats.tls.key":        "",
-	"worker_id":           "", // default: <group>-r<rank>
-	"advertise":           "", // default: the rank's endpoint
-	"registry.ttl":        10 * time.Second,
-	"registry.memory":     false,
-	"registry.heartbeat":  time.Duration(0), // 0: a third of registry.ttl
+	"worker_id":          "", // default: <group>-r<rank>
+	"advertise":          "", // default: the rank's endpoint
+	"registry.ttl":       10 * time.Second,
+	"registry.memory":    false,
+	"registry.heartbeat": time.Duration(0), // 0: a third of registry.ttl
 }
 
 // config is the decode worker's resolved configuration.
@@ -122,6 +113,9 @@ func loadConfig(args []string) (*config, error) {
 	for k, d := range defaults {
 		v.SetDefault(k, d)
 	}
+	for _, s := range controlplane.ClientSettings {
+		v.SetDefault(s.Key, s.Default)
+	}
 	v.SetEnvPrefix(envPrefix)
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
@@ -149,23 +143,14 @@ func loadConfig(args []string) (*config, error) {
 		Frontdoor: v.GetBool("frontdoor"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
 		WorkerID: v.GetString("worker_id"), Advertise: v.GetString("advertise"), Beat: v.GetDuration("registry.heartbeat"),
 		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
-		NATS: controlplane.Options{URL: v.GetString("nats.url"), User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
-			Token: v.GetString("nats.token"), NKeySeedFile: v.GetString("nats.nkey_seed_file"), CredsFile: v.GetString("nats.creds_file"),
-			MaxReconnects: -1}}
-	if ca, cert, key := v.GetString("nats.tls.ca"), v.GetString("nats.tls.cert"), v.GetString("nats.tls.key"); ca != "" || cert != "" || key != "" {
-		c.NATS.TLS = &controlplane.TLSFiles{CA: ca, Cert: cert, Key: key}
-	}
+		NATS:     controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
+	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
 	var err error
 	if c.MemoryBudget, err = parseBytes(v.GetString("memory_budget")); err != nil {
 		return nil, fmt.Errorf("memory_budget: %w", err)
 	}
-	switch strings.ToLower(v.GetString("cache_dtype")) {
-	case "bf16":
-		c.CacheDType = model.BF16
-	case "f32":
-		c.CacheDType = model.F32
-	default:
-		return nil, fmt.Errorf("cache_dtype %q: want bf16 or f32", v.GetString("cache_dtype"))
+	if c.CacheDType, err = model.ParseCacheDType(v.GetString("cache_dtype")); err != nil {
+		return nil, fmt.Errorf("cache_dtype: %w", err)
 	}
 	switch {
 	case c.GroupConfig == "":

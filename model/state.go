@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"strings"
 	"unsafe"
 )
 
@@ -25,6 +26,18 @@ func (d DType) String() string {
 		return "BF16"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// ParseCacheDType reads an MLA cache dtype as written in configs and flags:
+// "bf16" (the state contract) or "f32" (exact, for checks).
+func ParseCacheDType(s string) (DType, error) {
+	switch strings.ToLower(s) {
+	case "bf16":
+		return BF16, nil
+	case "f32":
+		return F32, nil
+	}
+	return 0, fmt.Errorf("cache dtype %q: want bf16 or f32", s)
 }
 
 // Size is the element size in bytes.

@@ -49,15 +49,6 @@ var defaults = map[string]any{
 	// Control-plane mode (with nats.url): the worker registers in the
 	// worker registry and takes the coordinator's jobs, streaming each
 	// job's state to its decode ranks over kvtransfer.
-	"nats.url":            "",
-	"nats.user":           "",
-	"nats.password":       "",
-	"nats.token":          "",
-	"nats.nkey_seed_file": "",
-	"nats.creds_file":     "",
-	"nats.tls.ca":         "",
-	"nats.tls.cert":       "",
-	"nats.tls.key":        "",
 	"worker_id":           "", // default: prefill-<host name>
 	"registry.ttl":        10 * time.Second,
 	"registry.memory":     false,
@@ -135,6 +126,9 @@ func loadConfig(args []string) (*config, error) {
 	for k, d := range defaults {
 		v.SetDefault(k, d)
 	}
+	for _, s := range controlplane.ClientSettings {
+		v.SetDefault(s.Key, s.Default)
+	}
 	v.SetEnvPrefix(envPrefix)
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
@@ -162,12 +156,8 @@ func loadConfig(args []string) (*config, error) {
 		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
 		Transfer: kvtransfer.Timeouts{Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 			Idle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive")},
-		NATS: controlplane.Options{URL: v.GetString("nats.url"), User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
-			Token: v.GetString("nats.token"), NKeySeedFile: v.GetString("nats.nkey_seed_file"), CredsFile: v.GetString("nats.creds_file"),
-			MaxReconnects: -1}}
-	if ca, cert, key := v.GetString("nats.tls.ca"), v.GetString("nats.tls.cert"), v.GetString("nats.tls.key"); ca != "" || cert != "" || key != "" {
-		c.NATS.TLS = &controlplane.TLSFiles{CA: ca, Cert: cert, Key: key}
-	}
+		NATS: controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
+	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
 	var err error
 	if c.Budget, err = planner.ParseBytes(v.GetString("mem_budget")); err != nil {
 		return nil, fmt.Errorf("mem_budget: %w", err)
@@ -178,13 +168,8 @@ func loadConfig(args []string) (*config, error) {
 	if c.IO, err = streamer.ParseIOMode(v.GetString("io")); err != nil {
 		return nil, fmt.Errorf("io: %w", err)
 	}
-	switch strings.ToLower(v.GetString("cache_dtype")) {
-	case "bf16":
-		c.CacheDType = model.BF16
-	case "f32":
-		c.CacheDType = model.F32
-	default:
-		return nil, fmt.Errorf("cache_dtype %q: want bf16 or f32", v.GetString("cache_dtype"))
+	if c.CacheDType, err = model.ParseCacheDType(v.GetString("cache_dtype")); err != nil {
+		return nil, fmt.Errorf("cache_dtype: %w", err)
 	}
 	for i, p := range v.GetStringSlice("prompt") {
 		ids, err := parseIDs(p)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
 )
 
 // envPrefix prefixes the environment overrides: TANDEM_COORD_NATS_URL,
@@ -28,19 +30,22 @@ type setting struct {
 }
 
 // natsSettings say how to reach NATS: every command has them.
-var natsSettings = []setting{
-	{"nats.url", "", "NATS server URL(s), comma-separated; empty: serve and demo start an embedded server, the client commands use nats://127.0.0.1:4222"},
-	{"nats.user", "", "NATS user (with nats.password)"},
-	{"nats.password", "", "NATS password"},
-	{"nats.token", "", "NATS token"},
-	{"nats.nkey_seed_file", "", "file with this client's nkey seed"},
-	{"nats.creds_file", "", "NATS credentials file (JWT + nkey seed, operator mode)"},
-	{"nats.tls.ca", "", "CA file that verifies the NATS server (turns TLS on)"},
-	{"nats.tls.cert", "", "client certificate file for NATS TLS"},
-	{"nats.tls.key", "", "client key file for NATS TLS"},
-	{"nats.connect_timeout", 5 * time.Second, "bound on connecting to NATS"},
+var natsSettings = append(clientSettings(), []setting{
 	{"log.level", "info", "log level: debug, info, warn, error"},
 	{"log.format", "console", "log format: console or json"},
+}...)
+
+// clientSettings are controlplane.ClientSettings, with what an empty
+// nats.url means for the coordinator's commands.
+func clientSettings() []setting {
+	var out []setting
+	for _, s := range cp.ClientSettings {
+		if s.Key == "nats.url" {
+			s.Help = "NATS server URL(s), comma-separated; empty: serve and demo start an embedded server, the client commands use nats://127.0.0.1:4222"
+		}
+		out = append(out, setting{s.Key, s.Default, s.Help})
+	}
+	return out
 }
 
 // serveSettings configure a coordinator (serve and demo).

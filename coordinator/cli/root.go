@@ -97,14 +97,10 @@ func newLogger(v *viper.Viper, w io.Writer) (*zap.Logger, error) {
 // natsOptions are the client options from the settings; url overrides
 // nats.url when set (the embedded server's).
 func natsOptions(v *viper.Viper, name, url string, log *zap.Logger) cp.Options {
-	o := cp.Options{URL: v.GetString("nats.url"), Name: name, User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
-		Token: v.GetString("nats.token"), NKeySeedFile: v.GetString("nats.nkey_seed_file"), CredsFile: v.GetString("nats.creds_file"),
-		ConnectTimeout: v.GetDuration("nats.connect_timeout"), Logger: log}
+	o := cp.OptionsFromSettings(v.GetString, v.GetDuration)
+	o.Name, o.Logger = name, log
 	if url != "" {
 		o.URL = url
-	}
-	if ca, cert, key := v.GetString("nats.tls.ca"), v.GetString("nats.tls.cert"), v.GetString("nats.tls.key"); ca != "" || cert != "" || key != "" {
-		o.TLS = &cp.TLSFiles{CA: ca, Cert: cert, Key: key}
 	}
 	return o
 }
