@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/tandem-inference/tandem/internal/natstest"
 	"math"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -163,18 +162,13 @@ func TestServeStopsWithContext(t *testing.T) {
 	}
 }
 
-// natsCLI runs the pinned nats CLI against url with a private home, so no
-// user context file changes what it does.
+// natsCLI runs the pinned nats CLI against url (with a private home, so no
+// user context file changes what it does).
 func natsCLI(t *testing.T, url string, args ...string) (string, error) {
 	t.Helper()
-	bin := findTool(t, "nats")
-	home := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--server", url, "--timeout", "5s"}, args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home, "NATS_CONTEXT=")
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return natstest.CLI(ctx, t, url, append([]string{"--timeout", "5s"}, args...)...)
 }
 
 // Any NATS client can submit: the real nats CLI sends JSON with the

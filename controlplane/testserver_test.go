@@ -7,16 +7,14 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"github.com/tandem-inference/tandem/internal/natstest"
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -67,38 +65,12 @@ func startEmbedded(t testing.TB, sec security) testServer {
 	return testServer{kind: "embedded", url: s.ClientURL()}
 }
 
-// findTool finds a pinned NATS tool in <repo>/bin, then on PATH, or skips.
-func findTool(t testing.TB, name string) string {
-	t.Helper()
-	if dir, err := os.Getwd(); err == nil {
-		for d := dir; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				p := filepath.Join(d, "bin", name)
-				if _, err := os.Stat(p); err == nil {
-					return p
-				}
-				break
-			}
-			if filepath.Dir(d) == d {
-				break
-			}
-		}
-	}
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	t.Skipf("%s not found in <repo>/bin or on PATH: run scripts/install-nats.sh to install the pinned NATS tools", name)
-	return ""
-}
-
 // startProcess runs a real nats-server on a random loopback port with
-// JetStream in a temporary directory, and kills it when the test ends.
+// JetStream in a temporary directory, set up with sec, and kills it when
+// the test ends.
 func startProcess(t testing.TB, sec security) testServer {
 	t.Helper()
-	bin := findTool(t, "nats-server")
-	dir := t.TempDir()
 	var conf strings.Builder
-	fmt.Fprintf(&conf, "listen: \"127.0.0.1:-1\"\nmax_payload: %d\njetstream {\n  store_dir: %q\n}\n", DefaultMaxPayload, filepath.Join(dir, "js"))
 	switch {
 	case sec.Token != "":
 		fmt.Fprintf(&conf, "authorization {\n  token: %q\n}\n", sec.Token)
@@ -121,77 +93,19 @@ func startProcess(t testing.TB, sec security) testServer {
 		}
 		conf.WriteString("}\n")
 	}
-	confPath := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(confPath, []byte(conf.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	portsDir := filepath.Join(dir, "ports")
-	if err := os.Mkdir(portsDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	var log strings.Builder
-	var logMu sync.Mutex
-	cmd := exec.Command(bin, "-c", confPath, "--ports_file_dir", portsDir)
-	cmd.Stdout, cmd.Stderr = lockedWriter{&logMu, &log}, lockedWriter{&logMu, &log}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	portsFile := filepath.Join(portsDir, fmt.Sprintf("%s_%d.ports", filepath.Base(bin), cmd.Process.Pid))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if b, err := os.ReadFile(portsFile); err == nil {
-			var ports struct{ Nats []string }
-			if json.Unmarshal(b, &ports) == nil && len(ports.Nats) > 0 {
-				u := ports.Nats[0]
-				if i := strings.Index(u, "://"); i >= 0 {
-					u = u[i+3:]
-				}
-				addr := scheme + "://" + u
-				waitJetStream(t, addr, sec)
-				return testServer{kind: "process", url: addr}
-			}
-		}
-		select {
-		case <-exited:
-			logMu.Lock()
-			defer logMu.Unlock()
-			t.Fatalf("nats-server exited before listening:\n%s", log.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			logMu.Lock()
-			defer logMu.Unlock()
-			t.Fatalf("nats-server wrote no ports file in 20s:\n%s", log.String())
-		}
-	}
-}
-
-// waitJetStream waits until the process answers JetStream API requests.
-func waitJetStream(t testing.TB, url string, sec security) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	url := natstest.Start(t, natstest.Config{Extra: conf.String(), Scheme: scheme, Ready: func(url string) error {
+		// JetStream answers a client with the right credentials.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		nc, err := Connect(ctx, clientOptions(url, sec))
-		cancel()
-		if err == nil {
-			_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
-			nc.Close()
-			if err == nil {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server at %s not ready: %v", url, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer nc.Close()
+		_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
+		return err
+	}})
+	return testServer{kind: "process", url: url}
 }
 
 // clientOptions are the right credentials for a server set up with sec.
@@ -211,19 +125,6 @@ func connect(t testing.TB, o Options) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-// lockedWriter collects a process's stdout and stderr, written from two
-// goroutines.
-type lockedWriter struct {
-	mu *sync.Mutex
-	b  *strings.Builder
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
 }
 
 // testPKI is a throwaway CA with a server certificate for 127.0.0.1 and a

@@ -14,7 +14,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
-	"github.com/tandem-inference/tandem/coordinator/internal/natstest"
+	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/testmodel"

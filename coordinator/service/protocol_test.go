@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
-	"github.com/tandem-inference/tandem/coordinator/internal/natstest"
+	"github.com/tandem-inference/tandem/internal/natstest"
 )
 
 // TestJSONJobWithTheNATSCLI: a job submitted as JSON by the real nats CLI

@@ -1,5 +1,6 @@
-// Package natstest runs the pinned NATS tools for the coordinator's tests:
-// a real nats-server process, and the nats CLI.
+// Package natstest runs the pinned NATS tools for tests: real nats-server
+// processes and the nats CLI (scripts/install-nats.sh puts both in
+// <repo>/bin; tests skip, saying how to install them, when they are absent).
 package natstest
 
 import (
@@ -17,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Tool finds a pinned NATS tool in <repo>/bin (scripts/install-nats.sh puts
-// them there), then on PATH, or skips the test saying how to install it.
+// Tool finds a pinned NATS tool in <repo>/bin, then on PATH, or skips the
+// test saying how to install it.
 func Tool(tb testing.TB, name string) string {
 	tb.Helper()
 	if dir, err := os.Getwd(); err == nil {
@@ -53,14 +54,35 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	return w.b.Write(p)
 }
 
-// Server runs a real nats-server process on a random loopback port with
-// JetStream in a temporary directory and returns its URL; the process is
-// killed when the test ends.
+// Config is a nats-server configuration for Start.
+type Config struct {
+	// Extra is appended to the generated configuration (which listens on a
+	// random loopback port with JetStream in a temporary directory and an
+	// 8 MiB max payload): authorization or tls blocks.
+	Extra string
+	// Scheme of the returned URL: "nats" (default) or "tls".
+	Scheme string
+	// Ready reports whether the server at url serves what the test needs;
+	// Start retries it for up to 20 s. Nil means JetStream answers a plain
+	// (unauthenticated, plain-text) connection.
+	Ready func(url string) error
+}
+
+// Server runs a plain nats-server process with JetStream and returns its
+// URL; the process is killed when the test ends.
 func Server(tb testing.TB) string {
+	tb.Helper()
+	return Start(tb, Config{})
+}
+
+// Start runs a nats-server process with the given configuration and
+// returns its URL once Ready succeeds; the process is killed when the test
+// ends.
+func Start(tb testing.TB, cfg Config) string {
 	tb.Helper()
 	bin := Tool(tb, "nats-server")
 	dir := tb.TempDir()
-	conf := fmt.Sprintf("listen: \"127.0.0.1:-1\"\nmax_payload: %d\njetstream {\n  store_dir: %q\n}\n", 8<<20, filepath.Join(dir, "js"))
+	conf := fmt.Sprintf("listen: \"127.0.0.1:-1\"\nmax_payload: %d\njetstream {\n  store_dir: %q\n}\n%s", 8<<20, filepath.Join(dir, "js"), cfg.Extra)
 	confPath := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		tb.Fatal(err)
@@ -87,15 +109,35 @@ func Server(tb testing.TB) string {
 		defer mu.Unlock()
 		tb.Fatalf(format+"\nnats-server log:\n%s", append(args, log.String())...)
 	}
+	scheme := cfg.Scheme
+	if scheme == "" {
+		scheme = "nats"
+	}
+	ready := cfg.Ready
+	if ready == nil {
+		ready = jetStreamReady
+	}
 	portsFile := filepath.Join(portsDir, fmt.Sprintf("%s_%d.ports", filepath.Base(bin), cmd.Process.Pid))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if b, err := os.ReadFile(portsFile); err == nil {
 			var ports struct{ Nats []string }
 			if json.Unmarshal(b, &ports) == nil && len(ports.Nats) > 0 {
-				url := ports.Nats[0]
-				waitJetStream(tb, url, fail)
-				return url
+				u := ports.Nats[0]
+				if i := strings.Index(u, "://"); i >= 0 {
+					u = u[i+3:]
+				}
+				url := scheme + "://" + u
+				for {
+					err := ready(url)
+					if err == nil {
+						return url
+					}
+					if time.Now().After(deadline) {
+						fail("nats-server at %s not ready: %v", url, err)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
 			}
 		}
 		select {
@@ -109,22 +151,15 @@ func Server(tb testing.TB) string {
 	}
 }
 
-func waitJetStream(tb testing.TB, url string, fail func(string, ...any)) {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-		if err == nil {
-			_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
-			nc.Close()
-			if err == nil {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			fail("nats-server at %s not ready: %v", url, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+// jetStreamReady checks that JetStream answers a plain connection.
+func jetStreamReady(url string) error {
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		return err
 	}
+	defer nc.Close()
+	_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
+	return err
 }
 
 // CLI runs the nats CLI against url with args and returns its output.
