@@ -150,7 +150,9 @@ func TestStateRoundTripContinues(t *testing.T) {
 func TestLayerRangesCompose(t *testing.T) {
 	full := loadModel(t, "tiny", 2, model.BF16)
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	cuts := []int{0, 3, 4, 9} // ranges [0,3) [3,4) [4,9): a block boundary at 4, MLA at 3
+	// Ranges [0,3) [3,4) [4,8) [8,9): layer 3 (MLA) alone, a cut at the
+	// AttnRes block boundary 4 and one before the last (MLA) layer 8.
+	cuts := []int{0, 3, 4, 8, 9}
 	var parts []*model.Loaded
 	for i := 0; i+1 < len(cuts); i++ {
 		p, err := model.Load(dir, cpu.New(0), model.LoadOptions{Lo: cuts[i], Hi: cuts[i+1], Embed: i == 0, Head: i+2 == len(cuts)})
