@@ -21,6 +21,8 @@ type Setup struct {
 	Prefill *PrefillBox // nil: the decode group alone
 	Decode  *DecodeGroup
 	Link    *Link // required with Prefill
+	// Control is the control plane's latency (nil: none).
+	Control *ControlPlane
 }
 
 // Validate checks that the setup can run.
@@ -46,6 +48,11 @@ func (s Setup) Validate() error {
 	if err := s.Decode.validate(); err != nil {
 		return fmt.Errorf("sim: setup %s: decode: %w", s.Name, err)
 	}
+	if s.Control != nil {
+		if err := s.Control.validate(); err != nil {
+			return fmt.Errorf("sim: setup %s: control plane: %w", s.Name, err)
+		}
+	}
 	return nil
 }
 
@@ -60,6 +67,9 @@ type Options struct {
 	// of each measurement (router.NewEstimator; 0: its default).
 	SeedTokens int
 	Alpha      float64
+	// Seed, if set, are the router's starting rates instead (those a real
+	// coordinator was configured with, to replay what it did).
+	Seed *router.Rates
 	// SinkQueue is each job's queue of layer states (the scheduler's
 	// default, 4, when 0).
 	SinkQueue int
@@ -88,7 +98,8 @@ func (o Options) withDefaults() Options {
 
 // JobResult is how one job went. Times are since the workload's start
 // (Arrival, FirstToken, Done) or spans: Queue + Prefill + TransferTail +
-// FirstStep = TTFT.
+// FirstStep = TTFT. The control plane's latency and a remote job's wait
+// for the decode group's admission are part of Queue.
 type JobResult struct {
 	ID, Session string
 	Turn        int
@@ -256,11 +267,14 @@ type cluster struct {
 	passes     []PassResult
 	link       LinkState
 
-	// The decode group: local prefill queue (FIFO, chunk by chunk), jobs
-	// waiting for their first step, jobs decoding; steps and chunks
-	// alternate while both have work.
+	// The decode group: local prefill queue (served in turn, a chunk at a
+	// time), jobs waiting for their first step, jobs decoding; steps and
+	// chunks alternate while both have work. Remote jobs wait in admitting
+	// for the end of the group's step in flight: the group admits a
+	// sequence (every rank reserves its state) between steps.
 	cost        groupCost
 	gq          []*simJob
+	admitting   []*simJob
 	readyQ      []*simJob
 	decoding    []*simJob
 	groupBusy   bool
@@ -271,6 +285,9 @@ type cluster struct {
 func newCluster(s Setup, opt Options) *cluster {
 	c := &cluster{s: s, opt: opt, inPass: map[*simJob]int{}, cost: newGroupCost(s.Decode, s.Model), memFree: -1}
 	c.seed = SeedRates(s, opt.SeedTokens)
+	if opt.Seed != nil {
+		c.seed = *opt.Seed
+	}
 	c.est = router.NewEstimator(c.seed, opt.Alpha)
 	if n := s.Decode.StateBytes(); n > 0 {
 		c.memFree = n
@@ -334,14 +351,39 @@ func (c *cluster) arrive(j *simJob) {
 		c.memFree -= need
 		j.reserved = need
 	}
+	var delay float64
+	if cp := c.s.Control; cp != nil {
+		delay = cp.RemoteMS
+		if d.Target == router.TargetLocal {
+			delay = cp.LocalMS
+		}
+	}
+	c.loop.After(seconds(delay/1e3), func() { c.dispatch(j) })
+}
+
+// dispatch hands a routed job to its workers, once the control plane has
+// carried it there.
+func (c *cluster) dispatch(j *simJob) {
 	switch {
-	case d.Target == router.TargetLocal:
+	case j.res.Target == router.TargetLocal:
 		if j.total == 0 {
 			c.toGroup(j)
 			return
 		}
 		c.gq = append(c.gq, j)
 		c.kickGroup()
+	case c.groupBusy:
+		c.admitting = append(c.admitting, j)
+	default:
+		c.admitted(j)
+	}
+}
+
+// admitted: the decode group holds a remote job's sequence; the prefill
+// worker takes it.
+func (c *cluster) admitted(j *simJob) {
+	now := c.loop.Now()
+	switch {
 	case j.total == 0:
 		// Nothing to prefill: the worker hands over every layer's empty
 		// state at once (scheduler.finishEmpty).
@@ -357,6 +399,18 @@ func (c *cluster) arrive(j *simJob) {
 		c.waiting = append(c.waiting, j)
 		c.kickPrefill()
 	}
+}
+
+// stepDone ends the decode group's step in flight: remote jobs waiting
+// for their admission are admitted, and the group takes its next step.
+func (c *cluster) stepDone() {
+	c.groupBusy = false
+	adm := c.admitting
+	c.admitting = nil
+	for _, j := range adm {
+		c.admitted(j)
+	}
+	c.kickGroup()
 }
 
 // kickPrefill starts the next pass if the box is idle, with the pass
@@ -523,32 +577,48 @@ func (c *cluster) decodeStep() {
 			}
 			c.decoding = append(c.decoding, j)
 		}
-		c.groupBusy = false
-		c.kickGroup()
+		c.stepDone()
 	})
 }
 
+// prefillChunk runs one prefill step of the group: prompt chunks from the
+// queue in order, up to the chunk's rows, so that short prompts queued
+// together share a step. The queue is served in arrival order: a prompt
+// with tokens left stays at its head. (The group's pipeline also overlaps
+// the steps of different prompts on different ranks and takes queued
+// prompts in turn; this model runs one step at a time.)
 func (c *cluster) prefillChunk() {
-	j := c.gq[0]
 	now := c.loop.Now()
-	if !j.started {
-		j.started, j.start = true, now
-		j.res.Queue = now - j.res.Arrival
+	budget := chunkOf(c.s.Decode)
+	var step []groupPiece
+	for _, j := range c.gq {
+		if budget <= 0 {
+			break
+		}
+		if !j.started {
+			j.started, j.start = true, now
+			j.res.Queue = now - j.res.Arrival
+		}
+		n := min(j.total-j.done, budget)
+		step = append(step, groupPiece{j: j, lo: j.done, hi: j.done + n})
+		budget -= n
 	}
-	hi := min(j.total, j.done+chunkOf(c.s.Decode))
-	d := c.cost.Chunk(j.done, hi)
+	d := c.cost.Step(step)
 	c.groupBusy, c.lastPrefill = true, true
 	c.loop.After(d, func() {
-		j.done = hi
-		if j.done >= j.total {
-			c.gq = c.gq[1:]
-			j.res.Prefill = c.loop.Now() - j.start
+		now := c.loop.Now()
+		for _, p := range step {
+			j := p.j
+			j.done = p.hi
+			if j.done < j.total {
+				continue
+			}
+			c.gq = slices.DeleteFunc(c.gq, func(x *simJob) bool { return x == j })
+			j.res.Prefill = now - j.start
 			c.est.ObserveLocalPrefill(j.total, j.res.Prefill)
-			c.groupBusy = false
-			c.toGroup(j)
-			return
+			j.ready = now
+			c.readyQ = append(c.readyQ, j)
 		}
-		c.groupBusy = false
-		c.kickGroup()
+		c.stepDone()
 	})
 }

@@ -195,3 +195,55 @@ func TestFitRate(t *testing.T) {
 		t.Fatalf("chunked prefill %v s, want %v", got, want)
 	}
 }
+
+func TestControlPlaneLatencyIsPartOfTheQueue(t *testing.T) {
+	s := tinySetup(t, "1GiB")
+	base := run(t, s, []workload.Job{{ID: "l", Prompt: 101, Output: 1}}, router.Local).Jobs[0]
+	baseR := run(t, s, []workload.Job{{ID: "r", Prompt: 101, Output: 1}}, router.Remote).Jobs[0]
+	s.Control = &ControlPlane{LocalMS: 3, RemoteMS: 7}
+	l := run(t, s, []workload.Job{{ID: "l", Prompt: 101, Output: 1}}, router.Local).Jobs[0]
+	r := run(t, s, []workload.Job{{ID: "r", Prompt: 101, Output: 1}}, router.Remote).Jobs[0]
+	if l.TTFT-base.TTFT != 3*time.Millisecond || l.Queue != base.Queue+3*time.Millisecond {
+		t.Fatalf("local: %+v, without the control plane %+v", l, base)
+	}
+	if r.TTFT-baseR.TTFT != 7*time.Millisecond || r.Queue != baseR.Queue+7*time.Millisecond {
+		t.Fatalf("remote: %+v, without the control plane %+v", r, baseR)
+	}
+	s.Control = &ControlPlane{LocalMS: -1}
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "local_ms") {
+		t.Fatalf("negative latency: %v", err)
+	}
+}
+
+func TestARemoteJobIsAdmittedBetweenTheGroupsSteps(t *testing.T) {
+	s := tinySetup(t, "1GiB")
+	// The group prefills a local 1001-token prompt in two chunks (5.12 s
+	// and 4.88 s at 100 tok/s); a remote job arriving 1 s in is admitted
+	// when the first chunk ends, and only then joins a weight pass.
+	jobs := []workload.Job{{ID: "local", Prompt: 1001, Output: 1}, {ID: "remote", Arrival: time.Second, Prompt: 2001, Output: 1}}
+	r, err := Run(context.Background(), s, jobs, Options{Policy: router.Threshold, Threshold: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, rm := r.Jobs[0], r.Jobs[1]
+	if l.Target != router.TargetLocal || rm.Target != router.TargetRemote {
+		t.Fatalf("targets %s, %s", l.Target, rm.Target)
+	}
+	if rm.Queue != 5120*time.Millisecond-time.Second || len(r.Passes) != 1 || r.Passes[0].Start != 5120*time.Millisecond {
+		t.Fatalf("remote job queued %v, passes %+v; want admission at the end of the first chunk (5.12 s)", rm.Queue, r.Passes)
+	}
+}
+
+func TestShortPromptsQueuedTogetherShareAGroupStep(t *testing.T) {
+	s := tinySetup(t, "1GiB")
+	jobs := []workload.Job{{ID: "a", Prompt: 101, Output: 1}, {ID: "b", Prompt: 201, Output: 1}, {ID: "c", Prompt: 401, Output: 1}}
+	r := run(t, s, jobs, router.Local)
+	// a starts alone (100 rows, 1 s at 100 tok/s); b and c queue behind
+	// it and share the next step of 512 rows: b whole and 312 rows of c
+	// (5.12 s); then a 50 ms decode step for a and b, then c's last 88
+	// rows (0.88 s).
+	a, b, c := r.Jobs[0], r.Jobs[1], r.Jobs[2]
+	if a.Prefill != time.Second || b.Prefill != 5120*time.Millisecond || c.Prefill != 6050*time.Millisecond {
+		t.Fatalf("prefills a %v, b %v, c %v", a.Prefill, b.Prefill, c.Prefill)
+	}
+}

@@ -301,12 +301,9 @@ func FitGroup(c *model.Config, base Compute, chunk int, step float64, samples []
 		a[i] = []float64{l * w, at * w, calls * w}
 		b[i] = 1 - step*w
 	}
-	x, err := nnls(a, b)
+	x, err := scaleFit(a, b)
 	if err != nil {
 		return GroupFit{}, fmt.Errorf("fit group: %w", err)
-	}
-	if !(x[0] > 0) || !(x[1] > 0) {
-		return GroupFit{}, errors.New("fit group: the prefill time does not grow with the prompt as compute does; measure longer prompts")
 	}
 	g := GroupFit{OverheadMS: x[2] * 1e3}
 	g.Rates = Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.attention() / x[1], MoE: base.MoE / x[0], Dense: base.Dense / x[0]}
@@ -316,4 +313,82 @@ func FitGroup(c *model.Config, base Compute, chunk int, step float64, samples []
 		g.WorstError = max(g.WorstError, math.Abs(p-s.Seconds)/s.Seconds)
 	}
 	return g, nil
+}
+
+// PassSample is a measured weight pass carrying one prompt: the prefill
+// worker's compute (binding and running every layer) over Tokens tokens
+// from the start of the prompt.
+type PassSample struct {
+	Tokens  int
+	Seconds float64
+}
+
+// FitPasses explains a prefill worker's measured pass compute by base's
+// rates scaled by two factors, one for the linear work and one for the MLA
+// attention, plus a fixed cost per layer, by non-negative least squares on
+// relative errors, as FitGroup does for a decode group. Rates fitted to
+// layer calls on resident weights (bench calibrate) can miss what a pass
+// pays: weights that arrive cold from the disk in every pass, and the
+// reads and emission sharing the cores.
+func FitPasses(c *model.Config, base Compute, samples []PassSample) (ComputeFit, error) {
+	if len(samples) < 3 {
+		return ComputeFit{}, fmt.Errorf("fit passes: %d samples, want at least 3", len(samples))
+	}
+	lin := base
+	lin.MLAAttention = math.Inf(1) // attention apart
+	parts := func(n int) (l, at float64) {
+		f := PromptFLOPs(c, 0, n)
+		return f.Time(lin).Seconds(), f.Attn / base.attention() / 1e9
+	}
+	a := make([][]float64, len(samples))
+	b := make([]float64, len(samples))
+	for i, s := range samples {
+		if s.Tokens < 1 || !(s.Seconds > 0) {
+			return ComputeFit{}, fmt.Errorf("fit passes: sample %d (%d tokens in %v s) is not a measured pass", i, s.Tokens, s.Seconds)
+		}
+		l, at := parts(s.Tokens)
+		w := 1 / s.Seconds
+		a[i] = []float64{l * w, at * w, float64(c.NumLayers) * w}
+		b[i] = 1
+	}
+	x, err := scaleFit(a, b)
+	if err != nil {
+		return ComputeFit{}, fmt.Errorf("fit passes: %w", err)
+	}
+	fit := ComputeFit{OverheadMS: x[2] * 1e3,
+		Rates: Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.attention() / x[1], MoE: base.MoE / x[0], Dense: base.Dense / x[0]}}
+	for _, s := range samples {
+		l, at := parts(s.Tokens)
+		p := x[0]*l + x[1]*at + x[2]*float64(c.NumLayers)
+		fit.WorstResidual = max(fit.WorstResidual, math.Abs(p-s.Seconds)/s.Seconds)
+	}
+	return fit, nil
+}
+
+// scaleFit solves the scaling fits of FitGroup and FitPasses: rows of
+// (linear work, attention work, fixed-cost count) against their targets,
+// for a factor on each kind of work and the fixed cost. When the samples
+// do not tell the attention apart (its factor fits to zero: too little
+// attention work for the noise, as in short prompts on a small model), one
+// factor is fitted for both kinds of work instead.
+func scaleFit(a [][]float64, b []float64) ([]float64, error) {
+	x, err := nnls(a, b)
+	if err != nil {
+		return nil, err
+	}
+	if x[0] > 0 && x[1] > 0 {
+		return x, nil
+	}
+	one := make([][]float64, len(a))
+	for i, r := range a {
+		one[i] = []float64{r[0] + r[1], r[2]}
+	}
+	y, err := nnls(one, b)
+	if err != nil {
+		return nil, err
+	}
+	if !(y[0] > 0) {
+		return nil, errors.New("the time does not grow with the prompt as compute does; measure longer prompts")
+	}
+	return []float64{y[0], y[0], y[1]}, nil
 }

@@ -129,3 +129,59 @@ func TestFitGroupRecoversScaledRates(t *testing.T) {
 		t.Fatal("two samples fitted three unknowns")
 	}
 }
+
+func TestFitPassesRecoversScaledRates(t *testing.T) {
+	m, err := LoadModel("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Compute{KDA: 6, MLA: 12, MLAAttention: 1.5, MoE: 9, Dense: 11}
+	slow := Compute{KDA: 4, MLA: 8, MLAAttention: 0.75, MoE: 6, Dense: 22.0 / 3} // linear x1.5 slower, attention x2
+	var samples []PassSample
+	for _, n := range []int{1, 63, 255, 1023} {
+		d := PromptFLOPs(m.Cfg, 0, n).Time(slow).Seconds() + float64(m.Cfg.NumLayers)*0.3e-3
+		samples = append(samples, PassSample{Tokens: n, Seconds: d})
+	}
+	fit, err := FitPasses(m.Cfg, base, samples)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fit.WorstResidual > 1e-6 || math.Abs(fit.OverheadMS-0.3) > 1e-6 || math.Abs(fit.Rates.KDA-4) > 1e-6 || math.Abs(fit.Rates.MLAAttention-0.75) > 1e-6 {
+		t.Fatalf("fit %+v", fit)
+	}
+	if _, err := FitPasses(m.Cfg, base, samples[:2]); err == nil {
+		t.Fatal("two samples fitted three unknowns")
+	}
+	if _, err := FitPasses(m.Cfg, base, []PassSample{{Tokens: 1, Seconds: 1}, {Tokens: 0, Seconds: 1}, {Tokens: 5, Seconds: 1}}); err == nil || !strings.Contains(err.Error(), "sample 1") {
+		t.Fatalf("a pass of no tokens: %v", err)
+	}
+}
+
+func TestFitPassesFallsBackToOneFactor(t *testing.T) {
+	m, err := LoadModel("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Compute{KDA: 6, MLA: 12, MLAAttention: 1.5, MoE: 9, Dense: 11}
+	// The linear work at half the base rates and the attention free: its
+	// factor fits to zero, which no machine has; one factor for both kinds
+	// of work is fitted instead.
+	lin := base
+	lin.MLAAttention = math.Inf(1)
+	var samples []PassSample
+	for _, n := range []int{1, 63, 255, 1023} {
+		samples = append(samples, PassSample{Tokens: n, Seconds: 2 * PromptFLOPs(m.Cfg, 0, n).Time(lin).Seconds()})
+	}
+	fit, err := FitPasses(m.Cfg, base, samples)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := base.KDA / fit.Rates.KDA
+	if f < 1 || f > 2 || math.Abs(base.MLAAttention/fit.Rates.MLAAttention-f) > 1e-9 || !(fit.WorstResidual > 0) {
+		t.Fatalf("fit %+v: want one factor between 1 and 2 on every rate, and the misfit reported", fit)
+	}
+	flat := []PassSample{{Tokens: 1, Seconds: 1}, {Tokens: 100, Seconds: 1}, {Tokens: 1000, Seconds: 0.5}}
+	if _, err := FitPasses(m.Cfg, base, flat); err == nil || !strings.Contains(err.Error(), "does not grow") {
+		t.Fatalf("times that fall with the prompt: %v", err)
+	}
+}

@@ -63,6 +63,31 @@ func (c groupCost) Chunk(lo, hi int) time.Duration {
 	return seconds(c.a*n + c.b*pos)
 }
 
+// groupPiece is one prompt's chunk in a prefill step of the group.
+type groupPiece struct {
+	j      *simJob
+	lo, hi int
+}
+
+// Step is the time of one prefill step carrying several prompts' chunks:
+// their work together, and with compute rates one fixed cost per layer.
+func (c groupCost) Step(ps []groupPiece) time.Duration {
+	if c.compute == nil {
+		var d time.Duration
+		for _, p := range ps {
+			d += c.Chunk(p.lo, p.hi)
+		}
+		return d
+	}
+	var f FLOPs
+	for _, p := range ps {
+		if p.hi > p.lo {
+			f = f.Add(PromptFLOPs(c.model.Cfg, p.lo, p.hi))
+		}
+	}
+	return f.Time(*c.compute) + time.Duration(len(c.model.Layers))*c.overhead
+}
+
 // Prefill is the time to prefill tokens positions in chunks of chunk.
 func (c groupCost) Prefill(tokens, chunk int) time.Duration {
 	var d time.Duration

@@ -25,6 +25,9 @@ type Profile struct {
 	Prefill     *PrefillBox  `yaml:"prefill"`
 	Decode      *DecodeGroup `yaml:"decode"`
 	Link        *Link        `yaml:"link"`
+	// ControlPlane is the control plane's own latency on a job's path
+	// (optional; none when absent).
+	ControlPlane *ControlPlane `yaml:"control_plane,omitempty"`
 	// Measured records how a calibrated profile was measured (free text,
 	// written by bench calibrate).
 	Measured map[string]string `yaml:"measured,omitempty"`
@@ -104,6 +107,24 @@ type Link struct {
 	RTTUS float64 `yaml:"rtt_us"`
 }
 
+// ControlPlane is what the control plane adds to a job's time to first
+// token beyond the work itself, on each path: the submission and its queue,
+// routing, the assignments (the decode group's admission, and for a remote
+// job the prefill worker's), the workers' reports and the token's way to
+// the client. Milliseconds on a machine or a LAN, it matters only for
+// short jobs on small models.
+type ControlPlane struct {
+	LocalMS  float64 `yaml:"local_ms"`
+	RemoteMS float64 `yaml:"remote_ms"`
+}
+
+func (c *ControlPlane) validate() error {
+	if err := nonNegativeField("local_ms", c.LocalMS); err != nil {
+		return err
+	}
+	return nonNegativeField("remote_ms", c.RemoteMS)
+}
+
 // ParseProfile reads a profile; name is used in errors. Unknown keys are
 // errors, so that a misspelt key is not silently ignored.
 func ParseProfile(b []byte, name string) (*Profile, error) {
@@ -146,6 +167,11 @@ func LoadProfile(ref string) (*Profile, error) {
 func (p *Profile) Validate() error {
 	if p.Prefill == nil && p.Decode == nil && p.Link == nil {
 		return errors.New("no prefill, decode or link section")
+	}
+	if p.ControlPlane != nil {
+		if err := p.ControlPlane.validate(); err != nil {
+			return fmt.Errorf("control_plane: %w", err)
+		}
 	}
 	if p.Prefill != nil {
 		if err := p.Prefill.validate(); err != nil {

@@ -1,0 +1,8 @@
+//go:build !linux
+
+package main
+
+import "time"
+
+// cpuTimes is unknown here: the machine's load is not reported.
+func cpuTimes() (machine, self time.Duration, ok bool) { return 0, 0, false }

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tandem-inference/tandem/bench/sim"
+	"github.com/tandem-inference/tandem/bench/workload"
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/router"
+)
+
+// probeLengths are the prompt lengths of the probe jobs: the shortest
+// (one token to prefill: the control plane alone) up to a few chunks.
+var probeLengths = []int{2, 64, 256, 1024}
+
+// probeGap is the idle time before each probe job: a workload's jobs
+// arrive at an idle system more often than not, and an idle machine takes
+// longer to answer (parked threads, cold caches) than one kept busy.
+const probeGap = 250 * time.Millisecond
+
+// e2eProbe is what the probe jobs measured on the idle system: what bench
+// calibrate cannot see from its isolated measurements.
+type e2eProbe struct {
+	Reps int `json:"reps"`
+	// ControlPlane is the latency the control plane adds on each path:
+	// the median TTFT of a 2-token prompt less the simulated work.
+	ControlPlane sim.ControlPlane `json:"control_plane"`
+	// PrefillFit is the prefill box's compute fitted to the worker's
+	// passes (the profile's rates scaled; see sim.FitPasses); GroupFit the
+	// decode group's prefill fitted to the local probes (sim.FitGroup) and
+	// DecodeStepMS its measured decode step.
+	PrefillFit   probeFit `json:"prefill_fit"`
+	GroupFit     probeFit `json:"group_fit"`
+	DecodeStepMS float64  `json:"decode_step_ms"`
+	// Points are the probe jobs' median TTFT against the simulator's idle
+	// TTFT with the profile alone and with the probe's figures.
+	Points []probePoint `json:"points"`
+}
+
+type probeFit struct {
+	Rates      sim.Compute `json:"gflops"`
+	OverheadMS float64     `json:"layer_overhead_ms"`
+	Residual   float64     `json:"worst_residual"`
+}
+
+type probePoint struct {
+	Path     string  `json:"path"`
+	Prompt   int     `json:"prompt_tokens"`
+	Measured float64 `json:"measured_s"`
+	Profile  float64 `json:"profile_s"`
+	Probed   float64 `json:"probed_s"`
+	// PassCompute is the remote probe's median pass compute (seconds).
+	PassCompute float64 `json:"pass_compute_s,omitempty"`
+}
+
+// probeOutput is the tokens each local probe generates, to time the decode
+// step.
+const probeOutput = 8
+
+// runProbe runs single jobs one at a time on the idle system, each prompt
+// length reps times each way, and returns the setup the simulator predicts
+// the workload with: the profile's, with the prefill worker's pass compute,
+// the decode group's prefill and step as the probes measured them, and the
+// control plane's latency.
+func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup, reps, vocab int, key string, timeout time.Duration) (sim.Setup, *e2eProbe, error) {
+	pr := &e2eProbe{Reps: reps}
+	ttft := map[cp.Policy]map[int][]float64{cp.PolicyLocal: {}, cp.PolicyRemote: {}}
+	compute := map[int][]float64{}
+	var steps []float64
+	for rep := range reps {
+		for _, n := range probeLengths {
+			for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
+				job := workload.Job{ID: fmt.Sprintf("probe-%s-%d-%d", p, n, rep), Arrival: probeGap, Prompt: n, Output: 1}
+				if p == cp.PolicyLocal {
+					job.Output = probeOutput
+				}
+				ms, _, err := replay(ctx, nc, []workload.Job{job}, p, vocab, key, timeout)
+				if err != nil {
+					return sim.Setup{}, nil, err
+				}
+				m := ms[0]
+				if m.Err != nil {
+					return sim.Setup{}, nil, fmt.Errorf("e2e: probe job (%s, %d tokens): %w", p, n, m.Err)
+				}
+				ttft[p][n] = append(ttft[p][n], m.FirstToken.Sub(m.Submitted).Seconds())
+				if t := m.Final.Timing; t != nil && m.Tokens > 1 && t.Decode > 0 {
+					steps = append(steps, t.Decode.Seconds()/float64(m.Tokens-1))
+				}
+				for _, ps := range d.takePasses() {
+					if len(ps.Rep.Plan.Pieces) == 1 && ps.Rep.Plan.Pieces[0].ID == m.JobID {
+						compute[n] = append(compute[n], ps.Rep.Stats.Compute.Seconds())
+					}
+				}
+			}
+		}
+	}
+	var samples []sim.PassSample
+	for _, n := range probeLengths {
+		if len(compute[n]) == 0 {
+			return sim.Setup{}, nil, fmt.Errorf("e2e: no weight pass was reported for the %d-token remote probes", n)
+		}
+		samples = append(samples, sim.PassSample{Tokens: n - 1, Seconds: median(compute[n])})
+	}
+	fit, err := sim.FitPasses(setup.Model.Cfg, setup.Prefill.Compute, samples)
+	if err != nil {
+		return sim.Setup{}, nil, err
+	}
+	pr.PrefillFit = probeFit{Rates: fit.Rates, OverheadMS: fit.OverheadMS, Residual: fit.WorstResidual}
+	probed := setup
+	box := *setup.Prefill
+	box.Compute, box.LayerOverheadMS = fit.Rates, fit.OverheadMS
+	probed.Prefill = &box
+
+	// The decode group: its step, and its prefill fitted to the local
+	// probes' TTFT less what the shortest one takes beyond its step (the
+	// control plane; one token of prefill is next to nothing).
+	if len(steps) == 0 {
+		return sim.Setup{}, nil, errors.New("e2e: the local probes reported no decode time")
+	}
+	step := median(steps)
+	short := probeLengths[0]
+	base := max(0, median(ttft[cp.PolicyLocal][short])-step)
+	var gs []sim.GroupSample
+	for _, n := range probeLengths[1:] {
+		gs = append(gs, sim.GroupSample{Prompt: n, Seconds: median(ttft[cp.PolicyLocal][n]) - base})
+	}
+	group := *setup.Decode
+	chunk := group.PrefillChunk
+	if chunk <= 0 {
+		chunk = 512
+	}
+	gf, err := sim.FitGroup(setup.Model.Cfg, setup.Prefill.Compute, chunk, step, gs)
+	if err != nil {
+		return sim.Setup{}, nil, err
+	}
+	pr.GroupFit = probeFit{Rates: gf.Rates, OverheadMS: gf.OverheadMS, Residual: gf.WorstError}
+	pr.DecodeStepMS = step * 1e3
+	rates := gf.Rates
+	group.PrefillRate, group.Compute, group.LayerOverheadMS, group.DecodeStepMS = nil, &rates, gf.OverheadMS, step*1e3
+	probed.Decode = &group
+
+	// The control plane: what the shortest prompt takes beyond its work.
+	idle := func(s sim.Setup, p router.Policy, n int) (float64, error) {
+		j, err := sim.Idle(ctx, s, p, n)
+		return j.TTFT.Seconds(), err
+	}
+	lw, err := idle(probed, router.Local, short)
+	if err != nil {
+		return sim.Setup{}, nil, err
+	}
+	rw, err := idle(probed, router.Remote, short)
+	if err != nil {
+		return sim.Setup{}, nil, err
+	}
+	pr.ControlPlane = sim.ControlPlane{LocalMS: 1e3 * max(0, median(ttft[cp.PolicyLocal][short])-lw),
+		RemoteMS: 1e3 * max(0, median(ttft[cp.PolicyRemote][short])-rw)}
+	cpl := pr.ControlPlane
+	probed.Control = &cpl
+
+	for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
+		for _, n := range probeLengths {
+			a, err := idle(setup, router.Policy(p), n)
+			if err != nil {
+				return sim.Setup{}, nil, err
+			}
+			b, err := idle(probed, router.Policy(p), n)
+			if err != nil {
+				return sim.Setup{}, nil, err
+			}
+			pt := probePoint{Path: string(p), Prompt: n, Measured: median(ttft[p][n]), Profile: a, Probed: b}
+			if p == cp.PolicyRemote {
+				pt.PassCompute = median(compute[n])
+			}
+			pr.Points = append(pr.Points, pt)
+		}
+	}
+	return probed, pr, nil
+}
+
+// median of xs (0 for none).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}

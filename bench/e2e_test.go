@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-inference/tandem/bench/sim"
+	"github.com/tandem-inference/tandem/bench/workload"
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/prefill-worker/executor"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
+)
+
+func TestE2EPoliciesFlag(t *testing.T) {
+	ps, err := e2ePolicies("auto, local,auto")
+	if err != nil || len(ps) != 2 || ps[0] != router.Auto || ps[1] != router.Local {
+		t.Fatalf("policies %v, %v", ps, err)
+	}
+	for in, want := range map[string]string{"threshold": "simulated", "fast": "unknown policy", " , ": "no policy"} {
+		if _, err := e2ePolicies(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--policies %q: %v, want an error saying %q", in, err, want)
+		}
+	}
+}
+
+func TestMeasuredResultBreaksDownEachJob(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	remote := measured{Job: workload.Job{ID: "r", Prompt: 100, Output: 4}, JobID: "k-r", Submitted: at(10), FirstToken: at(60), LastToken: at(61), Tokens: 4, Bytes: 5000,
+		Final: cp.JobEvent{State: cp.StateDone, Route: &cp.RouteDecision{Policy: cp.PolicyRemote, Target: cp.TargetRemote, Reason: "policy remote"},
+			Timing: &cp.Timing{Queue: 2 * time.Millisecond, PassWait: 3 * time.Millisecond, Prefill: 30 * time.Millisecond, TransferTail: 5 * time.Millisecond, Decode: 9 * time.Millisecond}}}
+	local := measured{Job: workload.Job{ID: "l", Prompt: 20, Output: 1}, JobID: "k-l", Submitted: at(20), FirstToken: at(32), LastToken: at(32), Tokens: 1,
+		Final: cp.JobEvent{State: cp.StateDone, Route: &cp.RouteDecision{Policy: cp.PolicyLocal, Target: cp.TargetLocal}, Timing: &cp.Timing{Queue: time.Millisecond, Prefill: 10 * time.Millisecond}}}
+	failed := measured{Job: workload.Job{ID: "f", Arrival: time.Second, Prompt: 5, Output: 1}, Err: context.DeadlineExceeded}
+	passes := []passRecord{{End: at(48), Rep: scheduler.PassReport{Plan: planner.Plan{Tokens: 99, Pieces: []planner.Piece{{ID: "k-r", Lo: 0, Hi: 99, Final: true}}},
+		Stats: statsOf(30*time.Millisecond, 28*time.Millisecond)}}}
+	r := measuredResult(router.Remote, t0, []measured{remote, local, failed}, passes)
+
+	rj, lj, fj := r.Jobs[0], r.Jobs[1], r.Jobs[2]
+	if rj.TTFT != 50*time.Millisecond || rj.Queue != 5*time.Millisecond || rj.Prefill != 30*time.Millisecond || rj.TransferTail != 5*time.Millisecond ||
+		rj.FirstStep != 10*time.Millisecond || rj.Passes != 1 || rj.Bytes != 5000 || rj.Target != router.TargetRemote {
+		t.Fatalf("remote job %+v", rj)
+	}
+	if rj.Arrival != 10*time.Millisecond || rj.FirstToken != 60*time.Millisecond || rj.Done != 69*time.Millisecond {
+		t.Fatalf("remote job's times %+v: want the decode group's 9 ms of decoding after the first token", rj)
+	}
+	if lj.TTFT != 12*time.Millisecond || lj.Prefill != 10*time.Millisecond || lj.Queue != 2*time.Millisecond || lj.Target != router.TargetLocal {
+		t.Fatalf("local job %+v", lj)
+	}
+	if fj.Refused == "" || fj.Arrival != time.Second {
+		t.Fatalf("failed job %+v", fj)
+	}
+	if len(r.Passes) != 1 || r.Passes[0].Jobs != 1 || r.Passes[0].Start != 18*time.Millisecond || r.Passes[0].End != 48*time.Millisecond {
+		t.Fatalf("passes %+v", r.Passes)
+	}
+	s := sim.Summarize(r)
+	if s.Completed != 2 || s.Refused != 1 || s.Remote != 1 || s.BytesMoved != 5000 || s.JobsPerPass != 1 {
+		t.Fatalf("summary %+v", s)
+	}
+
+	m := mergeResults([]*sim.Result{r, r})
+	if len(m.Jobs) != 6 || m.End != 2*r.End || m.Jobs[3].Arrival != r.End+rj.Arrival || len(m.Passes) != 2 || m.Passes[1].Index != 2 {
+		t.Fatalf("merged: end %v (one run %v), %d jobs, passes %+v", m.End, r.End, len(m.Jobs), m.Passes)
+	}
+	if ms := sim.Summarize(m); ms.TTFTP50 != s.TTFTP50 || ms.Completed != 4 {
+		t.Fatalf("merged summary %+v against %+v", ms, s)
+	}
+}
+
+// TestDeploymentReplaysThroughTheControlPlane starts the whole system on
+// the tiny model with a rate-limited link, replays a small workload both
+// ways and checks what the bench reads back: routes, passes, bytes through
+// the proxies, timings that add up; then probes it once.
+func TestDeploymentReplaysThroughTheControlPlane(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 0)
+	m, err := sim.LoadModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := sim.LoadProfile("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := sim.Setup{Name: "local", Model: m, Prefill: prof.Prefill, Decode: prof.Decode, Link: prof.Link}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d, err := startDeployment(ctx, deployOptions{ModelDir: dir, Ranks: 2, Threads: 1, PrefillBudget: 256 << 20, LinkRate: 50e6,
+		Rates: sim.SeedRates(setup, 1024)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	nc, err := d.c.Connect(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	jobs := []workload.Job{{ID: "a", Prompt: 40, Output: 3}, {ID: "b", Arrival: 5 * time.Millisecond, Prompt: 300, Output: 2},
+		{ID: "c", Arrival: 10 * time.Millisecond, Prompt: 2, Output: 1}}
+	for _, p := range []router.Policy{router.Remote, router.Local} {
+		ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), d.c.Model.VocabSize, "test-"+string(p), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := measuredResult(p, t0, ms, d.takePasses())
+		for i, j := range r.Jobs {
+			if j.Refused != "" {
+				t.Fatalf("%s: job %s: %s", p, j.ID, j.Refused)
+			}
+			if string(j.Target) != string(p) || j.TTFT <= 0 || j.TTFT != j.Queue+j.Prefill+j.TransferTail+j.FirstStep || ms[i].Tokens != j.Output {
+				t.Fatalf("%s: job %+v (%d tokens)", p, j, ms[i].Tokens)
+			}
+			if p == router.Remote && (j.Bytes <= 0 || j.Passes != 1 || j.Bytes != m.StateBytes(j.Prompt-1)) {
+				t.Fatalf("remote job %s moved %d bytes in %d passes, want its state of %d bytes in one", j.ID, j.Bytes, j.Passes, m.StateBytes(j.Prompt-1))
+			}
+		}
+		if s := sim.Summarize(r); p == router.Remote && (s.Passes < 1 || s.JobsPerPass < 1) {
+			t.Fatalf("remote summary %+v", s)
+		}
+	}
+	var through int64
+	for _, px := range d.proxies {
+		through += px.Stats().BytesUp
+	}
+	if want := m.StateBytes(39) + m.StateBytes(299) + m.StateBytes(1); through < want {
+		t.Fatalf("%d bytes went through the rate-limited link, want at least the states' %d", through, want)
+	}
+
+	if err := d.resetRouter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	probed, pr, err := runProbe(ctx, d, nc, setup, 1, d.c.Model.VocabSize, "test-probe", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if probed.Control == nil || pr.DecodeStepMS <= 0 || len(pr.Points) != 2*len(probeLengths) || probed.Prefill.Compute.MoE <= 0 || probed.Decode.Compute == nil {
+		t.Fatalf("probe %+v, setup %+v", pr, probed)
+	}
+	if setup.Control != nil || setup.Prefill.LayerOverheadMS != prof.Prefill.LayerOverheadMS {
+		t.Fatal("the probe changed the profile's setup")
+	}
+}
+
+func statsOf(wall, compute time.Duration) executor.Stats {
+	return executor.Stats{Wall: wall, Compute: compute}
+}
