@@ -10,7 +10,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,6 +35,7 @@ type e2eFlags struct {
 	seed                       uint64
 	policies                   string
 	ranks, threads, seedTokens int
+	threshold                  int
 	budget, linkRate           string
 	tolerance                  float64
 	jobTimeout                 time.Duration
@@ -72,7 +72,9 @@ type e2eOutput struct {
 	// Tolerance is the largest |predicted/measured - 1| of TTFT p50 the
 	// calibration check accepts; CalibrationOK says whether every policy
 	// is within it.
-	Tolerance     float64 `json:"tolerance"`
+	Tolerance float64 `json:"tolerance"`
+	// Threshold is the simulated threshold rule's prompt length.
+	Threshold     int     `json:"threshold_tokens"`
 	CalibrationOK bool    `json:"calibration_ok"`
 	TookS         float64 `json:"took_s"`
 	Out           string  `json:"out,omitempty"`
@@ -136,6 +138,7 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.IntVar(&f.threads, "threads", 0, "compute threads per service (default: the profile's)")
 	fs.StringVar(&f.budget, "budget", "", "prefill worker memory budget (default: the profile's memory_budget)")
 	fs.StringVar(&f.linkRate, "link-rate", "", "limit the link from the prefill worker to each decode rank to this many bytes per second, e.g. 50MB (default: loopback as is)")
+	fs.IntVar(&f.threshold, "threshold", 1000, "prompt length above which the simulated threshold rule goes remote")
 	fs.IntVar(&f.seedTokens, "seed-tokens", 1024, "prompt length at which the router's rates are seeded from the profile (coordinator and simulator alike)")
 	fs.Float64Var(&f.tolerance, "tolerance", 0.25, "calibration check: largest accepted |predicted/measured - 1| of TTFT p50")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "longest a job may take from submission to its end")
@@ -158,8 +161,16 @@ submitted at its arrival time through the control plane, and reports per
 policy: TTFT p50/p95/p99 (submission sent to first token received), decode
 tok/s, jobs per minute, jobs per weight pass, state bytes moved and the
 transfer tail left after the pass. The coordinator starts each replay from
-the rates of the hardware profile, and the simulator runs the same jobs on
-that profile: its TTFT p50 per policy is printed next to the measured one.
+the rates of the hardware profile, and the simulator runs the same jobs:
+its TTFT p50 per policy is printed next to the measured one, and checked
+against --tolerance.
+
+Before the replays, probe jobs (single prompts of a few lengths, each way,
+on the idle system) measure what bench calibrate cannot see from its
+isolated measurements: the control plane's latency on each path, the prefill
+worker's compute inside its weight passes, the decode group's prefill and
+step as deployed here and now. The prediction uses the profile with these
+figures; the profile alone is reported next to it.
 
 `)
 		fs.PrintDefaults()
@@ -184,6 +195,8 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 		return fmt.Errorf("--tolerance %v: want a positive fraction", f.tolerance)
 	case f.seedTokens < 2:
 		return fmt.Errorf("--seed-tokens %d: want at least 2", f.seedTokens)
+	case f.threshold < 1:
+		return fmt.Errorf("--threshold %d: want a prompt length of at least 1", f.threshold)
 	case f.rounds < 1:
 		return fmt.Errorf("--rounds %d: want at least 1", f.rounds)
 	case f.warmup < 0 || f.ranks < 0 || f.threads < 0 || f.probeReps < 0:
@@ -223,7 +236,8 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 		if rate, err = planner.ParseBytes(f.linkRate); err != nil || rate <= 0 {
 			return fmt.Errorf("--link-rate %q: want a positive byte rate such as 50MB (per second)", f.linkRate)
 		}
-		link.GBps = min(link.GBps, float64(rate)/1e9)
+		// One proxy per rank: each rank's connections get the rate.
+		link.GBps, link.PerRank = min(link.GBps, float64(rate)/1e9), true
 	}
 
 	dir := f.model
@@ -232,6 +246,9 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 		if dir, err = testmodel.Ensure(ctx, testmodel.CacheDir(), f.preset, 1, 0); err != nil {
 			return err
 		}
+	}
+	if cal := prof.Measured["model"]; cal != "" && filepath.Base(cal) != filepath.Base(dir) {
+		say("e2e: warning: the profile %s was calibrated on %s, this run serves %s", prof.Name, filepath.Base(cal), filepath.Base(dir))
 	}
 	m, err := sim.LoadModel(dir)
 	if err != nil {
@@ -251,7 +268,7 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 	}
 
 	out := e2eOutput{Model: name, Ranks: f.ranks, Rounds: f.rounds, Threads: f.threads, PrefillBudget: budget, LinkRate: rate, Profile: prof.Name,
-		SeedTokens: f.seedTokens, Policies: map[string]e2ePolicy{}, Predicted: map[string]sim.Summary{}, Tolerance: f.tolerance, CalibrationOK: true}
+		SeedTokens: f.seedTokens, Policies: map[string]e2ePolicy{}, Predicted: map[string]sim.Summary{}, Tolerance: f.tolerance, Threshold: f.threshold, CalibrationOK: true}
 	ws := workload.Summarize(jobs)
 	out.Workload = e2eWorkload{Name: wname, Jobs: ws.Jobs, Sessions: ws.Sessions, MedianPrompt: ws.MedianPrompt, MaxPrompt: ws.MaxPrompt,
 		ArrivalsPerMin: ws.ArrivalsPerMin}
@@ -301,56 +318,13 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 	predict := func(s sim.Setup, p router.Policy) (*sim.Result, error) {
 		return sim.Run(ctx, s, jobs, sim.Options{Policy: p, Seed: &seed})
 	}
-	span := time.Duration(0)
-	if n := len(jobs); n > 0 {
-		span = jobs[n-1].Arrival
-	}
-	type replayed struct {
-		ms     []measured
-		res    *sim.Result
-		others float64
-		known  bool
-	}
-	done := map[router.Policy][]replayed{}
-	for round := range f.rounds {
-		for i := range policies {
-			p := policies[(i+round)%len(policies)] // each round starts with the next policy
-			if err := d.resetRouter(ctx); err != nil {
-				return err
-			}
-			say("e2e: round %d, policy %s: replaying %d jobs over %s", round+1, p, len(jobs), report.Duration(span.Seconds()))
-			lm := startLoad()
-			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), f.jobTimeout)
-			if err != nil {
-				return err
-			}
-			r := replayed{ms: ms, res: measuredResult(p, t0, ms, d.takePasses())}
-			r.others, r.known = lm.Others()
-			done[p] = append(done[p], r)
-			sum := sim.Summarize(r.res)
-			load := ""
-			if r.known {
-				load = fmt.Sprintf("; other processes used %.0f%% of the machine", 100*r.others)
-			}
-			say("e2e: round %d, policy %s: TTFT p50 %s, %d of %d jobs completed%s", round+1, p, report.Duration(sum.TTFTP50), sum.Completed, sum.Jobs, load)
-		}
+	done, err := replayRounds(ctx, d, nc, jobs, policies, f.rounds, vocab, key, f.jobTimeout)
+	if err != nil {
+		return err
 	}
 
 	var runs []e2eRun
 	for _, p := range policies {
-		var all []measured
-		var rs []*sim.Result
-		pol := e2ePolicy{}
-		var others float64
-		for _, r := range done[p] {
-			all = append(all, r.ms...)
-			rs = append(rs, r.res)
-			others += r.others / float64(len(done[p]))
-			if !r.known {
-				others = math.NaN()
-			}
-		}
-		mr := mergeResults(rs)
 		pr, err := predict(probed, p)
 		if err != nil {
 			return err
@@ -359,24 +333,8 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 		if err != nil {
 			return err
 		}
-		runs = append(runs, e2eRun{policy: p, jobs: all, measured: mr, predicted: pr, perRound: len(jobs)})
-		pol.Summary, pol.PredictedP50, pol.ProfileP50 = sim.Summarize(mr), sim.Summarize(pr).TTFTP50, sim.Summarize(po).TTFTP50
-		pol.CoordinatorP50 = coordinatorP50(all)
-		if !math.IsNaN(others) {
-			pol.OtherLoad = &others
-		}
-		for _, r := range rs {
-			pol.RoundP50 = append(pol.RoundP50, sim.Summarize(r).TTFTP50)
-		}
-		for _, m := range all {
-			if m.Err != nil && len(pol.Failures) < 5 {
-				pol.Failures = append(pol.Failures, fmt.Sprintf("%s: %v", m.Job.ID, m.Err))
-			}
-		}
-		if pol.TTFTP50 > 0 {
-			pol.Ratio, pol.ProfileRatio = pol.PredictedP50/pol.TTFTP50, pol.ProfileP50/pol.TTFTP50
-		}
-		pol.Within = pol.Completed > 0 && math.Abs(pol.Ratio-1) <= f.tolerance
+		run, pol := summarizePolicy(p, done[p], pr, po, f.tolerance)
+		runs = append(runs, run)
 		out.CalibrationOK = out.CalibrationOK && pol.Within
 		out.Policies[string(p)] = pol
 		out.Predicted[string(p)] = sim.Summarize(pr)
@@ -384,7 +342,7 @@ that profile: its TTFT p50 per policy is printed next to the measured one.
 			p, report.Duration(pol.TTFTP50), report.Duration(pol.PredictedP50), pol.Ratio, report.Duration(pol.ProfileP50), pol.ProfileRatio, pol.Completed, pol.Jobs)
 	}
 	// The rule the coordinator does not offer, on the same jobs.
-	tr, err := predict(probed, router.Threshold)
+	tr, err := sim.Run(ctx, probed, jobs, sim.Options{Policy: router.Threshold, Threshold: f.threshold, Seed: &seed})
 	if err != nil {
 		return err
 	}
@@ -471,266 +429,86 @@ func coordinatorP50(ms []measured) float64 {
 	return sim.Percentile(xs, 50)
 }
 
-func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
-	pt := &report.Table{Title: fmt.Sprintf("Measured: %s on %s, %d decode ranks", out.Workload.Name, out.Model, out.Ranks),
-		Header: []string{"policy", "jobs", "remote", "local", "failed", "TTFT p50", "p95", "p99", "jobs/min", "jobs/pass", "moved", "tail p50", "tail max", "decode tok/s"}}
-	for _, r := range runs {
-		x := out.Policies[string(r.policy)]
-		pt.Add(string(r.policy), fmt.Sprint(x.Jobs), fmt.Sprint(x.Remote), fmt.Sprint(x.Local), fmt.Sprint(x.Refused),
-			report.Duration(x.TTFTP50), report.Duration(x.TTFTP95), report.Duration(x.TTFTP99),
-			fmt.Sprintf("%.2f", x.JobsPerMin), fmt.Sprintf("%.2f", x.JobsPerPass), report.Bytes(x.BytesMoved),
-			report.Duration(x.ExposedTailP50), report.Duration(x.ExposedTailMax), fmt.Sprintf("%.1f", x.DecodeTokPerS))
-	}
-	pt.Notes = []string{"TTFT: submission sent to first token received by the client. jobs/pass: jobs sharing a weight pass; moved: state sent over kvtransfer; tail: state still in flight after a remote job's pass."}
-	if out.LinkRate > 0 {
-		pt.Notes = append(pt.Notes, fmt.Sprintf("The link to each decode rank is limited to %s/s.", report.Bytes(out.LinkRate)))
-	}
+// replayed is one replay of the workload under a policy.
+type replayed struct {
+	ms  []measured
+	res *sim.Result
+	// others is the share of the machine other processes used meanwhile
+	// (known false where it cannot be read).
+	others float64
+	known  bool
+}
 
-	ct := &report.Table{Title: fmt.Sprintf("Simulator (profile %s) against the measurement, same jobs", out.Profile),
-		Header: []string{"policy", "TTFT p50 measured", "predicted", "predicted/measured", fmt.Sprintf("within %.0f%%", 100*out.Tolerance),
-			"profile alone", "p95 measured", "predicted", "remote measured", "predicted", "rounds p50", "other load"}}
-	for _, r := range runs {
-		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
-		var rounds []string
-		for _, v := range x.RoundP50 {
-			rounds = append(rounds, report.Duration(v))
-		}
-		load := "-"
-		if x.OtherLoad != nil {
-			load = fmt.Sprintf("%.0f%%", 100**x.OtherLoad)
-		}
-		ct.Add(string(r.policy), report.Duration(x.TTFTP50), report.Duration(x.PredictedP50), fmt.Sprintf("%.2f", x.Ratio), yesNo(x.Within),
-			fmt.Sprintf("%s (%.2f)", report.Duration(x.ProfileP50), x.ProfileRatio),
-			report.Duration(x.TTFTP95), report.Duration(p.TTFTP95), fmt.Sprint(x.Remote), fmt.Sprint(p.Remote), strings.Join(rounds, ", "), load)
+// replayRounds replays the jobs under every policy, rounds times, the
+// coordinator's cost model started afresh before each replay.
+func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policies []router.Policy, rounds, vocab int,
+	key string, timeout time.Duration) (map[router.Policy][]replayed, error) {
+	span := time.Duration(0)
+	if n := len(jobs); n > 0 {
+		span = jobs[n-1].Arrival
 	}
-	if th, ok := out.Predicted[string(router.Threshold)]; ok {
-		ct.Add("threshold", "-", report.Duration(th.TTFTP50), "-", "-", "-", "-", report.Duration(th.TTFTP95), "-", fmt.Sprint(th.Remote), "-", "-")
-	}
-	ct.Notes = []string{"predicted: the profile with the probe's figures (control-plane latency, prefill worker's pass compute); profile alone: without them (its ratio in brackets).",
-		"threshold (remote above 1,000 tokens) is simulated only: the coordinator routes by local, remote or auto.",
-		"other load: the share of the machine's cores other processes used during the replays."}
-
-	bt := &report.Table{Title: "Where a job's time goes, mean per completed job (measured / predicted)",
-		Header: []string{"policy", "queue", "prefill", "transfer tail", "first step", "TTFT mean"}}
-	for _, r := range runs {
-		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
-		pair := func(a, b float64) string { return report.Duration(a) + " / " + report.Duration(b) }
-		bt.Add(string(r.policy), pair(x.QueueMean, p.QueueMean), pair(x.PrefillMean, p.PrefillMean),
-			pair(tailMean(r.measured), tailMean(r.predicted)), pair(x.FirstStepMean, p.FirstStepMean), pair(x.TTFTMean, p.TTFTMean))
-	}
-	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step."}
-	tables := []*report.Table{pt, ct, bt}
-	if pr := out.Probe; pr != nil {
-		t := &report.Table{Title: fmt.Sprintf("Probe jobs on the idle system, median of %d (TTFT)", pr.Reps),
-			Header: []string{"path", "prompt", "measured", "profile alone", "with the probe", "pass compute"}}
-		for _, x := range pr.Points {
-			pc := "-"
-			if x.PassCompute > 0 {
-				pc = report.Duration(x.PassCompute)
+	done := map[router.Policy][]replayed{}
+	for round := range rounds {
+		for i := range policies {
+			p := policies[(i+round)%len(policies)] // each round starts with the next policy
+			if err := d.resetRouter(ctx); err != nil {
+				return nil, err
 			}
-			t.Add(x.Path, fmt.Sprint(x.Prompt), report.Duration(x.Measured), report.Duration(x.Profile), report.Duration(x.Probed), pc)
-		}
-		f := pr.PrefillFit
-		t.Notes = []string{fmt.Sprintf("Control plane: %.2f ms local, %.2f ms remote (the shortest prompt's TTFT less its simulated work).", pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS),
-			fmt.Sprintf("Prefill worker's passes fitted: GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g, %.3f ms per layer (worst residual %.0f%%).",
-				f.Rates.KDA, f.Rates.MLA, f.Rates.MLAAttention, f.Rates.MoE, f.Rates.Dense, f.OverheadMS, 100*f.Residual),
-			fmt.Sprintf("Decode group's prefill fitted: GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g, %.3f ms per layer and chunk (worst error %.0f%%); decode step %.2f ms.",
-				pr.GroupFit.Rates.KDA, pr.GroupFit.Rates.MLA, pr.GroupFit.Rates.MLAAttention, pr.GroupFit.Rates.MoE, pr.GroupFit.Rates.Dense, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual, pr.DecodeStepMS)}
-		tables = append(tables, t)
-	}
-	return tables
-}
-
-// tailMean is the mean transfer tail over every completed job.
-func tailMean(r *sim.Result) float64 {
-	var t float64
-	n := 0
-	for _, j := range r.Jobs {
-		if j.Refused == "" {
-			t += j.TransferTail.Seconds()
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return t / float64(n)
-}
-
-func yesNo(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
-}
-
-func e2eReport(dir string, out *e2eOutput, tables []*report.Table, runs []e2eRun, args []string) error {
-	sc := report.LineChart{Title: fmt.Sprintf("TTFT against prompt length: %s, %s", out.Model, out.Workload.Name),
-		XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true, Scatter: true}
-	for _, r := range runs {
-		var x, y []float64
-		for _, j := range r.measured.Jobs {
-			if j.Refused == "" {
-				x, y = append(x, float64(j.Prompt)), append(y, j.TTFT.Seconds())
+			say("e2e: round %d, policy %s: replaying %d jobs over %s", round+1, p, len(jobs), report.Duration(span.Seconds()))
+			lm := startLoad()
+			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), timeout)
+			if err != nil {
+				return nil, err
 			}
-		}
-		sc.Series = append(sc.Series, report.Series{Name: string(r.policy), X: x, Y: y})
-	}
-	if err := sc.SavePNG(filepath.Join(dir, "ttft_by_prompt.png")); err != nil {
-		return err
-	}
-	var d report.Doc
-	d.Heading(1, "bench e2e: "+out.Model)
-	d.Para("The whole system on this machine (embedded NATS, coordinator, CPU prefill worker, %d decode ranks, %d compute thread(s) per service), one replay of the workload per policy. Reproduce with:", out.Ranks, out.Threads)
-	d.Code("sh", strings.TrimSpace("go run ./bench e2e "+strings.Join(args, " ")))
-	d.Heading(2, "Measured")
-	d.Table(tables[0])
-	d.Image("TTFT against prompt length", "ttft_by_prompt.png")
-	d.Heading(2, "Against the simulator")
-	for _, t := range tables[1:] {
-		d.Table(t)
-	}
-	d.Heading(2, "Time breakdown per job")
-	for _, r := range runs {
-		name := fmt.Sprintf("time_breakdown_%s.png", r.policy)
-		drawn, err := breakdownChart(r, filepath.Join(dir, name))
-		if err != nil {
-			return err
-		}
-		if drawn {
-			d.Image("Time breakdown, policy "+string(r.policy), name)
-		}
-	}
-	if err := writeJobs(filepath.Join(dir, "jobs.jsonl"), runs); err != nil {
-		return err
-	}
-	if err := writePasses(filepath.Join(dir, "passes.jsonl"), runs); err != nil {
-		return err
-	}
-	d.Para("Every job, measured next to predicted: jobs.jsonl; every weight pass: passes.jsonl.")
-	return d.WriteFile(filepath.Join(dir, "REPORT.md"))
-}
-
-// breakdownChart stacks each completed job's measured TTFT parts, in
-// arrival order (none drawn when no job completed).
-func breakdownChart(r e2eRun, path string) (bool, error) {
-	sb := report.StackedBars{Title: fmt.Sprintf("Where each job's TTFT goes, policy %s (measured)", r.policy), YLabel: "seconds"}
-	names := []string{"queue", "prefill", "transfer tail", "first step"}
-	vals := make([][]float64, len(names))
-	for _, j := range r.measured.Jobs {
-		if j.Refused != "" {
-			continue
-		}
-		sb.Categories = append(sb.Categories, fmt.Sprintf("%s %s", report.Tokens(j.Prompt), j.Target))
-		for i, v := range []time.Duration{j.Queue, j.Prefill, j.TransferTail, j.FirstStep} {
-			vals[i] = append(vals[i], v.Seconds())
-		}
-	}
-	if len(sb.Categories) == 0 {
-		return false, nil
-	}
-	for i, n := range names {
-		sb.Parts = append(sb.Parts, report.Part{Name: n, Values: vals[i]})
-	}
-	return true, sb.SavePNG(path)
-}
-
-// e2eJob is one job of a replay in jobs.jsonl: measured and predicted.
-type e2eJob struct {
-	Policy          string  `json:"policy"`
-	Round           int     `json:"round"`
-	ID              string  `json:"id"`
-	Session         string  `json:"session,omitempty"`
-	Prompt          int     `json:"prompt_tokens"`
-	Output          int     `json:"output_tokens"`
-	ArrivalS        float64 `json:"arrival_s"`
-	Target          string  `json:"target"`
-	PredictedTarget string  `json:"predicted_target"`
-	TTFTS           float64 `json:"ttft_s"`
-	PredictedTTFTS  float64 `json:"predicted_ttft_s"`
-	QueueS          float64 `json:"queue_s"`
-	PrefillS        float64 `json:"prefill_s"`
-	TailS           float64 `json:"transfer_tail_s"`
-	FirstStepS      float64 `json:"first_step_s"`
-	DecodeS         float64 `json:"decode_s"`
-	// GroupDecodeS is the decode group's own measure of first to last
-	// token (the coordinator's timing).
-	GroupDecodeS float64 `json:"group_decode_s"`
-	Passes       int     `json:"passes"`
-	Bytes        int64   `json:"bytes"`
-	Failed       string  `json:"failed,omitempty"`
-	// Events are when the job entered each state, in seconds since the
-	// coordinator accepted it; Reason is the router's.
-	Events          map[string]float64 `json:"events_s,omitempty"`
-	Reason          string             `json:"reason,omitempty"`
-	PredictedReason string             `json:"predicted_reason,omitempty"`
-}
-
-// writeJobs writes every replayed job, measured next to predicted, as JSON
-// Lines.
-func writeJobs(path string, runs []e2eRun) error {
-	var b strings.Builder
-	for _, r := range runs {
-		pred := map[string]sim.JobResult{}
-		for _, j := range r.predicted.Jobs {
-			pred[j.ID] = j
-		}
-		for i, j := range r.measured.Jobs {
-			p := pred[j.ID]
-			ev := map[string]float64{}
-			for _, e := range r.jobs[i].Events {
-				if _, ok := ev[string(e.State)]; !ok && !e.Submitted.IsZero() {
-					ev[string(e.State)] = e.Time.Sub(e.Submitted).Seconds()
-				}
+			r := replayed{ms: ms, res: measuredResult(p, t0, ms, d.takePasses())}
+			r.others, r.known = lm.Others()
+			done[p] = append(done[p], r)
+			sum := sim.Summarize(r.res)
+			load := ""
+			if r.known {
+				load = fmt.Sprintf("; other processes used %.0f%% of the machine", 100*r.others)
 			}
-			x := e2eJob{Policy: string(r.policy), Round: 1 + i/max(r.perRound, 1), ID: j.ID, Session: j.Session, Prompt: j.Prompt, Output: j.Output, ArrivalS: j.Arrival.Seconds(),
-				Target: string(j.Target), PredictedTarget: string(p.Target), TTFTS: j.TTFT.Seconds(), PredictedTTFTS: p.TTFT.Seconds(),
-				QueueS: j.Queue.Seconds(), PrefillS: j.Prefill.Seconds(), TailS: j.TransferTail.Seconds(), FirstStepS: j.FirstStep.Seconds(),
-				DecodeS: (j.Done - j.FirstToken).Seconds(), Passes: j.Passes, Bytes: j.Bytes, Failed: j.Refused,
-				Events: ev, Reason: j.Decision.Reason, PredictedReason: p.Decision.Reason}
-			if t := r.jobs[i].Final.Timing; t != nil {
-				x.GroupDecodeS = t.Decode.Seconds()
-			}
-			if err := report.JSONLine(&b, x); err != nil {
-				return err
-			}
+			say("e2e: round %d, policy %s: TTFT p50 %s, %d of %d jobs completed%s", round+1, p, report.Duration(sum.TTFTP50), sum.Completed, sum.Jobs, load)
 		}
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return done, nil
 }
 
-// e2ePass is one weight pass in passes.jsonl.
-type e2ePass struct {
-	Policy    string  `json:"policy"`
-	Source    string  `json:"source"` // measured or predicted
-	Index     int     `json:"index"`
-	StartS    float64 `json:"start_s"`
-	WallS     float64 `json:"wall_s"`
-	Jobs      int     `json:"jobs"`
-	Tokens    int     `json:"tokens"`
-	ReadS     float64 `json:"read_s"`
-	ComputeS  float64 `json:"compute_s"`
-	ReadWaitS float64 `json:"read_wait_s"`
-	Depth     int     `json:"depth"`
-}
-
-// writePasses writes every weight pass, measured and predicted, as JSON
-// Lines.
-func writePasses(path string, runs []e2eRun) error {
-	var b strings.Builder
-	for _, r := range runs {
-		for _, src := range []struct {
-			name string
-			r    *sim.Result
-		}{{"measured", r.measured}, {"predicted", r.predicted}} {
-			for _, p := range src.r.Passes {
-				x := e2ePass{Policy: string(r.policy), Source: src.name, Index: p.Index, StartS: p.Start.Seconds(), WallS: (p.End - p.Start).Seconds(),
-					Jobs: p.Jobs, Tokens: p.Tokens, ReadS: p.Read.Seconds(), ComputeS: p.Compute.Seconds(), ReadWaitS: p.ReadWait.Seconds(), Depth: p.Depth}
-				if err := report.JSONLine(&b, x); err != nil {
-					return err
-				}
-			}
+// summarizePolicy joins a policy's replays and sets them against the
+// prediction (pr) and the profile-only prediction (po).
+func summarizePolicy(p router.Policy, rs []replayed, pr, po *sim.Result, tolerance float64) (e2eRun, e2ePolicy) {
+	var all []measured
+	var results []*sim.Result
+	var others float64
+	known := true
+	for _, r := range rs {
+		all = append(all, r.ms...)
+		results = append(results, r.res)
+		others += r.others / float64(len(rs))
+		known = known && r.known
+	}
+	mr := mergeResults(results)
+	var pol e2ePolicy
+	pol.Summary, pol.PredictedP50, pol.ProfileP50 = sim.Summarize(mr), sim.Summarize(pr).TTFTP50, sim.Summarize(po).TTFTP50
+	pol.CoordinatorP50 = coordinatorP50(all)
+	if known {
+		pol.OtherLoad = &others
+	}
+	for _, r := range results {
+		pol.RoundP50 = append(pol.RoundP50, sim.Summarize(r).TTFTP50)
+	}
+	for _, m := range all {
+		if m.Err != nil && len(pol.Failures) < 5 {
+			pol.Failures = append(pol.Failures, fmt.Sprintf("%s: %v", m.Job.ID, m.Err))
 		}
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	if pol.TTFTP50 > 0 {
+		pol.Ratio, pol.ProfileRatio = pol.PredictedP50/pol.TTFTP50, pol.ProfileP50/pol.TTFTP50
+	}
+	pol.Within = pol.Completed > 0 && math.Abs(pol.Ratio-1) <= tolerance
+	perRound := 0
+	if len(rs) > 0 {
+		perRound = len(rs[0].ms)
+	}
+	return e2eRun{policy: p, jobs: all, measured: mr, predicted: pr, perRound: perRound}, pol
 }

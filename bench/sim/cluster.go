@@ -297,6 +297,9 @@ func newCluster(s Setup, opt Options) *cluster {
 		c.costs = s.Model.Costs(s.Prefill.Threads)
 		c.budget, _ = s.Prefill.Budget()
 		c.link = LinkState{BytesPerS: s.Link.GBps * 1e9, RTT: seconds(s.Link.RTTUS / 1e6)}
+		if s.Link.PerRank {
+			c.link.Lane = rankLanes(len(s.Model.Layers), s.Decode.Ranks)
+		}
 	}
 	return c
 }
@@ -388,10 +391,11 @@ func (c *cluster) admitted(j *simJob) {
 		// Nothing to prefill: the worker hands over every layer's empty
 		// state at once (scheduler.finishEmpty).
 		var bytes int64
-		for _, l := range c.s.Model.Layers {
-			bytes += l.State(0)
+		end := now
+		for L, l := range c.s.Model.Layers {
+			_, e := c.link.SendLayer(L, now, l.State(0))
+			bytes, end = bytes+l.State(0), max(end, e)
 		}
-		_, end := c.link.Send(now, bytes)
 		j.res.Bytes = bytes
 		j.passEnd = now
 		c.loop.At(end+c.link.RTT, func() { c.delivered(j) })

@@ -1,22 +1,31 @@
 package sim
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // LinkState is the data plane from the prefill box to the decode group: one
 // FIFO of bytes at a fixed rate (the box's network interface is shared by
-// every rank's connections), plus a round trip for each job's commit.
+// every rank's connections), or with Lane one such FIFO per decode rank,
+// plus a round trip for each job's commit.
 type LinkState struct {
 	BytesPerS float64
 	RTT       time.Duration
-	// Free is when the link has sent everything handed to it so far.
+	// Lane, if set, is the decode rank of each layer: each rank has a link
+	// of its own at BytesPerS, and a layer's state takes its rank's.
+	Lane []int
+	// Free is when the shared link has sent everything handed to it so
+	// far; free the same per lane.
 	Free time.Duration
+	free []time.Duration
 	// Busy and Bytes total the sends.
 	Busy  time.Duration
 	Bytes int64
 }
 
-// Send hands bytes to the link at time ready and returns when they start
-// and finish going out.
+// Send hands bytes to the shared link at time ready and returns when they
+// start and finish going out.
 func (l *LinkState) Send(ready time.Duration, bytes int64) (start, end time.Duration) {
 	start = max(ready, l.Free)
 	d := seconds(float64(bytes) / l.BytesPerS)
@@ -24,6 +33,42 @@ func (l *LinkState) Send(ready time.Duration, bytes int64) (start, end time.Dura
 	l.Busy += d
 	l.Bytes += bytes
 	return start, l.Free
+}
+
+// SendLayer hands layer L's bytes to its rank's link (the shared link
+// without lanes).
+func (l *LinkState) SendLayer(L int, ready time.Duration, bytes int64) (start, end time.Duration) {
+	if l.Lane == nil {
+		return l.Send(ready, bytes)
+	}
+	k := l.Lane[L]
+	for len(l.free) <= k {
+		l.free = append(l.free, 0)
+	}
+	start = max(ready, l.free[k])
+	d := seconds(float64(bytes) / l.BytesPerS)
+	l.free[k] = start + d
+	l.Busy += d
+	l.Bytes += bytes
+	return start, l.free[k]
+}
+
+// rankLanes gives consecutive runs of layers to ranks, as even as possible
+// with the extra layers on the first ranks (decode-worker/rank.Split's
+// rule), and returns each layer's rank.
+func rankLanes(layers, ranks int) []int {
+	ranks = max(1, min(ranks, layers))
+	out := make([]int, 0, layers)
+	for r := range ranks {
+		k := layers / ranks
+		if r < layers%ranks {
+			k++
+		}
+		for range k {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // PassInput is one weight pass: per layer, how long its read and its
@@ -100,7 +145,7 @@ func TimePass(in PassInput, link *LinkState) PassTiming {
 			if k := L - q - 1; k >= 0 {
 				done = max(done, sent[j][k]) // the queue and the send in progress are full
 			}
-			s, end := link.Send(t.ComputeEnd[L], e[L])
+			s, end := link.SendLayer(L, t.ComputeEnd[L], e[L])
 			if L == 0 {
 				t.FirstSend[j] = s
 			}
@@ -113,7 +158,7 @@ func TimePass(in PassInput, link *LinkState) PassTiming {
 	t.End = handed
 	for j := range in.Emit {
 		if sent[j] != nil && n > 0 {
-			t.Delivered[j] = sent[j][n-1] + link.RTT
+			t.Delivered[j] = slices.Max(sent[j]) + link.RTT // the last layer is last only on a shared link
 		}
 	}
 	return t

@@ -85,3 +85,18 @@ func TestASlowLinkSlowsThePassThroughTheSinkQueue(t *testing.T) {
 		t.Fatalf("delivered %v, want 21s", p.Delivered[0])
 	}
 }
+
+func TestPerRankLinksSendTheirLayersAtOnce(t *testing.T) {
+	if got := rankLanes(9, 2); len(got) != 9 || got[4] != 0 || got[5] != 1 {
+		t.Fatalf("lanes %v: want layers 0-4 on rank 0 and 5-8 on rank 1, as the decode group splits them", got)
+	}
+	// Four layers done at once, 10 bytes each at 10 B/s: one shared link
+	// sends them one after the other (4 s); a link per rank, two at a time.
+	shared := LinkState{BytesPerS: 10}
+	p := TimePass(PassInput{Read: secs(0, 0, 0, 0), Compute: secs(0, 0, 0, 0), Depth: 2, SinkQueue: 4, Emit: [][]int64{{10, 10, 10, 10}}}, &shared)
+	lanes := LinkState{BytesPerS: 10, Lane: rankLanes(4, 2)}
+	q := TimePass(PassInput{Read: secs(0, 0, 0, 0), Compute: secs(0, 0, 0, 0), Depth: 2, SinkQueue: 4, Emit: [][]int64{{10, 10, 10, 10}}}, &lanes)
+	if p.Delivered[0] != 4*time.Second || q.Delivered[0] != 2*time.Second || lanes.Bytes != 40 || lanes.Busy != 4*time.Second {
+		t.Fatalf("delivered %v on a shared link, %v on a link per rank (%+v); want 4s and 2s", p.Delivered[0], q.Delivered[0], lanes)
+	}
+}

@@ -105,6 +105,10 @@ type DecodeGroup struct {
 type Link struct {
 	GBps  float64 `yaml:"gb_per_s"`
 	RTTUS float64 `yaml:"rtt_us"`
+	// PerRank gives each decode rank a link of its own at GBps (as with a
+	// rate limit on each rank's connection); by default every rank shares
+	// one (the prefill box's network interface).
+	PerRank bool `yaml:"per_rank,omitempty"`
 }
 
 // ControlPlane is what the control plane adds to a job's time to first

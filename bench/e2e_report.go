@@ -1,0 +1,277 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tandem-inference/tandem/bench/report"
+	"github.com/tandem-inference/tandem/bench/sim"
+	"github.com/tandem-inference/tandem/coordinator/router"
+)
+
+func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
+	pt := &report.Table{Title: fmt.Sprintf("Measured: %s on %s, %d decode ranks", out.Workload.Name, out.Model, out.Ranks),
+		Header: []string{"policy", "jobs", "remote", "local", "failed", "TTFT p50", "p95", "p99", "jobs/min", "jobs/pass", "moved", "tail p50", "tail max", "decode tok/s"}}
+	for _, r := range runs {
+		x := out.Policies[string(r.policy)]
+		pt.Add(string(r.policy), fmt.Sprint(x.Jobs), fmt.Sprint(x.Remote), fmt.Sprint(x.Local), fmt.Sprint(x.Refused),
+			report.Duration(x.TTFTP50), report.Duration(x.TTFTP95), report.Duration(x.TTFTP99),
+			fmt.Sprintf("%.2f", x.JobsPerMin), fmt.Sprintf("%.2f", x.JobsPerPass), report.Bytes(x.BytesMoved),
+			report.Duration(x.ExposedTailP50), report.Duration(x.ExposedTailMax), fmt.Sprintf("%.1f", x.DecodeTokPerS))
+	}
+	pt.Notes = []string{"TTFT: submission sent to first token received by the client. jobs/pass: jobs sharing a weight pass; moved: state sent over kvtransfer; tail: state still in flight after a remote job's pass."}
+	if out.LinkRate > 0 {
+		pt.Notes = append(pt.Notes, fmt.Sprintf("The link to each decode rank is limited to %s/s.", report.Bytes(out.LinkRate)))
+	}
+
+	ct := &report.Table{Title: fmt.Sprintf("Simulator (profile %s) against the measurement, same jobs", out.Profile),
+		Header: []string{"policy", "TTFT p50 measured", "predicted", "predicted/measured", fmt.Sprintf("within %.0f%%", 100*out.Tolerance),
+			"profile alone", "p95 measured", "predicted", "remote measured", "predicted", "rounds p50", "other load"}}
+	for _, r := range runs {
+		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
+		var rounds []string
+		for _, v := range x.RoundP50 {
+			rounds = append(rounds, report.Duration(v))
+		}
+		load := "-"
+		if x.OtherLoad != nil {
+			load = fmt.Sprintf("%.0f%%", 100**x.OtherLoad)
+		}
+		ct.Add(string(r.policy), report.Duration(x.TTFTP50), report.Duration(x.PredictedP50), fmt.Sprintf("%.2f", x.Ratio), yesNo(x.Within),
+			fmt.Sprintf("%s (%.2f)", report.Duration(x.ProfileP50), x.ProfileRatio),
+			report.Duration(x.TTFTP95), report.Duration(p.TTFTP95), fmt.Sprint(x.Remote), fmt.Sprint(p.Remote), strings.Join(rounds, ", "), load)
+	}
+	if th, ok := out.Predicted[string(router.Threshold)]; ok {
+		ct.Add("threshold", "-", report.Duration(th.TTFTP50), "-", "-", "-", "-", report.Duration(th.TTFTP95), "-", fmt.Sprint(th.Remote), "-", "-")
+	}
+	ct.Notes = []string{"predicted: the profile with the probe's figures (control-plane latency, prefill worker's pass compute); profile alone: without them (its ratio in brackets).",
+		fmt.Sprintf("threshold (remote above %d tokens) is simulated only: the coordinator routes by local, remote or auto.", out.Threshold),
+		"other load: the share of the machine's cores other processes used during the replays."}
+
+	bt := &report.Table{Title: "Where a job's time goes, mean per completed job (measured / predicted)",
+		Header: []string{"policy", "queue", "prefill", "transfer tail", "first step", "TTFT mean"}}
+	for _, r := range runs {
+		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
+		pair := func(a, b float64) string { return report.Duration(a) + " / " + report.Duration(b) }
+		bt.Add(string(r.policy), pair(x.QueueMean, p.QueueMean), pair(x.PrefillMean, p.PrefillMean),
+			pair(tailMean(r.measured), tailMean(r.predicted)), pair(x.FirstStepMean, p.FirstStepMean), pair(x.TTFTMean, p.TTFTMean))
+	}
+	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step."}
+	tables := []*report.Table{pt, ct, bt}
+	if pr := out.Probe; pr != nil {
+		t := &report.Table{Title: fmt.Sprintf("Probe jobs on the idle system, median of %d (TTFT)", pr.Reps),
+			Header: []string{"path", "prompt", "measured", "profile alone", "with the probe", "pass compute"}}
+		for _, x := range pr.Points {
+			pc := "-"
+			if x.PassCompute > 0 {
+				pc = report.Duration(x.PassCompute)
+			}
+			t.Add(x.Path, fmt.Sprint(x.Prompt), report.Duration(x.Measured), report.Duration(x.Profile), report.Duration(x.Probed), pc)
+		}
+		f := pr.PrefillFit
+		t.Notes = []string{fmt.Sprintf("Control plane: %.2f ms local, %.2f ms remote (the shortest prompt's TTFT less its simulated work).", pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS),
+			fmt.Sprintf("Prefill worker's passes fitted: GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g, %.3f ms per layer (worst residual %.0f%%).",
+				f.Rates.KDA, f.Rates.MLA, f.Rates.MLAAttention, f.Rates.MoE, f.Rates.Dense, f.OverheadMS, 100*f.Residual),
+			fmt.Sprintf("Decode group's prefill fitted: GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g, %.3f ms per layer and chunk (worst error %.0f%%); decode step %.2f ms.",
+				pr.GroupFit.Rates.KDA, pr.GroupFit.Rates.MLA, pr.GroupFit.Rates.MLAAttention, pr.GroupFit.Rates.MoE, pr.GroupFit.Rates.Dense, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual, pr.DecodeStepMS)}
+		tables = append(tables, t)
+	}
+	return tables
+}
+
+// tailMean is the mean transfer tail over every completed job.
+func tailMean(r *sim.Result) float64 {
+	var t float64
+	n := 0
+	for _, j := range r.Jobs {
+		if j.Refused == "" {
+			t += j.TransferTail.Seconds()
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return t / float64(n)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func e2eReport(dir string, out *e2eOutput, tables []*report.Table, runs []e2eRun, args []string) error {
+	sc := report.LineChart{Title: fmt.Sprintf("TTFT against prompt length: %s, %s", out.Model, out.Workload.Name),
+		XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true, Scatter: true}
+	for _, r := range runs {
+		var x, y []float64
+		for _, j := range r.measured.Jobs {
+			if j.Refused == "" {
+				x, y = append(x, float64(j.Prompt)), append(y, j.TTFT.Seconds())
+			}
+		}
+		sc.Series = append(sc.Series, report.Series{Name: string(r.policy), X: x, Y: y})
+	}
+	if err := sc.SavePNG(filepath.Join(dir, "ttft_by_prompt.png")); err != nil {
+		return err
+	}
+	var d report.Doc
+	d.Heading(1, "bench e2e: "+out.Model)
+	d.Para("The whole system on this machine (embedded NATS, coordinator, CPU prefill worker, %d decode ranks, %d compute thread(s) per service), one replay of the workload per policy. Reproduce with:", out.Ranks, out.Threads)
+	d.Code("sh", strings.TrimSpace("go run ./bench e2e "+strings.Join(args, " ")))
+	d.Heading(2, "Measured")
+	d.Table(tables[0])
+	d.Image("TTFT against prompt length", "ttft_by_prompt.png")
+	d.Heading(2, "Against the simulator")
+	for _, t := range tables[1:] {
+		d.Table(t)
+	}
+	d.Heading(2, "Time breakdown per job")
+	for _, r := range runs {
+		name := fmt.Sprintf("time_breakdown_%s.png", r.policy)
+		drawn, err := breakdownChart(r, filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if drawn {
+			d.Image("Time breakdown, policy "+string(r.policy), name)
+		}
+	}
+	if err := writeJobs(filepath.Join(dir, "jobs.jsonl"), runs); err != nil {
+		return err
+	}
+	if err := writePasses(filepath.Join(dir, "passes.jsonl"), runs); err != nil {
+		return err
+	}
+	d.Para("Every job, measured next to predicted: jobs.jsonl; every weight pass: passes.jsonl.")
+	return d.WriteFile(filepath.Join(dir, "REPORT.md"))
+}
+
+// breakdownChart stacks each completed job's measured TTFT parts, in
+// arrival order (none drawn when no job completed).
+func breakdownChart(r e2eRun, path string) (bool, error) {
+	sb := report.StackedBars{Title: fmt.Sprintf("Where each job's TTFT goes, policy %s (measured)", r.policy), YLabel: "seconds"}
+	names := []string{"queue", "prefill", "transfer tail", "first step"}
+	vals := make([][]float64, len(names))
+	for _, j := range r.measured.Jobs {
+		if j.Refused != "" {
+			continue
+		}
+		sb.Categories = append(sb.Categories, fmt.Sprintf("%s %s", report.Tokens(j.Prompt), j.Target))
+		for i, v := range []time.Duration{j.Queue, j.Prefill, j.TransferTail, j.FirstStep} {
+			vals[i] = append(vals[i], v.Seconds())
+		}
+	}
+	if len(sb.Categories) == 0 {
+		return false, nil
+	}
+	for i, n := range names {
+		sb.Parts = append(sb.Parts, report.Part{Name: n, Values: vals[i]})
+	}
+	return true, sb.SavePNG(path)
+}
+
+// e2eJob is one job of a replay in jobs.jsonl: measured and predicted.
+type e2eJob struct {
+	Policy          string  `json:"policy"`
+	Round           int     `json:"round"`
+	ID              string  `json:"id"`
+	Session         string  `json:"session,omitempty"`
+	Prompt          int     `json:"prompt_tokens"`
+	Output          int     `json:"output_tokens"`
+	ArrivalS        float64 `json:"arrival_s"`
+	Target          string  `json:"target"`
+	PredictedTarget string  `json:"predicted_target"`
+	TTFTS           float64 `json:"ttft_s"`
+	PredictedTTFTS  float64 `json:"predicted_ttft_s"`
+	QueueS          float64 `json:"queue_s"`
+	PrefillS        float64 `json:"prefill_s"`
+	TailS           float64 `json:"transfer_tail_s"`
+	FirstStepS      float64 `json:"first_step_s"`
+	DecodeS         float64 `json:"decode_s"`
+	// GroupDecodeS is the decode group's own measure of first to last
+	// token (the coordinator's timing).
+	GroupDecodeS float64 `json:"group_decode_s"`
+	Passes       int     `json:"passes"`
+	Bytes        int64   `json:"bytes"`
+	Failed       string  `json:"failed,omitempty"`
+	// Events are when the job entered each state, in seconds since the
+	// coordinator accepted it; Reason is the router's.
+	Events          map[string]float64 `json:"events_s,omitempty"`
+	Reason          string             `json:"reason,omitempty"`
+	PredictedReason string             `json:"predicted_reason,omitempty"`
+}
+
+// writeJobs writes every replayed job, measured next to predicted, as JSON
+// Lines.
+func writeJobs(path string, runs []e2eRun) error {
+	var b strings.Builder
+	for _, r := range runs {
+		pred := map[string]sim.JobResult{}
+		for _, j := range r.predicted.Jobs {
+			pred[j.ID] = j
+		}
+		for i, j := range r.measured.Jobs {
+			p := pred[j.ID]
+			ev := map[string]float64{}
+			for _, e := range r.jobs[i].Events {
+				if _, ok := ev[string(e.State)]; !ok && !e.Submitted.IsZero() {
+					ev[string(e.State)] = e.Time.Sub(e.Submitted).Seconds()
+				}
+			}
+			x := e2eJob{Policy: string(r.policy), Round: 1 + i/max(r.perRound, 1), ID: j.ID, Session: j.Session, Prompt: j.Prompt, Output: j.Output, ArrivalS: j.Arrival.Seconds(),
+				Target: string(j.Target), PredictedTarget: string(p.Target), TTFTS: j.TTFT.Seconds(), PredictedTTFTS: p.TTFT.Seconds(),
+				QueueS: j.Queue.Seconds(), PrefillS: j.Prefill.Seconds(), TailS: j.TransferTail.Seconds(), FirstStepS: j.FirstStep.Seconds(),
+				DecodeS: (j.Done - j.FirstToken).Seconds(), Passes: j.Passes, Bytes: j.Bytes, Failed: j.Refused,
+				Events: ev, Reason: j.Decision.Reason, PredictedReason: p.Decision.Reason}
+			if t := r.jobs[i].Final.Timing; t != nil {
+				x.GroupDecodeS = t.Decode.Seconds()
+			}
+			if err := report.JSONLine(&b, x); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// e2ePass is one weight pass in passes.jsonl.
+type e2ePass struct {
+	Policy    string  `json:"policy"`
+	Source    string  `json:"source"` // measured or predicted
+	Index     int     `json:"index"`
+	StartS    float64 `json:"start_s"`
+	WallS     float64 `json:"wall_s"`
+	Jobs      int     `json:"jobs"`
+	Tokens    int     `json:"tokens"`
+	ReadS     float64 `json:"read_s"`
+	ComputeS  float64 `json:"compute_s"`
+	ReadWaitS float64 `json:"read_wait_s"`
+	Depth     int     `json:"depth"`
+}
+
+// writePasses writes every weight pass, measured and predicted, as JSON
+// Lines.
+func writePasses(path string, runs []e2eRun) error {
+	var b strings.Builder
+	for _, r := range runs {
+		for _, src := range []struct {
+			name string
+			r    *sim.Result
+		}{{"measured", r.measured}, {"predicted", r.predicted}} {
+			for _, p := range src.r.Passes {
+				x := e2ePass{Policy: string(r.policy), Source: src.name, Index: p.Index, StartS: p.Start.Seconds(), WallS: (p.End - p.Start).Seconds(),
+					Jobs: p.Jobs, Tokens: p.Tokens, ReadS: p.Read.Seconds(), ComputeS: p.Compute.Seconds(), ReadWaitS: p.ReadWait.Seconds(), Depth: p.Depth}
+				if err := report.JSONLine(&b, x); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
