@@ -66,9 +66,9 @@ type e2eOutput struct {
 	// Predicted is the simulator's summary of the same jobs per policy,
 	// with the threshold rule the coordinator does not offer.
 	Predicted map[string]sim.Summary `json:"predicted"`
-	// Probe is what the probe jobs measured on the idle system (absent
-	// with --probe 0).
-	Probe *e2eProbe `json:"probe,omitempty"`
+	// Probes are what the probe jobs measured on the idle system before
+	// each replay (none with --probe 0).
+	Probes []*e2eProbe `json:"probes,omitempty"`
 	// Tolerance is the largest |predicted/measured - 1| of TTFT p50 the
 	// calibration check accepts; CalibrationOK says whether every policy
 	// is within it.
@@ -144,7 +144,7 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "longest a job may take from submission to its end")
 	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays")
 	fs.IntVar(&f.rounds, "rounds", 1, "replay the workload this many times per policy, the policies in turn (a shared machine's load varies over minutes)")
-	fs.IntVar(&f.probeReps, "probe", 3, "probe the idle system before the replays, each probe job this many times (0: predict from the profile alone)")
+	fs.IntVar(&f.probeReps, "probe", 3, "probe the idle system before each replay, each probe job this many times (0: predict from the profile alone)")
 	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object as the last line")
 	fs.BoolVar(&f.verbose, "v", false, "log the services (to stderr)")
@@ -165,12 +165,13 @@ the rates of the hardware profile, and the simulator runs the same jobs:
 its TTFT p50 per policy is printed next to the measured one, and checked
 against --tolerance.
 
-Before the replays, probe jobs (single prompts of a few lengths, each way,
+Before each replay, probe jobs (single prompts of a few lengths, each way,
 on the idle system) measure what bench calibrate cannot see from its
 isolated measurements: the control plane's latency on each path, the prefill
 worker's compute inside its weight passes, the decode group's prefill and
-step as deployed here and now. The prediction uses the profile with these
-figures; the profile alone is reported next to it.
+step, as deployed here and as loaded by whatever else runs on the machine
+at the time. The replay is predicted from the profile with these figures;
+the profile alone is reported next to it.
 
 `)
 		fs.PrintDefaults()
@@ -301,48 +302,52 @@ figures; the profile alone is reported next to it.
 	if err := e2eWarmup(ctx, d, nc, f.warmup, vocab, key, f.jobTimeout); err != nil {
 		return err
 	}
-	// What the simulator predicts with: the profile, and unless told
-	// otherwise what the probe jobs measured on the idle system.
-	probed := setup
-	if f.probeReps > 0 {
-		say("e2e: probing the idle system (prompts of %v tokens, %d times each way)", probeLengths, f.probeReps)
-		if probed, out.Probe, err = runProbe(ctx, d, nc, setup, f.probeReps, vocab, key+"-probe", f.jobTimeout); err != nil {
-			return err
-		}
-		pf := out.Probe.PrefillFit
-		say("e2e: probe: control plane %.2f ms local, %.2f ms remote; prefill worker's passes %.2fx the profile's compute time (worst residual %.0f%%); decode group's prefill %.2fx (worst error %.0f%%), step %.2f ms",
-			out.Probe.ControlPlane.LocalMS, out.Probe.ControlPlane.RemoteMS, prof.Prefill.Compute.MoE/pf.Rates.MoE, 100*pf.Residual,
-			dec.Compute.MoE/out.Probe.GroupFit.Rates.MoE, 100*out.Probe.GroupFit.Residual, out.Probe.DecodeStepMS)
-	}
-
+	// Each replay is predicted from the profile with what the probe jobs
+	// measured just before it (the profile alone with --probe 0).
 	predict := func(s sim.Setup, p router.Policy) (*sim.Result, error) {
-		return sim.Run(ctx, s, jobs, sim.Options{Policy: p, Seed: &seed})
+		return sim.Run(ctx, s, jobs, sim.Options{Policy: p, Seed: &seed, Threshold: f.threshold})
 	}
-	done, err := replayRounds(ctx, d, nc, jobs, policies, f.rounds, vocab, key, f.jobTimeout)
+	probe := func(p router.Policy, round int) (sim.Setup, error) {
+		if f.probeReps == 0 {
+			return setup, nil
+		}
+		say("e2e: probing the idle system (prompts of %v tokens, %d times each way)", probeLengths, f.probeReps)
+		probed, pr, err := runProbe(ctx, d, nc, setup, f.probeReps, vocab, fmt.Sprintf("%s-probe-%s-%d", key, p, round), f.jobTimeout)
+		if err != nil {
+			return sim.Setup{}, err
+		}
+		pr.Policy, pr.Round = string(p), round+1
+		out.Probes = append(out.Probes, pr)
+		say("e2e: probe: control plane %.2f ms local, %.2f ms remote; prefill worker's passes %.2fx the profile's compute time (worst residual %.0f%%); decode group's prefill %.2fx (worst error %.0f%%), step %.2f ms",
+			pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS, pr.PrefillFactor, 100*pr.PrefillFit.Residual, pr.GroupFactor, 100*pr.GroupFit.Residual, pr.DecodeStepMS)
+		return probed, nil
+	}
+	done, err := replayRounds(ctx, d, nc, jobs, policies, f.rounds, vocab, key, f.jobTimeout, probe, predict)
 	if err != nil {
 		return err
 	}
 
 	var runs []e2eRun
 	for _, p := range policies {
-		pr, err := predict(probed, p)
-		if err != nil {
-			return err
-		}
 		po, err := predict(setup, p)
 		if err != nil {
 			return err
 		}
-		run, pol := summarizePolicy(p, done[p], pr, po, f.tolerance)
+		run, pol := summarizePolicy(p, done[p], po, f.tolerance)
 		runs = append(runs, run)
 		out.CalibrationOK = out.CalibrationOK && pol.Within
 		out.Policies[string(p)] = pol
-		out.Predicted[string(p)] = sim.Summarize(pr)
+		out.Predicted[string(p)] = sim.Summarize(run.predicted)
 		say("e2e: policy %s: TTFT p50 %s measured, %s predicted (x%.2f; profile alone %s, x%.2f); %d of %d jobs completed",
 			p, report.Duration(pol.TTFTP50), report.Duration(pol.PredictedP50), pol.Ratio, report.Duration(pol.ProfileP50), pol.ProfileRatio, pol.Completed, pol.Jobs)
 	}
-	// The rule the coordinator does not offer, on the same jobs.
-	tr, err := sim.Run(ctx, probed, jobs, sim.Options{Policy: router.Threshold, Threshold: f.threshold, Seed: &seed})
+	// The rule the coordinator does not offer, on the same jobs (with the
+	// first replay's probe).
+	first := setup
+	for _, r := range done[policies[0]][:1] {
+		first = r.setup
+	}
+	tr, err := predict(first, router.Threshold)
 	if err != nil {
 		return err
 	}
@@ -429,10 +434,13 @@ func coordinatorP50(ms []measured) float64 {
 	return sim.Percentile(xs, 50)
 }
 
-// replayed is one replay of the workload under a policy.
+// replayed is one replay of the workload under a policy, with its
+// prediction and the setup it was predicted with.
 type replayed struct {
-	ms  []measured
-	res *sim.Result
+	ms    []measured
+	res   *sim.Result
+	pred  *sim.Result
+	setup sim.Setup
 	// others is the share of the machine other processes used meanwhile
 	// (known false where it cannot be read).
 	others float64
@@ -440,9 +448,11 @@ type replayed struct {
 }
 
 // replayRounds replays the jobs under every policy, rounds times, the
-// coordinator's cost model started afresh before each replay.
+// coordinator's cost model started afresh before each replay; probe gives
+// the setup each replay is predicted with, predict the prediction.
 func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policies []router.Policy, rounds, vocab int,
-	key string, timeout time.Duration) (map[router.Policy][]replayed, error) {
+	key string, timeout time.Duration, probe func(router.Policy, int) (sim.Setup, error),
+	predict func(sim.Setup, router.Policy) (*sim.Result, error)) (map[router.Policy][]replayed, error) {
 	span := time.Duration(0)
 	if n := len(jobs); n > 0 {
 		span = jobs[n-1].Arrival
@@ -451,6 +461,14 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 	for round := range rounds {
 		for i := range policies {
 			p := policies[(i+round)%len(policies)] // each round starts with the next policy
+			ps, err := probe(p, round)
+			if err != nil {
+				return nil, err
+			}
+			pred, err := predict(ps, p)
+			if err != nil {
+				return nil, err
+			}
 			if err := d.resetRouter(ctx); err != nil {
 				return nil, err
 			}
@@ -460,7 +478,7 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if err != nil {
 				return nil, err
 			}
-			r := replayed{ms: ms, res: measuredResult(p, t0, ms, d.takePasses())}
+			r := replayed{ms: ms, res: measuredResult(p, t0, ms, d.takePasses()), pred: pred, setup: ps}
 			r.others, r.known = lm.Others()
 			done[p] = append(done[p], r)
 			sum := sim.Summarize(r.res)
@@ -474,20 +492,21 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 	return done, nil
 }
 
-// summarizePolicy joins a policy's replays and sets them against the
-// prediction (pr) and the profile-only prediction (po).
-func summarizePolicy(p router.Policy, rs []replayed, pr, po *sim.Result, tolerance float64) (e2eRun, e2ePolicy) {
+// summarizePolicy joins a policy's replays and their predictions, and sets
+// them against each other and against the profile-only prediction (po).
+func summarizePolicy(p router.Policy, rs []replayed, po *sim.Result, tolerance float64) (e2eRun, e2ePolicy) {
 	var all []measured
-	var results []*sim.Result
+	var results, preds []*sim.Result
 	var others float64
 	known := true
 	for _, r := range rs {
 		all = append(all, r.ms...)
 		results = append(results, r.res)
+		preds = append(preds, r.pred)
 		others += r.others / float64(len(rs))
 		known = known && r.known
 	}
-	mr := mergeResults(results)
+	mr, pr := mergeResults(results), mergeResults(preds)
 	var pol e2ePolicy
 	pol.Summary, pol.PredictedP50, pol.ProfileP50 = sim.Summarize(mr), sim.Summarize(pr).TTFTP50, sim.Summarize(po).TTFTP50
 	pol.CoordinatorP50 = coordinatorP50(all)

@@ -27,7 +27,10 @@ const probeGap = 250 * time.Millisecond
 // e2eProbe is what the probe jobs measured on the idle system: what bench
 // calibrate cannot see from its isolated measurements.
 type e2eProbe struct {
-	Reps int `json:"reps"`
+	// Policy and Round name the replay the probe came before.
+	Policy string `json:"before_policy"`
+	Round  int    `json:"round"`
+	Reps   int    `json:"reps"`
 	// ControlPlane is the latency the control plane adds on each path:
 	// the median TTFT of a 2-token prompt less the simulated work.
 	ControlPlane sim.ControlPlane `json:"control_plane"`
@@ -38,6 +41,10 @@ type e2eProbe struct {
 	PrefillFit   probeFit `json:"prefill_fit"`
 	GroupFit     probeFit `json:"group_fit"`
 	DecodeStepMS float64  `json:"decode_step_ms"`
+	// PrefillFactor and GroupFactor are the fitted compute times over the
+	// profile's (MoE work; 1.2 is 20% slower).
+	PrefillFactor float64 `json:"prefill_factor"`
+	GroupFactor   float64 `json:"group_factor"`
 	// Points are the probe jobs' median TTFT against the simulator's idle
 	// TTFT with the profile alone and with the probe's figures.
 	Points []probePoint `json:"points"`
@@ -112,6 +119,7 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 		return sim.Setup{}, nil, err
 	}
 	pr.PrefillFit = probeFit{Rates: fit.Rates, OverheadMS: fit.OverheadMS, Residual: fit.WorstResidual}
+	pr.PrefillFactor = setup.Prefill.Compute.MoE / fit.Rates.MoE
 	probed := setup
 	box := *setup.Prefill
 	box.Compute, box.LayerOverheadMS = fit.Rates, fit.OverheadMS
@@ -140,6 +148,9 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 		return sim.Setup{}, nil, err
 	}
 	pr.GroupFit = probeFit{Rates: gf.Rates, OverheadMS: gf.OverheadMS, Residual: gf.WorstError}
+	if c := setup.Decode.Compute; c != nil {
+		pr.GroupFactor = c.MoE / gf.Rates.MoE
+	}
 	pr.DecodeStepMS = step * 1e3
 	rates := gf.Rates
 	group.PrefillRate, group.Compute, group.LayerOverheadMS, group.DecodeStepMS = nil, &rates, gf.OverheadMS, step*1e3

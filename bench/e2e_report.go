@@ -47,7 +47,7 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	if th, ok := out.Predicted[string(router.Threshold)]; ok {
 		ct.Add("threshold", "-", report.Duration(th.TTFTP50), "-", "-", "-", "-", report.Duration(th.TTFTP95), "-", fmt.Sprint(th.Remote), "-", "-")
 	}
-	ct.Notes = []string{"predicted: the profile with the probe's figures (control-plane latency, prefill worker's pass compute); profile alone: without them (its ratio in brackets).",
+	ct.Notes = []string{"predicted: each replay from the profile with the figures of the probe just before it (control-plane latency, the prefill worker's pass compute, the decode group's prefill and step); profile alone: without them (its ratio in brackets).",
 		fmt.Sprintf("threshold (remote above %d tokens) is simulated only: the coordinator routes by local, remote or auto.", out.Threshold),
 		"other load: the share of the machine's cores other processes used during the replays."}
 
@@ -61,23 +61,27 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	}
 	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step."}
 	tables := []*report.Table{pt, ct, bt}
-	if pr := out.Probe; pr != nil {
-		t := &report.Table{Title: fmt.Sprintf("Probe jobs on the idle system, median of %d (TTFT)", pr.Reps),
+	if len(out.Probes) > 0 {
+		t := &report.Table{Title: "Probes of the idle system before each replay",
+			Header: []string{"before", "round", "control plane local", "remote", "prefill worker's passes", "decode group's prefill", "decode step"}}
+		for _, pr := range out.Probes {
+			t.Add(pr.Policy, fmt.Sprint(pr.Round), fmt.Sprintf("%.2f ms", pr.ControlPlane.LocalMS), fmt.Sprintf("%.2f ms", pr.ControlPlane.RemoteMS),
+				fmt.Sprintf("x%.2f (%.3f ms/layer, %.0f%%)", pr.PrefillFactor, pr.PrefillFit.OverheadMS, 100*pr.PrefillFit.Residual),
+				fmt.Sprintf("x%.2f (%.3f ms/layer/chunk, %.0f%%)", pr.GroupFactor, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual),
+				fmt.Sprintf("%.2f ms", pr.DecodeStepMS))
+		}
+		t.Notes = []string{fmt.Sprintf("Control plane: the shortest prompt's TTFT (median of %d) less its simulated work. Passes and group prefill: compute time against the profile's (x1.20 is 20%% slower), with the fixed cost and the worst misfit of the fit.", out.Probes[0].Reps)}
+		tables = append(tables, t)
+		pt := &report.Table{Title: fmt.Sprintf("Probe jobs before the first replay, median of %d (TTFT)", out.Probes[0].Reps),
 			Header: []string{"path", "prompt", "measured", "profile alone", "with the probe", "pass compute"}}
-		for _, x := range pr.Points {
+		for _, x := range out.Probes[0].Points {
 			pc := "-"
 			if x.PassCompute > 0 {
 				pc = report.Duration(x.PassCompute)
 			}
-			t.Add(x.Path, fmt.Sprint(x.Prompt), report.Duration(x.Measured), report.Duration(x.Profile), report.Duration(x.Probed), pc)
+			pt.Add(x.Path, fmt.Sprint(x.Prompt), report.Duration(x.Measured), report.Duration(x.Profile), report.Duration(x.Probed), pc)
 		}
-		f := pr.PrefillFit
-		t.Notes = []string{fmt.Sprintf("Control plane: %.2f ms local, %.2f ms remote (the shortest prompt's TTFT less its simulated work).", pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS),
-			fmt.Sprintf("Prefill worker's passes fitted: GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g, %.3f ms per layer (worst residual %.0f%%).",
-				f.Rates.KDA, f.Rates.MLA, f.Rates.MLAAttention, f.Rates.MoE, f.Rates.Dense, f.OverheadMS, 100*f.Residual),
-			fmt.Sprintf("Decode group's prefill fitted: GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g, %.3f ms per layer and chunk (worst error %.0f%%); decode step %.2f ms.",
-				pr.GroupFit.Rates.KDA, pr.GroupFit.Rates.MLA, pr.GroupFit.Rates.MLAAttention, pr.GroupFit.Rates.MoE, pr.GroupFit.Rates.Dense, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual, pr.DecodeStepMS)}
-		tables = append(tables, t)
+		tables = append(tables, pt)
 	}
 	return tables
 }
@@ -212,12 +216,11 @@ type e2eJob struct {
 func writeJobs(path string, runs []e2eRun) error {
 	var b strings.Builder
 	for _, r := range runs {
-		pred := map[string]sim.JobResult{}
-		for _, j := range r.predicted.Jobs {
-			pred[j.ID] = j
-		}
 		for i, j := range r.measured.Jobs {
-			p := pred[j.ID]
+			var p sim.JobResult // the same job in the same round
+			if i < len(r.predicted.Jobs) {
+				p = r.predicted.Jobs[i]
+			}
 			ev := map[string]float64{}
 			for _, e := range r.jobs[i].Events {
 				if _, ok := ev[string(e.State)]; !ok && !e.Submitted.IsZero() {

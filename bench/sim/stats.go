@@ -35,8 +35,10 @@ type Summary struct {
 	ExposedTailP50  float64 `json:"exposed_tail_p50_s"`
 	ExposedTailMax  float64 `json:"exposed_tail_max_s"`
 	ExposedTailMean float64 `json:"exposed_tail_mean_s"`
-	// DecodeTokPerS is the mean per-job decode rate after the first token
-	// (jobs with more than one output token).
+	// DecodeTokPerS is a job's decode rate after its first token, over
+	// every job with more than one output token together: the tokens after
+	// the first over the time they took (a mean of per-job rates would be
+	// ruled by the shortest jobs, whose few tokens can arrive at once).
 	DecodeTokPerS float64 `json:"decode_tok_per_s"`
 	// Mean time breakdown of completed jobs, in seconds.
 	QueueMean     float64 `json:"queue_mean_s"`
@@ -49,7 +51,7 @@ func Summarize(r *Result) Summary {
 	s := Summary{Policy: string(r.Policy), Jobs: len(r.Jobs), Passes: len(r.Passes)}
 	var ttft, tails []float64
 	var decode float64
-	var decodeN int
+	var decodeT float64
 	first := time.Duration(math.MaxInt64)
 	for _, j := range r.Jobs {
 		first = min(first, j.Arrival)
@@ -70,8 +72,8 @@ func Summarize(r *Result) Summary {
 		s.PrefillMean += j.Prefill.Seconds()
 		s.FirstStepMean += j.FirstStep.Seconds()
 		if j.Output > 1 && j.Done > j.FirstToken {
-			decode += float64(j.Output-1) / (j.Done - j.FirstToken).Seconds()
-			decodeN++
+			decode += float64(j.Output - 1)
+			decodeT += (j.Done - j.FirstToken).Seconds()
 		}
 	}
 	if s.Completed > 0 {
@@ -89,8 +91,8 @@ func Summarize(r *Result) Summary {
 	if len(tails) > 0 {
 		s.ExposedTailMax = slices.Max(tails)
 	}
-	if decodeN > 0 {
-		s.DecodeTokPerS = decode / float64(decodeN)
+	if decodeT > 0 {
+		s.DecodeTokPerS = decode / decodeT
 	}
 	var jobs int
 	for _, p := range r.Passes {
