@@ -32,7 +32,7 @@ type e2eProbe struct {
 	Round  int    `json:"round"`
 	Reps   int    `json:"reps"`
 	// ControlPlane is the latency the control plane adds on each path:
-	// the median TTFT of a 2-token prompt less the simulated work.
+	// the probes' TTFT less their simulated work (median over the lengths).
 	ControlPlane sim.ControlPlane `json:"control_plane"`
 	// PrefillFit is the prefill box's compute fitted to the worker's
 	// passes (the profile's rates scaled; see sim.FitPasses); GroupFit the
@@ -126,17 +126,17 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 	probed.Prefill = &box
 
 	// The decode group: its step, and its prefill fitted to the local
-	// probes' TTFT less what the shortest one takes beyond its step (the
-	// control plane; one token of prefill is next to nothing).
+	// probes: each prompt's TTFT over the shortest one's, plus a step (a
+	// probe's TTFT holds the control plane's latency; the shortest prompt
+	// is all latency and a step).
 	if len(steps) == 0 {
 		return sim.Setup{}, nil, errors.New("e2e: the local probes reported no decode time")
 	}
 	step := median(steps)
 	short := probeLengths[0]
-	base := max(0, median(ttft[cp.PolicyLocal][short])-step)
 	var gs []sim.GroupSample
 	for _, n := range probeLengths[1:] {
-		gs = append(gs, sim.GroupSample{Prompt: n, Seconds: median(ttft[cp.PolicyLocal][n]) - base})
+		gs = append(gs, sim.GroupSample{Prompt: n, Seconds: median(ttft[cp.PolicyLocal][n]) - median(ttft[cp.PolicyLocal][short]) + step})
 	}
 	group := *setup.Decode
 	chunk := group.PrefillChunk
@@ -156,21 +156,29 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 	group.PrefillRate, group.Compute, group.LayerOverheadMS, group.DecodeStepMS = nil, &rates, gf.OverheadMS, step*1e3
 	probed.Decode = &group
 
-	// The control plane: what the shortest prompt takes beyond its work.
+	// The control plane's latency on each path: what the probes took
+	// beyond their simulated work (the median over the prompt lengths).
 	idle := func(s sim.Setup, p router.Policy, n int) (float64, error) {
 		j, err := sim.Idle(ctx, s, p, n)
 		return j.TTFT.Seconds(), err
 	}
-	lw, err := idle(probed, router.Local, short)
-	if err != nil {
+	latency := func(p cp.Policy) (float64, error) {
+		var d []float64
+		for _, n := range probeLengths {
+			w, err := idle(probed, router.Policy(p), n)
+			if err != nil {
+				return 0, err
+			}
+			d = append(d, median(ttft[p][n])-w)
+		}
+		return 1e3 * max(0, median(d)), nil
+	}
+	if pr.ControlPlane.LocalMS, err = latency(cp.PolicyLocal); err != nil {
 		return sim.Setup{}, nil, err
 	}
-	rw, err := idle(probed, router.Remote, short)
-	if err != nil {
+	if pr.ControlPlane.RemoteMS, err = latency(cp.PolicyRemote); err != nil {
 		return sim.Setup{}, nil, err
 	}
-	pr.ControlPlane = sim.ControlPlane{LocalMS: 1e3 * max(0, median(ttft[cp.PolicyLocal][short])-lw),
-		RemoteMS: 1e3 * max(0, median(ttft[cp.PolicyRemote][short])-rw)}
 	cpl := pr.ControlPlane
 	probed.Control = &cpl
 

@@ -70,7 +70,7 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 				fmt.Sprintf("x%.2f (%.3f ms/layer/chunk, %.0f%%)", pr.GroupFactor, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual),
 				fmt.Sprintf("%.2f ms", pr.DecodeStepMS))
 		}
-		t.Notes = []string{fmt.Sprintf("Control plane: the shortest prompt's TTFT (median of %d) less its simulated work. Passes and group prefill: compute time against the profile's (x1.20 is 20%% slower), with the fixed cost and the worst misfit of the fit.", out.Probes[0].Reps)}
+		t.Notes = []string{fmt.Sprintf("Control plane: the probes' TTFT (each the median of %d) less their simulated work, the median over the prompt lengths. Passes and group prefill: compute time against the profile's (x1.20 is 20%% slower), with the fixed cost and the worst misfit of the fit.", out.Probes[0].Reps)}
 		tables = append(tables, t)
 		pt := &report.Table{Title: fmt.Sprintf("Probe jobs before the first replay, median of %d (TTFT)", out.Probes[0].Reps),
 			Header: []string{"path", "prompt", "measured", "profile alone", "with the probe", "pass compute"}}
