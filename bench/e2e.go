@@ -103,10 +103,13 @@ type e2ePolicy struct {
 	ProfileP50   float64 `json:"profile_only_ttft_p50_s"`
 	ProfileRatio float64 `json:"profile_only_over_measured"`
 	// RoundP50 is each round's TTFT p50; OtherLoad the share of the
-	// machine's cores other processes used during the replays (absent
-	// where unknown).
+	// machine's cores other processes used during the replays, and
+	// ProbeLoad during the probes before them (absent where unknown): a
+	// prediction from a probe taken under another load than its replay's
+	// is off by that much.
 	RoundP50  []float64 `json:"round_ttft_p50_s"`
 	OtherLoad *float64  `json:"other_load,omitempty"`
+	ProbeLoad *float64  `json:"probe_other_load,omitempty"`
 	// CoordinatorP50 is the TTFT p50 by the coordinator's clock
 	// (accepted to first token), without the client's hops.
 	CoordinatorP50 float64 `json:"coordinator_ttft_p50_s"`
@@ -307,6 +310,7 @@ the profile alone is reported next to it.
 	predict := func(s sim.Setup, p router.Policy) (*sim.Result, error) {
 		return sim.Run(ctx, s, jobs, sim.Options{Policy: p, Seed: &seed, Threshold: f.threshold})
 	}
+	probeLoads := map[router.Policy][]*float64{}
 	probe := func(p router.Policy, round int) (sim.Setup, error) {
 		if f.probeReps == 0 {
 			return setup, nil
@@ -318,6 +322,7 @@ the profile alone is reported next to it.
 		}
 		pr.Policy, pr.Round = string(p), round+1
 		out.Probes = append(out.Probes, pr)
+		probeLoads[p] = append(probeLoads[p], pr.OtherLoad)
 		say("e2e: probe: control plane %.2f ms local, %.2f ms remote; prefill worker's passes %.2fx the profile's compute time (worst residual %.0f%%); decode group's prefill %.2fx (worst error %.0f%%), step %.2f ms",
 			pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS, pr.PrefillFactor, 100*pr.PrefillFit.Residual, pr.GroupFactor, 100*pr.GroupFit.Residual, pr.DecodeStepMS)
 		return probed, nil
@@ -334,6 +339,7 @@ the profile alone is reported next to it.
 			return err
 		}
 		run, pol := summarizePolicy(p, done[p], po, f.tolerance)
+		pol.ProbeLoad = meanLoad(probeLoads[p])
 		runs = append(runs, run)
 		out.CalibrationOK = out.CalibrationOK && pol.Within
 		out.Policies[string(p)] = pol
@@ -530,4 +536,19 @@ func summarizePolicy(p router.Policy, rs []replayed, po *sim.Result, tolerance f
 		perRound = len(rs[0].ms)
 	}
 	return e2eRun{policy: p, jobs: all, measured: mr, predicted: pr, perRound: perRound}, pol
+}
+
+// meanLoad is the mean of known loads (nil if any is unknown or none).
+func meanLoad(xs []*float64) *float64 {
+	if len(xs) == 0 {
+		return nil
+	}
+	var t float64
+	for _, x := range xs {
+		if x == nil {
+			return nil
+		}
+		t += *x / float64(len(xs))
+	}
+	return &t
 }

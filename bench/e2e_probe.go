@@ -31,6 +31,9 @@ type e2eProbe struct {
 	Policy string `json:"before_policy"`
 	Round  int    `json:"round"`
 	Reps   int    `json:"reps"`
+	// OtherLoad is the share of the machine other processes used while the
+	// probe ran (absent where unknown).
+	OtherLoad *float64 `json:"other_load,omitempty"`
 	// ControlPlane is the latency the control plane adds on each path:
 	// the probes' TTFT less their simulated work (median over the lengths).
 	ControlPlane sim.ControlPlane `json:"control_plane"`
@@ -77,6 +80,7 @@ const probeOutput = 8
 // control plane's latency.
 func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup, reps, vocab int, key string, timeout time.Duration) (sim.Setup, *e2eProbe, error) {
 	pr := &e2eProbe{Reps: reps}
+	lm := startLoad()
 	ttft := map[cp.Policy]map[int][]float64{cp.PolicyLocal: {}, cp.PolicyRemote: {}}
 	compute := map[int][]float64{}
 	var steps []float64
@@ -106,6 +110,9 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 				}
 			}
 		}
+	}
+	if share, ok := lm.Others(); ok {
+		pr.OtherLoad = &share
 	}
 	var samples []sim.PassSample
 	for _, n := range probeLengths {

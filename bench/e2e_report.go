@@ -29,16 +29,22 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 
 	ct := &report.Table{Title: fmt.Sprintf("Simulator (profile %s) against the measurement, same jobs", out.Profile),
 		Header: []string{"policy", "TTFT p50 measured", "predicted", "predicted/measured", fmt.Sprintf("within %.0f%%", 100*out.Tolerance),
-			"profile alone", "p95 measured", "predicted", "remote measured", "predicted", "rounds p50", "other load"}}
+			"profile alone", "p95 measured", "predicted", "remote measured", "predicted", "rounds p50", "other load (probe / replay)"}}
 	for _, r := range runs {
 		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
 		var rounds []string
 		for _, v := range x.RoundP50 {
 			rounds = append(rounds, report.Duration(v))
 		}
-		load := "-"
-		if x.OtherLoad != nil {
-			load = fmt.Sprintf("%.0f%%", 100**x.OtherLoad)
+		pct := func(v *float64) string {
+			if v == nil {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f%%", 100**v)
+		}
+		load := pct(x.OtherLoad)
+		if x.ProbeLoad != nil {
+			load = pct(x.ProbeLoad) + " / " + load
 		}
 		ct.Add(string(r.policy), report.Duration(x.TTFTP50), report.Duration(x.PredictedP50), fmt.Sprintf("%.2f", x.Ratio), yesNo(x.Within),
 			fmt.Sprintf("%s (%.2f)", report.Duration(x.ProfileP50), x.ProfileRatio),
@@ -49,7 +55,7 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	}
 	ct.Notes = []string{"predicted: each replay from the profile with the figures of the probe just before it (control-plane latency, the prefill worker's pass compute, the decode group's prefill and step); profile alone: without them (its ratio in brackets).",
 		fmt.Sprintf("threshold (remote above %d tokens) is simulated only: the coordinator routes by local, remote or auto.", out.Threshold),
-		"other load: the share of the machine's cores other processes used during the replays."}
+		"other load: the share of the machine's cores other processes used during the probes before the replays and during the replays; a prediction from a probe taken under another load than its replay's is off by as much."}
 
 	bt := &report.Table{Title: "Where a job's time goes, mean per completed job (measured / predicted)",
 		Header: []string{"policy", "queue", "prefill", "transfer tail", "first step", "TTFT mean"}}
@@ -126,7 +132,7 @@ func e2eReport(dir string, out *e2eOutput, tables []*report.Table, runs []e2eRun
 	}
 	var d report.Doc
 	d.Heading(1, "bench e2e: "+out.Model)
-	d.Para("The whole system on this machine (embedded NATS, coordinator, CPU prefill worker, %d decode ranks, %d compute thread(s) per service), one replay of the workload per policy. Reproduce with:", out.Ranks, out.Threads)
+	d.Para("The whole system on this machine (embedded NATS, coordinator, CPU prefill worker, %d decode ranks, %d compute thread(s) per service), the workload replayed %d time(s) per policy, the policies in turn. Reproduce with:", out.Ranks, out.Threads, out.Rounds)
 	d.Code("sh", strings.TrimSpace("go run ./bench e2e "+strings.Join(args, " ")))
 	d.Heading(2, "Measured")
 	d.Table(tables[0])
