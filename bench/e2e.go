@@ -262,7 +262,7 @@ the profile alone is reported next to it.
 	if f.model != "" {
 		name = m.Name
 	}
-	setup := sim.Setup{Name: prof.Name, Model: m, Prefill: &pre, Decode: &dec, Link: &link}
+	setup := sim.Setup{Name: prof.Name, Model: m, Prefill: &pre, Decode: &dec, Link: &link, Control: prof.ControlPlane}
 	if err := setup.Validate(); err != nil {
 		return err
 	}

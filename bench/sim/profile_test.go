@@ -95,3 +95,25 @@ func TestLayerFLOPsCounts(t *testing.T) {
 		t.Fatal("layer list")
 	}
 }
+
+func TestControlPlaneSectionIsReadWithTheDecodeGroup(t *testing.T) {
+	p, err := ParseProfile([]byte("name: x\ndecode:\n  ranks: 2\n  prefill_rate: [{tokens: 100, tok_per_s: 50}]\n  decode_step_ms: 5\ncontrol_plane:\n  local_ms: 2\n  remote_ms: 6\n"), "x.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadModel("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSetup(m, nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Control == nil || s.Control.LocalMS != 2 || s.Control.RemoteMS != 6 {
+		t.Fatalf("control plane %+v", s.Control)
+	}
+	_, err = ParseProfile([]byte("name: x\ndecode:\n  ranks: 2\n  prefill_rate: [{tokens: 100, tok_per_s: 50}]\n  decode_step_ms: 5\ncontrol_plane:\n  remote_ms: -1\n"), "x.yaml")
+	if err == nil || !strings.Contains(err.Error(), "control_plane: remote_ms") {
+		t.Fatalf("negative latency: %v", err)
+	}
+}

@@ -9,14 +9,15 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/router"
 )
 
-// NewSetup assembles a setup from profiles: the decode group of decode,
-// and, when prefill is not nil, its prefill box with link's link. Its name
-// is "decode" alone or "prefill+decode/link".
+// NewSetup assembles a setup from profiles: the decode group of decode
+// (with its profile's control-plane latency, if it has one), and, when
+// prefill is not nil, its prefill box with link's link. Its name is
+// "decode" alone or "prefill+decode/link".
 func NewSetup(m *Model, prefill, decode, link *Profile) (Setup, error) {
 	if decode == nil || decode.Decode == nil {
 		return Setup{}, fmt.Errorf("sim: the decode profile has no decode section")
 	}
-	s := Setup{Name: decode.Name, Model: m, Decode: decode.Decode}
+	s := Setup{Name: decode.Name, Model: m, Decode: decode.Decode, Control: decode.ControlPlane}
 	if prefill != nil {
 		if prefill.Prefill == nil {
 			return Setup{}, fmt.Errorf("sim: profile %s has no prefill section", prefill.Name)
