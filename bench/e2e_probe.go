@@ -143,7 +143,10 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 	short := probeLengths[0]
 	var gs []sim.GroupSample
 	for _, n := range probeLengths[1:] {
-		gs = append(gs, sim.GroupSample{Prompt: n, Seconds: median(ttft[cp.PolicyLocal][n]) - median(ttft[cp.PolicyLocal][short]) + step})
+		// (A noisy shortest probe can outlast a short one: at least a
+		// microsecond of prefill.)
+		d := max(1e-6, median(ttft[cp.PolicyLocal][n])-median(ttft[cp.PolicyLocal][short]))
+		gs = append(gs, sim.GroupSample{Prompt: n, Seconds: d + step})
 	}
 	group := *setup.Decode
 	chunk := group.PrefillChunk
