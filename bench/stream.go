@@ -42,7 +42,7 @@ type streamFlags struct {
 	model, budget, io, readSize, cache string
 	promptLen, prompts, depth, threads int
 	readers                            int
-	seed                               int
+	seed, reps                         int
 	jsonOut, check, single             bool
 	refOut                             string
 }
@@ -108,6 +108,7 @@ func runStream(ctx context.Context, args []string) error {
 	fs.IntVar(&f.depth, "depth", -1, "prefetch depth (-1: the planner's choice)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0: all)")
 	fs.IntVar(&f.seed, "seed", 1, "prompt token seed")
+	fs.IntVar(&f.reps, "reps", 3, "rounds of the timed phases; each figure is the best of its rounds")
 	fs.StringVar(&f.io, "io", "auto", "I/O mode: auto, direct or buffered")
 	fs.StringVar(&f.readSize, "read-size", "8MiB", "bytes per read request")
 	fs.IntVar(&f.readers, "readers", streamer.DefaultReaders, "read requests in flight")
@@ -121,12 +122,16 @@ func runStream(ctx context.Context, args []string) error {
 Times layer-streamed prefill on one worker, in this order: raw sequential reads
 of every layer's bytes (same files, same I/O mode and request size; one request
 at a time: raw_read_serial_gbps, then as many in flight as the streamer keeps:
-raw_read_gbps, the baseline for pass_read_gbps, also repeated at the end and
-the better of the two kept); a read-only pass through the prefetch ring; a serial pass at depth 0 (compute
-time with no reads in flight: compute_only_s); the batched pass of K prompts
-through the scheduler at the planned depth (pass_s); a pass with one prompt
-(batch_ratio = pass_s / pass_single_s). Then a child process prefills each
-prompt on the in-memory model core and the states are compared byte for byte.
+raw_read_gbps, the baseline for pass_read_gbps); a read-only pass through the
+prefetch ring; a serial pass at depth 0 (compute time with no reads in flight:
+compute_only_s); the batched pass of K prompts through the scheduler at the
+planned depth (pass_s); a pass with one prompt (batch_ratio = pass_s /
+pass_single_s). The phases after the serial raw read run --reps rounds, and
+a last raw read closes the run; every figure is the best of its rounds, the
+limits and the pass alike, so that another process's burst on a shared
+machine neither flatters nor sinks a ratio. Then a child process prefills
+each prompt on the in-memory model core and the states of every round are
+compared byte for byte.
 peak_rss_bytes is this process's peak (the reference runs elsewhere).
 
 `)
@@ -138,6 +143,9 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 	if f.model == "" {
 		fs.Usage()
 		return errors.New("--model is required")
+	}
+	if f.reps < 1 {
+		return fmt.Errorf("--reps %d: want at least 1", f.reps)
 	}
 	if f.promptLen < 2 || f.prompts < 1 {
 		return fmt.Errorf("--prompt-len %d --prompts %d: want a prompt of at least 2 tokens and at least one prompt", f.promptLen, f.prompts)
@@ -204,75 +212,100 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 	}
 	rep.RawReadSerialGBps = float64(n) / d.Seconds() / 1e9
 	say("raw read, 1 request in flight: %s in %.2fs = %.3f GB/s", progress.HumanBytes(n), d.Seconds(), rep.RawReadSerialGBps)
-	n, d, err = st.RawRead(ctx, st.Readers())
-	if err != nil {
-		return fmt.Errorf("raw read: %w", err)
-	}
-	rep.RawReadBytes, rep.RawReadS, rep.RawReadGBps = n, d.Seconds(), float64(n)/d.Seconds()/1e9
-	rep.RawReadStartGBps = rep.RawReadGBps
-	say("raw read, %d requests in flight: %s in %.2fs = %.3f GB/s", st.Readers(), progress.HumanBytes(n), rep.RawReadS, rep.RawReadGBps)
-
-	// 2. Read-only pass through the ring.
-	ro, bytesRO, err := readOnlyPass(ctx, st, w.Depth())
-	if err != nil {
-		return fmt.Errorf("read-only pass: %w", err)
-	}
-	rep.ReadOnlyS, rep.ReadOnlyGBps = ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9
-	say("read-only pass: %.2fs = %.3f GB/s", rep.ReadOnlyS, rep.ReadOnlyGBps)
-
-	// 3. Serial pass at depth 0: compute with no read in flight.
-	cs, err := serialPass(ctx, w, prompts, plan.Tile)
-	if err != nil {
-		return fmt.Errorf("serial pass: %w", err)
-	}
-	rep.ComputeOnlyS = cs.Compute.Seconds()
-	say("serial pass (depth 0): %.2fs, of which compute %.2fs", cs.Wall.Seconds(), rep.ComputeOnlyS)
-
-	// 4. The batched pass through the scheduler.
 	dir, err := os.MkdirTemp("", "bench-stream-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	reports = reports[:0]
-	if err := submitAndWait(ctx, w, prompts, filepath.Join(dir, "pass")); err != nil {
-		return fmt.Errorf("batched pass: %w", err)
+	// rawRead times one parallel raw read and keeps the best so far.
+	rawRead := func(what string) (float64, error) {
+		n, d, err := st.RawRead(ctx, st.Readers())
+		if err != nil {
+			return 0, fmt.Errorf("raw read: %w", err)
+		}
+		gbps := float64(n) / d.Seconds() / 1e9
+		if gbps > rep.RawReadGBps {
+			rep.RawReadBytes, rep.RawReadS, rep.RawReadGBps = n, d.Seconds(), gbps
+		}
+		say("%s, %d requests in flight: %s in %.2fs = %.3f GB/s", what, st.Readers(), progress.HumanBytes(n), d.Seconds(), gbps)
+		return gbps, nil
 	}
-	var bytesPass int64
-	for _, r := range reports {
-		rep.PassS += r.Stats.Wall.Seconds()
-		rep.PassComputeS += r.Stats.Compute.Seconds()
-		rep.PassReadWaitS += r.Stats.ReadWait.Seconds()
-		bytesPass += r.Stats.Bytes
-	}
-	rep.Passes = len(reports)
-	rep.PassReadGBps = float64(bytesPass) / rep.PassS / 1e9
-	say("batched pass: %d prompts x %d tokens in %d pass(es): %.2fs, %.3f GB/s, compute %.2fs, waited on reads %.2fs",
-		f.prompts, f.promptLen, rep.Passes, rep.PassS, rep.PassReadGBps, rep.PassComputeS, rep.PassReadWaitS)
+	for r := range f.reps {
+		say("round %d of %d", r+1, f.reps)
+		// 1. Raw sequential reads with as many requests in flight as the
+		// streamer keeps: the baseline a pass is held to.
+		gbps, err := rawRead("raw read")
+		if err != nil {
+			return err
+		}
+		if r == 0 {
+			rep.RawReadStartGBps = gbps
+		}
 
-	// 5. One prompt alone.
-	if f.single && f.prompts > 1 {
+		// 2. Read-only pass through the ring.
+		ro, bytesRO, err := readOnlyPass(ctx, st, w.Depth())
+		if err != nil {
+			return fmt.Errorf("read-only pass: %w", err)
+		}
+		say("read-only pass: %.2fs = %.3f GB/s", ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9)
+		if rep.ReadOnlyS == 0 || ro.Seconds() < rep.ReadOnlyS {
+			rep.ReadOnlyS, rep.ReadOnlyGBps = ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9
+		}
+
+		// 3. Serial pass at depth 0: compute with no read in flight.
+		cs, err := serialPass(ctx, w, prompts, plan.Tile)
+		if err != nil {
+			return fmt.Errorf("serial pass: %w", err)
+		}
+		say("serial pass (depth 0): %.2fs, of which compute %.2fs", cs.Wall.Seconds(), cs.Compute.Seconds())
+		if rep.ComputeOnlyS == 0 || cs.Compute.Seconds() < rep.ComputeOnlyS {
+			rep.ComputeOnlyS = cs.Compute.Seconds()
+		}
+
+		// 4. The batched pass through the scheduler.
 		reports = reports[:0]
-		if err := submitAndWait(ctx, w, prompts[:1], filepath.Join(dir, "single")); err != nil {
-			return fmt.Errorf("single-prompt pass: %w", err)
+		if err := submitAndWait(ctx, w, prompts, filepath.Join(dir, fmt.Sprintf("pass%d", r))); err != nil {
+			return fmt.Errorf("batched pass: %w", err)
 		}
-		for _, r := range reports {
-			rep.PassSingleS += r.Stats.Wall.Seconds()
+		var wall, compute, wait float64
+		var bytesPass int64
+		for _, pr := range reports {
+			wall += pr.Stats.Wall.Seconds()
+			compute += pr.Stats.Compute.Seconds()
+			wait += pr.Stats.ReadWait.Seconds()
+			bytesPass += pr.Stats.Bytes
 		}
+		say("batched pass: %d prompts x %d tokens in %d pass(es): %.2fs, %.3f GB/s, compute %.2fs, waited on reads %.2fs",
+			f.prompts, f.promptLen, len(reports), wall, float64(bytesPass)/wall/1e9, compute, wait)
+		if rep.PassS == 0 || wall < rep.PassS {
+			rep.PassS, rep.PassComputeS, rep.PassReadWaitS = wall, compute, wait
+			rep.Passes = len(reports)
+			rep.PassReadGBps = float64(bytesPass) / wall / 1e9
+		}
+
+		// 5. One prompt alone.
+		if f.single && f.prompts > 1 {
+			reports = reports[:0]
+			if err := submitAndWait(ctx, w, prompts[:1], filepath.Join(dir, fmt.Sprintf("single%d", r))); err != nil {
+				return fmt.Errorf("single-prompt pass: %w", err)
+			}
+			var single float64
+			for _, pr := range reports {
+				single += pr.Stats.Wall.Seconds()
+			}
+			say("single-prompt pass: %.2fs", single)
+			if rep.PassSingleS == 0 || single < rep.PassSingleS {
+				rep.PassSingleS = single
+			}
+		}
+	}
+	if rep.PassSingleS > 0 {
 		rep.BatchRatio = rep.PassS / rep.PassSingleS
-		say("single-prompt pass: %.2fs (batch ratio %.2f)", rep.PassSingleS, rep.BatchRatio)
 	}
-	// The raw read again, now that every phase has touched the files: the
-	// better of the two is the baseline, so that cache or device warm-up
-	// never flatters the pass.
-	n, d, err = st.RawRead(ctx, st.Readers())
-	if err != nil {
-		return fmt.Errorf("raw read: %w", err)
-	}
-	rep.RawReadEndGBps = float64(n) / d.Seconds() / 1e9
-	say("raw read again, %d requests in flight: %.2fs = %.3f GB/s", st.Readers(), d.Seconds(), rep.RawReadEndGBps)
-	if rep.RawReadEndGBps > rep.RawReadGBps {
-		rep.RawReadBytes, rep.RawReadS, rep.RawReadGBps = n, d.Seconds(), rep.RawReadEndGBps
+	// The raw read again, now that every phase has touched the files, so
+	// that cache or device warm-up never flatters the pass.
+	if rep.RawReadEndGBps, err = rawRead("raw read again"); err != nil {
+		return err
 	}
 	if p, err := rss.Peak(); err == nil {
 		rep.PeakRSSBytes = p
@@ -281,7 +314,7 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 
 	// 6. Exactness, against the model core in a child process.
 	if f.check {
-		match, err := streamCheck(ctx, args, dir, len(prompts))
+		match, err := streamCheck(ctx, args, dir, f.reps, len(prompts))
 		if err != nil {
 			return fmt.Errorf("reference: %w", err)
 		}
@@ -405,8 +438,8 @@ func submitAndWait(ctx context.Context, w *worker.Worker, prompts [][]int32, dir
 }
 
 // streamCheck runs this command again in reference mode and compares its
-// state files with the batched pass's.
-func streamCheck(ctx context.Context, args []string, dir string, n int) (bool, error) {
+// state files with those of the batched pass of every round.
+func streamCheck(ctx context.Context, args []string, dir string, reps, n int) (bool, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return false, err
@@ -423,17 +456,19 @@ func streamCheck(ctx context.Context, args []string, dir string, n int) (bool, e
 	}
 	match := true
 	for i := 0; i < n; i++ {
-		a, err := os.ReadFile(filepath.Join(dir, "pass", fmt.Sprintf("p%d.k3st", i)))
-		if err != nil {
-			return false, err
-		}
 		b, err := os.ReadFile(filepath.Join(ref, fmt.Sprintf("p%d.k3st", i)))
 		if err != nil {
 			return false, err
 		}
-		if !bytes.Equal(a, b) {
-			fmt.Fprintf(os.Stderr, "bench stream: prompt %d: streamed state (%d bytes) differs from the reference (%d bytes)\n", i, len(a), len(b))
-			match = false
+		for r := range reps {
+			a, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("pass%d", r), fmt.Sprintf("p%d.k3st", i)))
+			if err != nil {
+				return false, err
+			}
+			if !bytes.Equal(a, b) {
+				fmt.Fprintf(os.Stderr, "bench stream: round %d, prompt %d: streamed state (%d bytes) differs from the reference (%d bytes)\n", r+1, i, len(a), len(b))
+				match = false
+			}
 		}
 	}
 	return match, nil

@@ -40,7 +40,7 @@ func (p *Bytes) Update(done, total int64) {
 	rate := float64(done) / max(el, 1e-9)
 	eta := "-"
 	if rate > 0 && done < total {
-		eta = (time.Duration(float64(total-done)/rate) * time.Second / time.Second).Round(time.Second).String()
+		eta = time.Duration(float64(total-done) / rate * float64(time.Second)).Round(time.Second).String()
 	}
 	pct := 100 * float64(done) / float64(max(total, 1))
 	fmt.Fprintf(p.w, "%s: %s / %s (%.0f%%), %s/s, ETA %s\n", p.label, HumanBytes(done), HumanBytes(total), pct, HumanBytes(int64(rate)), eta)
