@@ -531,7 +531,11 @@ func rawTCP(ctx context.Context, src *model.SeqState, layers []int, conns int) (
 		readers.Add(1)
 		var dsts [][]byte
 		for _, p := range mine(int(id[0])) {
-			dsts = append(dsts, make([]byte, len(p)))
+			dst := make([]byte, len(p))
+			for i := 0; i < len(dst); i += os.Getpagesize() {
+				dst[i] = 0 // fault the pages in before the clock starts, as the kvtransfer receiver does
+			}
+			dsts = append(dsts, dst)
 		}
 		go func(s net.Conn, dsts [][]byte) {
 			defer readers.Done()

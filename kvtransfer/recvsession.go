@@ -216,6 +216,7 @@ func (s *rsession) allocate() {
 			}
 			rl.ls.Parts[i] = model.Part{Kind: rp.want.Kind, DType: rp.want.DType,
 				Shape: slices.Clone(rp.want.Shape), Data: make([]byte, rp.size, c)}
+			prefault(rl.ls.Parts[i].Data)
 			rp.chunks = make([]chunkState, chunkCount(rp.size, s.chunk))
 			s.held += int64(c)
 		}
