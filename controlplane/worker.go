@@ -124,7 +124,11 @@ type WorkerInfo struct {
 	// (decode ranks: what the free KV memory holds).
 	MaxSeqTokens int `msgpack:"max_seq_tokens,omitempty" json:"max_seq_tokens,omitempty"`
 	QueueDepth   int `msgpack:"queue_depth" json:"queue_depth"` // jobs waiting
-	Active       int `msgpack:"active" json:"active"`           // jobs running
+	// PrefillChunk (decode ranks) is the prompt rows of one prefill step of
+	// the group: it serves queued prompts in turn, a chunk each, which the
+	// router prices. 0: whole prompts, in arrival order.
+	PrefillChunk int `msgpack:"prefill_chunk,omitempty" json:"prefill_chunk,omitempty"`
+	Active       int `msgpack:"active" json:"active"` // jobs running
 
 	Rates     Rates     `msgpack:"rates" json:"rates"`
 	Endpoints Endpoints `msgpack:"endpoints" json:"endpoints"`
@@ -166,6 +170,8 @@ func (w *WorkerInfo) Validate() error {
 		return fieldErr(msg, "memory_free", "is %d, more than memory_total %d", w.MemoryFree, w.MemoryTotal)
 	case w.MaxSeqTokens < 0:
 		return fieldErr(msg, "max_seq_tokens", "is %d, must be >= 0", w.MaxSeqTokens)
+	case w.PrefillChunk < 0:
+		return fieldErr(msg, "prefill_chunk", "is %d, must be >= 0 (0: whole prompts)", w.PrefillChunk)
 	case w.QueueDepth < 0 || w.Active < 0:
 		return fieldErr(msg, "queue_depth", "queue_depth %d and active %d must be >= 0", w.QueueDepth, w.Active)
 	case w.Time.IsZero():

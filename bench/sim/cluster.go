@@ -320,13 +320,10 @@ func (c *cluster) load() router.Load {
 	for _, j := range c.progress {
 		l.NextPassTokens += j.total - j.done - c.inPass[j]
 	}
-	backlog := 0
 	for _, j := range c.gq {
-		backlog += j.total - j.done
+		l.LocalQueue = append(l.LocalQueue, j.total-j.done)
 	}
-	if r := c.est.Rates().LocalPrefillTokPerS; backlog > 0 && r > 0 {
-		l.LocalBusy = seconds(float64(backlog) / r)
-	}
+	l.LocalChunk = chunkOf(c.s.Decode)
 	return l
 }
 
@@ -587,10 +584,11 @@ func (c *cluster) decodeStep() {
 
 // prefillChunk runs one prefill step of the group: prompt chunks from the
 // queue in order, up to the chunk's rows, so that short prompts queued
-// together share a step. The queue is served in arrival order: a prompt
-// with tokens left stays at its head. (The group's pipeline also overlaps
-// the steps of different prompts on different ranks and takes queued
-// prompts in turn; this model runs one step at a time.)
+// together share a step. As in the group's pipeline, a prompt with tokens
+// left goes to the back of the queue, behind the prompts that arrived
+// meanwhile: queued prompts are served in turn. (The pipeline also
+// overlaps the steps of different prompts on different ranks; this model
+// runs one step at a time.)
 func (c *cluster) prefillChunk() {
 	now := c.loop.Now()
 	budget := chunkOf(c.s.Decode)
@@ -614,10 +612,11 @@ func (c *cluster) prefillChunk() {
 		for _, p := range step {
 			j := p.j
 			j.done = p.hi
+			c.gq = slices.DeleteFunc(c.gq, func(x *simJob) bool { return x == j })
 			if j.done < j.total {
+				c.gq = append(c.gq, j)
 				continue
 			}
-			c.gq = slices.DeleteFunc(c.gq, func(x *simJob) bool { return x == j })
 			j.res.Prefill = now - j.start
 			c.est.ObserveLocalPrefill(j.total, j.res.Prefill)
 			j.ready = now

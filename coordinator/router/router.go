@@ -71,9 +71,14 @@ type Load struct {
 	// NextPassTokens are the tokens already waiting for the next pass, which
 	// the new job would share.
 	NextPassTokens int
-	// LocalBusy is how long the decode group is busy with prefills already
-	// admitted before it could start this one.
-	LocalBusy time.Duration
+	// LocalQueue is the prompt tokens left to prefill of each job already
+	// admitted to the decode group.
+	LocalQueue []int
+	// LocalChunk is the group's prefill step in prompt rows: the group
+	// serves its queued prompts in turn, one chunk each, so a new prompt
+	// waits for at most as many tokens of each earlier one as it has
+	// itself. 0 means whole prompts in arrival order.
+	LocalChunk int
 	// Threshold is the prompt length above which the Threshold policy
 	// goes remote.
 	Threshold int
@@ -120,16 +125,37 @@ func PredictRemote(r Rates, s Shape, l Load, prompt int) Prediction {
 	return p
 }
 
-// PredictLocal is the local TTFT: the group's backlog, then the prompt at
-// the group's prefill rate (prompt-1 tokens prefilled, the last one is the
-// first decode step).
+// PredictLocal is the local TTFT: the share of the group's backlog served
+// before the prompt's last chunk, then the prompt at the group's prefill
+// rate (prompt-1 tokens prefilled, the last one is the first decode step).
 func PredictLocal(r Rates, l Load, prompt int) Prediction {
 	var p Prediction
-	p.QueueWait = l.LocalBusy
-	p.Prefill = secs(float64(max(prompt-1, 0)) / positive(r.LocalPrefillTokPerS))
+	tokens := max(prompt-1, 0)
+	p.QueueWait = secs(float64(LocalAhead(l.LocalQueue, l.LocalChunk, tokens)) / positive(r.LocalPrefillTokPerS))
+	p.Prefill = secs(float64(tokens) / positive(r.LocalPrefillTokPerS))
 	p.FirstStep = r.DecodeStep
 	p.Total = p.QueueWait + p.Prefill + p.FirstStep
 	return p
+}
+
+// LocalAhead is how many prompt tokens of the queued prefills the group
+// runs before a new prompt of the given tokens is done. Served in turn a
+// chunk at a time, the new prompt needs ceil(tokens/chunk) turns, and each
+// queued prompt gets as many turns before it, or fewer if it ends first.
+// chunk <= 0 is arrival order: the whole queue goes first.
+func LocalAhead(queue []int, chunk, tokens int) int {
+	turns := 0
+	if chunk > 0 {
+		turns = max((tokens+chunk-1)/chunk, 1)
+	}
+	ahead := 0
+	for _, q := range queue {
+		if chunk > 0 {
+			q = min(q, turns*chunk)
+		}
+		ahead += max(q, 0)
+	}
+	return ahead
 }
 
 // Route decides where a prompt of the given length is prefilled.

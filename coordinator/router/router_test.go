@@ -124,3 +124,42 @@ func TestEstimatorMovesTowardMeasurements(t *testing.T) {
 		t.Fatalf("rates %+v", r)
 	}
 }
+
+func TestLocalAheadServesQueuedPromptsInTurn(t *testing.T) {
+	queue := []int{100000, 300, 1500}
+	for _, c := range []struct {
+		chunk, tokens, want int
+	}{
+		{0, 200, 101800},               // arrival order: everything first
+		{512, 200, 512 + 300 + 512},    // one turn: a chunk of each, the short one whole
+		{512, 1000, 1024 + 300 + 1024}, // two turns
+		{512, 5000, 5120 + 300 + 1500}, // ten turns: the short ones end first
+		{512, 0, 512 + 300 + 512},      // a one-token prompt still takes a turn (its decode step)
+	} {
+		if got := LocalAhead(queue, c.chunk, c.tokens); got != c.want {
+			t.Errorf("LocalAhead(%v, chunk %d, %d tokens) = %d, want %d", queue, c.chunk, c.tokens, got, c.want)
+		}
+	}
+	if got := LocalAhead(nil, 512, 1000); got != 0 {
+		t.Errorf("empty queue: %d tokens ahead, want 0", got)
+	}
+}
+
+func TestShortPromptBehindLongLocalPrefillStaysLocal(t *testing.T) {
+	// A 100k-token prompt is prefilling on the Macs (~22 min at 75 tok/s).
+	// A 300-token prompt served in turn waits one 512-row chunk of it, so
+	// it stays local; in arrival order it would wait the whole prefill and
+	// be sent through a 28 s weight pass instead.
+	busy := Load{PrefillUp: true, LocalQueue: []int{100000}, LocalChunk: 512}
+	d := Route(Auto, rtx5090, k3, busy, 300)
+	if d.Target != TargetLocal {
+		t.Fatalf("300 tokens behind a long local prefill went %s (%s)", d.Target, d.Reason)
+	}
+	if want := secs(512.0 / 75); d.Local.QueueWait != want {
+		t.Fatalf("local queue wait %v, want one chunk of the long prompt, %v", d.Local.QueueWait, want)
+	}
+	busy.LocalChunk = 0
+	if d := Route(Auto, rtx5090, k3, busy, 300); d.Target != TargetRemote {
+		t.Fatalf("arrival order: 300 tokens behind a 22-minute prefill went %s (%s)", d.Target, d.Reason)
+	}
+}

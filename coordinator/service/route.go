@@ -66,8 +66,9 @@ func (t *loadTracker) forget(job string) {
 }
 
 // routerLoad prices the queues in front of a new job on prefill worker pf
-// (empty: none up) and decode group g, at rates r.
-func (t *loadTracker) routerLoad(pf, g string, r router.Rates) router.Load {
+// (empty: none up) and decode group g, which prefills chunk rows per step,
+// at rates r.
+func (t *loadTracker) routerLoad(pf, g string, chunk int, r router.Rates) router.Load {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l := router.Load{PrefillUp: pf != ""}
@@ -89,11 +90,10 @@ func (t *loadTracker) routerLoad(pf, g string, r router.Rates) router.Load {
 		}
 		l.NextPassTokens = next
 	}
-	busy := 0
 	for _, n := range t.local[g] {
-		busy += n
+		l.LocalQueue = append(l.LocalQueue, n)
 	}
-	l.LocalBusy = durationOf(float64(busy), r.LocalPrefillTokPerS)
+	l.LocalChunk = chunk
 	return l
 }
 
@@ -145,7 +145,7 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n in
 		pfID = pf.ID
 	}
 	pol := router.Policy(policy)
-	d := router.Route(pol, r, c.cfg.Model.Shape, c.load.routerLoad(pfID, g.ID, r), n)
+	d := router.Route(pol, r, c.cfg.Model.Shape, c.load.routerLoad(pfID, g.ID, g.Head().PrefillChunk, r), n)
 	if n <= 1 && pf != nil {
 		d.Reason = "a one-token prompt has nothing to prefill: " + d.Reason
 	}

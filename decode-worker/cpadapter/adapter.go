@@ -191,7 +191,7 @@ func (a *Adapter) info() cp.WorkerInfo {
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindDecode, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, GroupID: a.cfg.Layout.Group, Rank: a.cfg.Rank, GroupSize: len(a.cfg.Layout.Ranks),
 		Layers:     cp.LayerRange{First: a.lo, End: a.hi},
-		QueueDepth: st.Queued, Active: st.Sequences,
+		QueueDepth: st.Queued, Active: st.Sequences, PrefillChunk: a.cfg.Worker.PrefillChunk(),
 		Endpoints: cp.Endpoints{Transfer: a.cfg.Advertise, Pipeline: a.cfg.Advertise},
 		Started:   a.started, Time: time.Now(),
 		// A rank whose ring is not formed cannot admit: it takes no jobs.

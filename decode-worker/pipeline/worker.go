@@ -299,3 +299,7 @@ func (w *Worker) setFormed(f bool) {
 		w.formedCh = make(chan struct{})
 	}
 }
+
+// PrefillChunk is the prompt rows of one prefill step; queued prompts are
+// served in turn, a chunk each. 0 means whole prompts, in arrival order.
+func (w *Worker) PrefillChunk() int { return max(w.cfg.PrefillChunk, 0) }
