@@ -3,9 +3,10 @@ package kvtransfer
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"time"
+
+	"github.com/tandem-inference/tandem/internal/crc32c"
 )
 
 // ackDelay is how long a receiver may sit on acknowledgements it has not
@@ -151,7 +152,7 @@ func (rc *rconn) verifyLoop(jobs <-chan verifyJob, failed chan<- error) {
 	for j := range jobs {
 		ok := true
 		if j.pl == placeClaimed {
-			ok = crc32.Checksum(j.dst, castagnoli) == j.crc
+			ok = crc32c.Checksum(j.dst) == j.crc
 			if !ok {
 				rc.srv.checksumFailures.Add(1)
 			}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/crc32c"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -437,7 +437,7 @@ func (s *Sender) writeLoop(p *peer, cs *sconn) {
 		}
 		s.mu.Unlock()
 		if data != nil {
-			ctl.CRC = crc32.Checksum(data, castagnoli)
+			ctl.CRC = crc32c.Checksum(data)
 		}
 		b, err := encodeHeader(ctl)
 		if err == nil {
