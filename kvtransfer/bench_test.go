@@ -75,8 +75,8 @@ func BenchmarkTransfer(b *testing.B) {
 }
 
 // BenchmarkRawTCP moves the same bytes over one plain loopback connection
-// into freshly allocated buffers, kept until the whole state arrived: the
-// baseline for BenchmarkTransfer.
+// into freshly allocated buffers, faulted in first and kept until the
+// whole state arrived: the baseline for BenchmarkTransfer.
 func BenchmarkRawTCP(b *testing.B) {
 	cfg, err := kvtest.Config("k3")
 	if err != nil {
@@ -97,11 +97,14 @@ func BenchmarkRawTCP(b *testing.B) {
 		}
 		defer s.Close()
 		for {
-			// Fresh buffers kept for the whole state, as a receiver does.
+			// Fresh buffers kept for the whole state and faulted in before
+			// the bytes arrive, as a receiver does.
 			var dsts [][]byte
 			for _, ls := range src.Layers {
 				for _, p := range ls.Parts {
-					dsts = append(dsts, make([]byte, len(p.Data)))
+					dst := make([]byte, len(p.Data))
+					prefault(dst)
+					dsts = append(dsts, dst)
 				}
 			}
 			for _, dst := range dsts {
