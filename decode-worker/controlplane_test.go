@@ -20,7 +20,7 @@ import (
 // deregisters.
 func TestControlPlaneMode(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadReference(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	srv, err := cp.StartServer(ctx, cp.ServerConfig{})
@@ -81,7 +81,7 @@ func TestControlPlaneMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Final.State != cp.StateDone || !slices.Equal(res.Tokens, ref.generate(t, p, 6)) {
+	if res.Final.State != cp.StateDone || !slices.Equal(res.Tokens, ref.Greedy(t, p, 6)) {
 		t.Fatalf("job: %+v, tokens %v", res.Final, res.Tokens)
 	}
 	if res.Final.Route == nil || res.Final.Route.DecodeGroup != "ptest" {

@@ -28,12 +28,12 @@ func TestProcessGroups(t *testing.T) {
 				t.Skip("small model: skipped in -short mode and under the race detector")
 			}
 			dir := testmodel.Dir(t, tc.preset, 1, tc.shards)
-			ref := loadReference(t, dir)
+			ref := testmodel.LoadReference(t, dir, 0)
 			vocab := ref.Cfg.VocabSize
 			local, remote := makePrompt(5, vocab, 1), makePrompt(7, vocab, 2)
 			const n = 32
-			wantLocal, wantRemote := ref.generate(t, local, n), ref.generate(t, remote, n)
-			state := ref.prefill(t, remote)
+			wantLocal, wantRemote := ref.Greedy(t, local, n), ref.Greedy(t, remote, n)
+			state := ref.RemoteState(t, remote)
 			for ranks := 1; ranks <= 3; ranks++ {
 				t.Run(fmt.Sprintf("ranks%d", ranks), func(t *testing.T) {
 					c := startCluster(t, dir, ranks, nil)
@@ -104,7 +104,7 @@ func waitIdle(ctx context.Context, t *testing.T, cl *frontdoor.Client, r int) fr
 // goroutines, and serve again once it is restarted.
 func TestProcessKill(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadReference(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	p := makePrompt(6, ref.Cfg.VocabSize, 3)
 	c := startCluster(t, dir, 3, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -137,7 +137,7 @@ func TestProcessKill(t *testing.T) {
 		if res.Reason != pipeline.ReasonError || !strings.Contains(res.Err, "lost its link to rank") {
 			t.Fatalf("s%d: %+v", i, res)
 		}
-		if !slices.Equal(got[:5], ref.generate(t, p, 5)) {
+		if !slices.Equal(got[:5], ref.Greedy(t, p, 5)) {
 			t.Fatalf("s%d: the tokens before the kill were wrong: %v", i, got)
 		}
 	}
@@ -161,7 +161,7 @@ func TestProcessKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, res, err := s.Wait(ctx)
-	if err != nil || res.Reason != pipeline.ReasonLength || !slices.Equal(got, ref.generate(t, p, 8)) {
+	if err != nil || res.Reason != pipeline.ReasonLength || !slices.Equal(got, ref.Greedy(t, p, 8)) {
 		t.Fatalf("after the restart: %v %+v %v", got, res, err)
 	}
 	// The surviving ranks are back to their goroutine count before the
@@ -187,7 +187,7 @@ func TestProcessKill(t *testing.T) {
 // verification ends its sequence before any token; the group keeps serving.
 func TestProcessRefusals(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadReference(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	p := makePrompt(10, ref.Cfg.VocabSize, 4)
 	c := startCluster(t, dir, 2, func(r int) string {
 		if r == 1 {
@@ -211,7 +211,7 @@ func TestProcessRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = c.send(ctx, ref.prefill(t, p[:6]), "x-bad") // 5 tokens where 9 are expected
+	_ = c.send(ctx, ref.RemoteState(t, p[:6]), "x-bad") // 5 tokens where 9 are expected
 	got, res, err := s.Wait(ctx)
 	if err != nil || res.Reason != pipeline.ReasonError || len(got) != 0 || !strings.Contains(res.Err, "refused") {
 		t.Fatalf("bad state: %v %+v %v", got, res, err)
@@ -224,7 +224,7 @@ func TestProcessRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := s.Wait(ctx); err != nil || !slices.Equal(got, ref.generate(t, p, 6)) {
+	if got, _, err := s.Wait(ctx); err != nil || !slices.Equal(got, ref.Greedy(t, p, 6)) {
 		t.Fatalf("after the refusals: %v %v", got, err)
 	}
 }

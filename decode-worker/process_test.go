@@ -20,7 +20,6 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
-	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -242,38 +241,6 @@ func (c *cluster) remote(session string, tokens int) *pipeline.Remote {
 		rm.Sessions = append(rm.Sessions, pipeline.Session{ID: session, Secret: transferSecret})
 	}
 	return rm
-}
-
-// reference is the monolithic model, the ids every group must reproduce.
-type reference struct{ *model.Loaded }
-
-func loadReference(t *testing.T, dir string) reference {
-	t.Helper()
-	m, err := model.Load(dir, cpu.New(0), model.LoadOptions{Embed: true, Head: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return reference{m}
-}
-
-func (m reference) generate(t *testing.T, prompt []int32, n int) []int32 {
-	t.Helper()
-	out, err := m.Generate(context.Background(), prompt, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// prefill is what the prefill worker computes for prompt[:-1].
-func (m reference) prefill(t *testing.T, prompt []int32) *model.SeqState {
-	t.Helper()
-	st := m.NewState(0, m.Cfg.NumLayers)
-	if err := m.PrefillState(context.Background(), []*model.SeqState{st}, [][]int32{prompt[:len(prompt)-1]}); err != nil {
-		t.Fatal(err)
-	}
-	return st
 }
 
 func makePrompt(n, vocab, seed int) []int32 {

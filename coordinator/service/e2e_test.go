@@ -18,9 +18,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/testmodel"
-	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
-	"github.com/tandem-inference/tandem/model"
 )
 
 // testOptions are a cluster on the tiny preset with timeouts short enough
@@ -80,28 +78,6 @@ func connect(t *testing.T, c *cluster.Cluster) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-// reference generates greedily with the whole model in one process.
-type reference struct{ *model.Loaded }
-
-func loadReference(t *testing.T, dir string) reference {
-	t.Helper()
-	m, err := model.Load(dir, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return reference{m}
-}
-
-func (r reference) generate(t *testing.T, prompt []int32, n int) []int32 {
-	t.Helper()
-	out, err := r.Generate(context.Background(), prompt, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 func prompt(n, vocab, seed int) []int32 {
@@ -183,14 +159,14 @@ func TestShortAndLongJobs(t *testing.T) {
 				opt.NATSURL = natstest.Server(t)
 			}
 			c := startCluster(t, opt)
-			ref := loadReference(t, opt.ModelDir)
+			ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 			nc := connect(t, c)
 			short, long := prompt(7, c.Model.VocabSize, 1), prompt(300, c.Model.VocabSize, 2)
 
 			res := run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 12}, Policy: cp.PolicyLocal})
-			checkDone(t, res, ref.generate(t, short, 12), cp.TargetLocal)
+			checkDone(t, res, ref.Greedy(t, short, 12), cp.TargetLocal)
 			res = run(t, nc, cp.SubmitRequest{TokenIDs: long, Sampling: cp.Sampling{MaxTokens: 12}, Policy: cp.PolicyRemote})
-			checkDone(t, res, ref.generate(t, long, 12), cp.TargetRemote)
+			checkDone(t, res, ref.Greedy(t, long, 12), cp.TargetRemote)
 			t.Logf("%s: remote job %s: %+v", kind, res.JobID, *res.Final.Timing)
 		})
 	}

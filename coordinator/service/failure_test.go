@@ -11,6 +11,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
 // follow runs a job in the background and calls on for each event.
@@ -127,16 +128,16 @@ func TestKillPrefillWorkerMidJob(t *testing.T) {
 	checkFreed(t, c)
 
 	// New jobs still run: locally at once, remotely on a new prefill worker.
-	ref := loadReference(t, opt.ModelDir)
+	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 	short := prompt(9, c.Model.VocabSize, 4)
-	checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}}), ref.generate(t, short, 5), cp.TargetLocal)
+	checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}}), ref.Greedy(t, short, 5), cp.TargetLocal)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := c.StartPrefill(ctx); err != nil {
 		t.Fatal(err)
 	}
 	checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}, Policy: cp.PolicyRemote}),
-		ref.generate(t, short, 5), cp.TargetRemote)
+		ref.Greedy(t, short, 5), cp.TargetRemote)
 }
 
 // TestKillDecodeRankMidJob: a decode rank dies while a job decodes. Rank 1
@@ -148,7 +149,7 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 	opt := testOptions(t)
 	c := startCluster(t, opt)
 	nc := connect(t, c)
-	ref := loadReference(t, opt.ModelDir)
+	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 	for _, victim := range []int{1, 0} {
 		var killed time.Time
 		var mu sync.Mutex
@@ -189,7 +190,7 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 		checkFreed(t, c)
 		short := prompt(6, c.Model.VocabSize, 6)
 		checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}, Policy: cp.PolicyLocal}),
-			ref.generate(t, short, 5), cp.TargetLocal)
+			ref.Greedy(t, short, 5), cp.TargetLocal)
 	}
 }
 

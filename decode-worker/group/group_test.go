@@ -22,9 +22,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // monolithic model's greedy ids, for a prompt prefilled by the group itself.
 func TestGenerateMatchesMonolithic(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	p := []int32{5, 17, 200, 33, 4, 250}
-	want := ref.generate(t, p, 32)
+	want := ref.Greedy(t, p, 32)
 	for ranks := 1; ranks <= 3; ranks++ {
 		t.Run(fmt.Sprintf("ranks%d", ranks), func(t *testing.T) {
 			g := startGroup(t, fastOpts(dir, ranks))
@@ -48,7 +48,7 @@ func TestGenerateMatchesMonolithic(t *testing.T) {
 // gives exactly its monolithic ids; remote and local sequences mix.
 func TestBatchedSequences(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	vocab := ref.Cfg.VocabSize
 	lens := []int{1, 2, 9, 64, 65, 150, 3, 200}
 	const n = 24
@@ -56,7 +56,7 @@ func TestBatchedSequences(t *testing.T) {
 	prompts := make([][]int32, len(lens))
 	for i, l := range lens {
 		prompts[i] = prompt(l, vocab, i)
-		want[i] = ref.generate(t, prompts[i], n)
+		want[i] = ref.Greedy(t, prompts[i], n)
 	}
 	for ranks := 1; ranks <= 3; ranks++ {
 		t.Run(fmt.Sprintf("ranks%d", ranks), func(t *testing.T) {
@@ -77,7 +77,7 @@ func TestBatchedSequences(t *testing.T) {
 					}
 					err := g.Head().Submit(ctx, req)
 					if err == nil && req.Remote != nil {
-						err = g.send(ctx, ref.prefill(t, p), name("xfer-%d", i))
+						err = g.send(ctx, ref.RemoteState(t, p), name("xfer-%d", i))
 					}
 					errs <- err
 				}()
@@ -112,7 +112,7 @@ func TestBatchedSequences(t *testing.T) {
 // monolithic model's tokens drawn by the same sampler, whatever the batch.
 func TestSeededSampling(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	params := []sampling.Params{
 		{Temperature: 0.8, Seed: 1},
 		{Temperature: 1.2, TopK: 20, Seed: 2},
@@ -134,7 +134,7 @@ func TestSeededSampling(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := ref.sampled(t, p, 20, sp); !slices.Equal(got, want) {
+		if want := sampled(t, ref, p, 20, sp); !slices.Equal(got, want) {
 			t.Fatalf("%+v: %v\nmonolithic: %v", sp, got, want)
 		}
 	}
@@ -144,9 +144,9 @@ func TestSeededSampling(t *testing.T) {
 // mid-decode; every rank frees both.
 func TestStopAndCancel(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	p := prompt(5, ref.Cfg.VocabSize, 9)
-	want := ref.generate(t, p, 12)
+	want := ref.Greedy(t, p, 12)
 	stop := want[6]
 	cut := slices.Index(want, stop) + 1
 	g := startGroup(t, fastOpts(dir, 3))
@@ -168,7 +168,7 @@ func TestStopAndCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, res, err = c.Wait(ctx, "long")
-	if err != nil || res.Reason != pipeline.ReasonCancelled || len(got) < 5 || !slices.Equal(got[:5], ref.generate(t, p, 5)) {
+	if err != nil || res.Reason != pipeline.ReasonCancelled || len(got) < 5 || !slices.Equal(got[:5], ref.Greedy(t, p, 5)) {
 		t.Fatalf("cancelled: %d tokens, %v, %+v", len(got), err, res)
 	}
 	if err := g.Head().Cancel(ctx, "long"); err == nil {
@@ -182,7 +182,7 @@ func TestStopAndCancel(t *testing.T) {
 // a reason naming the rank; nothing stays reserved.
 func TestRefusals(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	opt := fastOpts(dir, 3)
 	opt.MemoryBudget = 1 << 20
 	g := startGroup(t, opt)
@@ -205,7 +205,7 @@ func TestRefusals(t *testing.T) {
 	if err := head.Submit(ctx, pipeline.Request{ID: "short", Tokens: p[9:], MaxTokens: 4, Remote: g.remote("x-short", 9), Sink: c}); err != nil {
 		t.Fatal(err)
 	}
-	_ = g.send(ctx, ref.prefill(t, p[:9]), "x-short") // 8 tokens, not 9
+	_ = g.send(ctx, ref.RemoteState(t, p[:9]), "x-short") // 8 tokens, not 9
 	got, res, err := c.Wait(ctx, "short")
 	if err != nil || res.Reason != pipeline.ReasonError || len(got) != 0 || !strings.Contains(res.Err.Error(), "refused") {
 		t.Fatalf("wrong-length state: %v %+v %v", got, res, err)
@@ -213,7 +213,7 @@ func TestRefusals(t *testing.T) {
 	t.Logf("wrong-length state: %v", res.Err)
 
 	// A state with a NaN in a KDA state passes the wire checks but not Verify.
-	st := ref.prefill(t, p)
+	st := ref.RemoteState(t, p)
 	for _, ls := range st.Layers {
 		if kp := ls.Part(2); kp != nil { // model.PartKDAState
 			kp.F32()[17] = float32(nanF())
@@ -262,7 +262,7 @@ func TestRefusals(t *testing.T) {
 // state, refuse new sequences until the rank is back, then serve again.
 func TestRankFailure(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	p := prompt(6, ref.Cfg.VocabSize, 2)
 	g := startGroup(t, fastOpts(dir, 3))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -314,7 +314,7 @@ func TestRankFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := ref.generate(t, p, 8); !slices.Equal(got, want) {
+	if want := ref.Greedy(t, p, 8); !slices.Equal(got, want) {
 		t.Fatalf("after the restart: %v, want %v", got, want)
 	}
 	g.checkFreed(t)
@@ -324,7 +324,7 @@ func TestRankFailure(t *testing.T) {
 // for room and still decode exactly, one per step.
 func TestFullSlots(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	opt := fastOpts(dir, 2)
 	opt.MicroBatches, opt.MaxBatch = 1, 1
 	g := startGroup(t, opt)
@@ -338,7 +338,7 @@ func TestFullSlots(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		got, _, err := c.Wait(ctx, name("s%d", i))
-		if err != nil || !slices.Equal(got, ref.generate(t, prompt(4, ref.Cfg.VocabSize, i), 6)) {
+		if err != nil || !slices.Equal(got, ref.Greedy(t, prompt(4, ref.Cfg.VocabSize, i), 6)) {
 			t.Fatalf("s%d: %v %v", i, got, err)
 		}
 	}

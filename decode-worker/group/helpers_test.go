@@ -9,7 +9,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
-	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -34,31 +34,9 @@ func startGroup(t *testing.T, opt Options) *Group {
 	return g
 }
 
-// monolith is the whole model in one holder: the reference.
-type monolith struct{ *model.Loaded }
-
-func loadMonolith(t *testing.T, dir string) monolith {
-	t.Helper()
-	m, err := model.Load(dir, cpu.New(0), model.LoadOptions{Embed: true, Head: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return monolith{m}
-}
-
-func (m monolith) generate(t *testing.T, prompt []int32, n int) []int32 {
-	t.Helper()
-	out, err := m.Generate(context.Background(), prompt, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // sampled is the monolithic reference of seeded sampling: Start, then one
 // decode step per token, drawing with the same sampler.
-func (m monolith) sampled(t *testing.T, prompt []int32, n int, p sampling.Params) []int32 {
+func sampled(t *testing.T, m testmodel.Reference, prompt []int32, n int, p sampling.Params) []int32 {
 	t.Helper()
 	ctx := context.Background()
 	s, logits, err := m.Start(ctx, prompt)
@@ -83,19 +61,6 @@ func (m monolith) sampled(t *testing.T, prompt []int32, n int, p sampling.Params
 		logits = l[0]
 	}
 	return out
-}
-
-// prefill computes a remote state for prompt[:-1], as the prefill worker
-// does (bit-identical by construction).
-func (m monolith) prefill(t *testing.T, prompt []int32) *model.SeqState {
-	t.Helper()
-	st := m.NewState(0, m.Cfg.NumLayers)
-	if len(prompt) > 1 {
-		if err := m.PrefillState(context.Background(), []*model.SeqState{st}, [][]int32{prompt[:len(prompt)-1]}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return st
 }
 
 // send moves st to the group's ranks with kvtransfer, each layer to its

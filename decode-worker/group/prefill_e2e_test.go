@@ -24,9 +24,9 @@ import (
 // sequence over and generates the monolithic model's greedy ids.
 func TestPrefillWorkerEndToEnd(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
-	ref := loadMonolith(t, dir)
+	ref := testmodel.LoadReference(t, dir, 0)
 	p := prompt(40, ref.Cfg.VocabSize, 11)
-	want := ref.generate(t, p, 16)
+	want := ref.Greedy(t, p, 16)
 
 	g := startGroup(t, fastOpts(dir, 3))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
