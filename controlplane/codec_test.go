@@ -36,7 +36,7 @@ func sampleMessages() []Message {
 		&ListJobsRequest{State: StateDecoding, Limit: 10},
 		&ListJobsReply{Jobs: []JobEvent{{JobID: "j-1", Seq: 1, State: StateQueued, Time: when, Submitted: when}}},
 		&WorkerInfo{ID: "mac-1", Kind: KindDecode, Backend: "metal", Model: "k3", GroupID: "macs", Rank: 1, GroupSize: 4, Layers: LayerRange{First: 24, End: 48},
-			MemoryTotal: 512 << 30, MemoryFree: 100 << 30, MaxSeqTokens: 300000, QueueDepth: 1, Active: 2,
+			MemoryTotal: 512 << 30, MemoryFree: 100 << 30, MaxSeqTokens: 300000, QueueDepth: 1, Active: 2, PrefillChunk: 512,
 			Rates:     Rates{PrefillTokensPerSec: 120, DecodeTokensPerSec: 22, LinkBytesPerSec: 1.1e9},
 			Endpoints: Endpoints{Transfer: "10.0.0.2:7401", Pipeline: "10.0.0.2:7402", Metrics: "10.0.0.2:9100"}, Started: when, Time: when},
 		&WorkerInfo{ID: "gpu-0", Kind: KindPrefill, Backend: "cuda", MemoryTotal: 141 << 30, Rates: Rates{PassFloor: 28 * time.Second}, Time: when},
@@ -250,6 +250,7 @@ func TestValidateRejects(t *testing.T) {
 		{"decode worker without layers", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Time: when}, "layers"},
 		{"worker with more free than total", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", MemoryTotal: 1, MemoryFree: 2, Time: when}, "memory_free"},
 		{"worker with bad endpoint", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Endpoints: Endpoints{Metrics: "nohost"}}, "endpoints.metrics"},
+		{"worker with negative prefill chunk", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, PrefillChunk: -1}, "prefill_chunk"},
 		{"worker with NaN rate", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Rates: Rates{DecodeTokensPerSec: math.NaN()}}, "decode_tok_s"},
 		{"placement with a gap", func() Message {
 			a := *ok[15].(*Assignment)

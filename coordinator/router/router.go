@@ -142,18 +142,19 @@ func PredictLocal(r Rates, l Load, prompt int) Prediction {
 // runs before a new prompt of the given tokens is done. Served in turn a
 // chunk at a time, the new prompt needs ceil(tokens/chunk) turns, and each
 // queued prompt gets as many turns before it, or fewer if it ends first.
-// chunk <= 0 is arrival order: the whole queue goes first.
+// A prompt with nothing to prefill goes straight to decoding, which
+// alternates with prefill steps: it waits for at most one step. chunk <= 0
+// is arrival order: the whole queue goes first.
 func LocalAhead(queue []int, chunk, tokens int) int {
-	turns := 0
-	if chunk > 0 {
-		turns = max((tokens+chunk-1)/chunk, 1)
-	}
 	ahead := 0
 	for _, q := range queue {
-		if chunk > 0 {
-			q = min(q, turns*chunk)
+		if chunk > 0 && tokens > 0 {
+			q = min(q, (tokens+chunk-1)/chunk*chunk)
 		}
 		ahead += max(q, 0)
+	}
+	if chunk > 0 && tokens <= 0 {
+		ahead = min(ahead, chunk)
 	}
 	return ahead
 }

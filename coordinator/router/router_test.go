@@ -134,7 +134,7 @@ func TestLocalAheadServesQueuedPromptsInTurn(t *testing.T) {
 		{512, 200, 512 + 300 + 512},    // one turn: a chunk of each, the short one whole
 		{512, 1000, 1024 + 300 + 1024}, // two turns
 		{512, 5000, 5120 + 300 + 1500}, // ten turns: the short ones end first
-		{512, 0, 512 + 300 + 512},      // a one-token prompt still takes a turn (its decode step)
+		{512, 0, 512},                  // nothing to prefill: it decodes after the step in flight
 	} {
 		if got := LocalAhead(queue, c.chunk, c.tokens); got != c.want {
 			t.Errorf("LocalAhead(%v, chunk %d, %d tokens) = %d, want %d", queue, c.chunk, c.tokens, got, c.want)

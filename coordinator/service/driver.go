@@ -523,18 +523,7 @@ func (r *run) onPrefill(p *cp.Progress, at time.Time) *cp.JobEvent {
 	case cp.StateFailed, cp.StateCancelled:
 		r.prefillOpen = false
 		r.cancelWorkers("the prefill side ended")
-		je := p.Error
-		if je == nil || p.Stage == cp.StateCancelled {
-			msg := "cancelled the job on its own"
-			if je != nil {
-				msg = "cancelled the job: " + je.Message
-			}
-			je = &cp.JobError{Code: cp.CodeUnavailable, Worker: p.WorkerID, Message: msg}
-		}
-		if je.Worker == "" {
-			je.Worker = p.WorkerID
-		}
-		return r.fail(je)
+		return r.fail(sideError(p, "cancelled the job"))
 	}
 	return nil
 }
@@ -574,20 +563,27 @@ func (r *run) onDecode(p *cp.Progress, at time.Time, stall *time.Timer) *cp.JobE
 		r.decodeOpen = false
 		mk.OutputTokens = p.Tokens
 		r.cancelWorkers("the decode side ended")
-		je := p.Error
-		if je == nil || p.Stage == cp.StateCancelled {
-			msg := "ended the job on its own"
-			if je != nil {
-				msg = "ended the job: " + je.Message
-			}
-			je = &cp.JobError{Code: cp.CodeUnavailable, Worker: p.WorkerID, Message: msg}
-		}
-		if je.Worker == "" {
-			je.Worker = p.WorkerID
-		}
-		return r.fail(je)
+		return r.fail(sideError(p, "ended the job"))
 	}
 	return nil
+}
+
+// sideError is the job's error when a worker ends its side of the job:
+// the worker's own error, or, when it has none or cancelled, one saying
+// that it did (what, in verb), naming the worker.
+func sideError(p *cp.Progress, verb string) *cp.JobError {
+	je := p.Error
+	if je == nil || p.Stage == cp.StateCancelled {
+		msg := verb + " on its own"
+		if je != nil {
+			msg = verb + ": " + je.Message
+		}
+		je = &cp.JobError{Code: cp.CodeUnavailable, Worker: p.WorkerID, Message: msg}
+	}
+	if je.Worker == "" {
+		je.Worker = p.WorkerID
+	}
+	return je
 }
 
 // cancelWorkers tells the workers still holding the job to drop it (all

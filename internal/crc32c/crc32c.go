@@ -15,19 +15,4 @@ func Checksum(p []byte) uint32 { return Update(0, p) }
 
 // Update returns the CRC-32C of the data crc is the checksum of, followed
 // by p, as crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), p) does.
-func Update(crc uint32, p []byte) uint32 {
-	if len(p) < foldMin || !haveFold {
-		return crc32.Update(crc, table, p)
-	}
-	// The folded 64 bytes have, as a message on their own, the residue of
-	// p[:n] with the initial value folded in: their CRC with no pre- and
-	// post-inversion, then the tail.
-	n := len(p) &^ 255
-	var tail [64]byte
-	fold(^crc, p[:n], &tail)
-	return crc32.Update(crc32.Update(0xFFFFFFFF, table, tail[:]), table, p[n:])
-}
-
-// foldMin is the shortest input folded: below it the fixed cost of the
-// reduction outweighs the gain.
-const foldMin = 1024
+func Update(crc uint32, p []byte) uint32 { return update(crc, p) }
