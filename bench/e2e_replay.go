@@ -210,7 +210,14 @@ func measuredResult(policy router.Policy, start time.Time, ms []measured, passes
 			}
 		}
 		if j.Target == router.TargetRemote {
-			j.FirstStep = max(0, j.TTFT-j.Queue-j.Prefill-j.TransferTail)
+			// The parts are the coordinator's marks, TTFT the client's; the
+			// commit can reach the coordinator after rank 0 already sent
+			// the first token. Each part is cut to what the client's TTFT
+			// leaves, so that they add up to it.
+			j.Queue = min(j.Queue, j.TTFT)
+			j.Prefill = min(j.Prefill, j.TTFT-j.Queue)
+			j.TransferTail = min(j.TransferTail, j.TTFT-j.Queue-j.Prefill)
+			j.FirstStep = j.TTFT - j.Queue - j.Prefill - j.TransferTail
 		} else {
 			j.Prefill = min(j.Prefill, j.TTFT)
 			j.Queue = j.TTFT - j.Prefill
