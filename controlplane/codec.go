@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tandem-inference/tandem/internal/msgpackscan"
 	"io"
 	"mime"
 	"reflect"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/tandem-inference/tandem/internal/msgpackscan"
 )
 
 // Message is a control-plane message: it can check itself.
@@ -183,7 +184,7 @@ func decodeMsgpack(data []byte, m Message, name string) error {
 	if c := data[0]; !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
 		return fmt.Errorf("%w: %s (msgpack): got a %s, want a map (is the request JSON without Content-Type: application/json?)", ErrInvalid, name, msgpackKind(c))
 	}
-	if err := msgpackscan.Check(data); err != nil {
+	if err := msgpackscan.CheckFor(data, reflect.TypeOf(m).Elem()); err != nil {
 		return fmt.Errorf("%w: %s (msgpack): %v", ErrInvalid, name, err)
 	}
 	r := bytes.NewReader(data)
@@ -223,7 +224,7 @@ func locateMsgpack(data []byte, typ reflect.Type, depth int) (path, why string) 
 		if err := msgpack.Unmarshal(data, &raw); err != nil {
 			return "", ""
 		}
-		fields := msgpackFields(typ)
+		fields := msgpackscan.Fields(typ)
 		for key, val := range raw {
 			ft, ok := fields[key]
 			if !ok {
@@ -272,31 +273,6 @@ func unmarshalStrict(data []byte, typ reflect.Type) error {
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields(true)
 	return dec.DecodeValue(reflect.New(typ).Elem())
-}
-
-// msgpackFields maps the msgpack names of typ's fields, inline embedded
-// structs included, to their types.
-func msgpackFields(typ reflect.Type) map[string]reflect.Type {
-	out := map[string]reflect.Type{}
-	for i := 0; i < typ.NumField(); i++ {
-		f := typ.Field(i)
-		tag := f.Tag.Get("msgpack")
-		name, _, _ := strings.Cut(tag, ",")
-		if name == "-" || (!f.IsExported() && !f.Anonymous) {
-			continue
-		}
-		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
-			for k, v := range msgpackFields(f.Type) {
-				out[k] = v
-			}
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		out[name] = f.Type
-	}
-	return out
 }
 
 func msgpackKind(c byte) string {

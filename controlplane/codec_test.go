@@ -184,6 +184,9 @@ func TestMalformedSubmissions(t *testing.T) {
 		{"unknown json field", JSON, []byte(`{"prompt":"x","max_tokenz":3}`), `unknown field "max_tokenz"`},
 		{"wrong type json", JSON, []byte(`{"prompt":"x","max_tokens":"ten"}`), `"max_tokens": got a JSON string, want int`},
 		{"token id overflow", JSON, []byte(`{"token_ids":[1, 3000000000]}`), "token_ids"},
+		{"token id 2^32+5 json", JSON, []byte(`{"token_ids":[4294967301]}`), "token_ids"},
+		{"token id -2^32+5 json", JSON, []byte(`{"token_ids":[-4294967291]}`), "token_ids"},
+		{"token id 2^63+5 json", JSON, []byte(`{"token_ids":[9223372036854775813]}`), "token_ids"},
 		{"stop of wrong type", JSON, []byte(`{"prompt":"x","stop":[true]}`), "stop[0]"},
 		{"empty prompt", JSON, []byte(`{"prompt":""}`), "empty prompt"},
 		{"no prompt", JSON, []byte(`{"max_tokens":3}`), "empty prompt"},
@@ -212,6 +215,14 @@ func TestMalformedSubmissions(t *testing.T) {
 		{"huge map header", MsgPack, []byte("\x81\xa8messages\x91\xdf\x7f\xff\xff\xff"), "overruns"},
 		{"deep nesting", MsgPack, append([]byte("\x81\xa4stop"), bytes.Repeat([]byte{0x91}, 100)...), "nested deeper"},
 		{"unused code", MsgPack, []byte("\x81\xa6prompt\xc1"), "not msgpack"},
+		// msgpack's decoder would wrap these into the int32 ids as 5; JSON
+		// refuses them (above), and so must msgpack.
+		{"token id 2^32+5", MsgPack, mp(map[string]any{"token_ids": []int64{1, 1<<32 + 5}}), `"token_ids[1]": integer 4294967301 is out of range for int32`},
+		{"token id -2^32+5", MsgPack, mp(map[string]any{"token_ids": []int64{-(1 << 32) + 5}}), `"token_ids[0]": integer -4294967291 is out of range for int32`},
+		{"token id 2^63+5", MsgPack, mp(map[string]any{"token_ids": []uint64{1<<63 + 5}}), `"token_ids[0]": integer 9223372036854775813 is out of range for int32`},
+		{"stop id 2^32+5", MsgPack, mp(map[string]any{"prompt": "x", "stop": []any{"x", int64(1<<32 + 5)}}), "stop[1]: token id does not fit int32"},
+		{"negative seed", MsgPack, mp(map[string]any{"prompt": "x", "seed": -1}), `"seed": integer -1 is out of range for uint64`},
+		{"max_tokens 2^63+5", MsgPack, mp(map[string]any{"prompt": "x", "max_tokens": uint64(1<<63 + 5)}), `"max_tokens": integer 9223372036854775813 is out of range for int`},
 		{"oversized", MsgPack, make([]byte, MaxMessageSize+1), "at most"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

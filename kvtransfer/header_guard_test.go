@@ -2,10 +2,13 @@ package kvtransfer
 
 import (
 	"encoding/binary"
-	"github.com/tandem-inference/tandem/internal/msgpackscan"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tandem-inference/tandem/internal/msgpackscan"
 )
 
 func TestScanMsgpackAcceptsValid(t *testing.T) {
@@ -56,4 +59,26 @@ func FuzzScanMsgpack(f *testing.F) {
 		var h header
 		msgpack.Unmarshal(b, &h)
 	})
+}
+
+// TestHeaderIntegersDoNotWrap: a CRC, layer or frame type that does not fit
+// its field is refused, not decoded modulo its width (a CRC of 2^32+5
+// would otherwise check against 5).
+func TestHeaderIntegersDoNotWrap(t *testing.T) {
+	for _, v := range []map[string]any{
+		{"t": int(frameData), "crc": int64(1<<32 + 5)},
+		{"t": int(frameData) + 256},
+		{"t": int(frameData), "s": -1},
+		{"t": int(frameData), "l": uint64(1<<63 + 5)},
+		{"t": int(frameWelcome), "done": []any{map[string]any{"l": 1, "pk": 256 + 1}}},
+	} {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h header
+		if err := decodeHeader(b, &h); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "out of range") {
+			t.Errorf("%v: decoded as %+v (%v)", v, h, err)
+		}
+	}
 }

@@ -2,10 +2,11 @@ package kvtransfer
 
 import (
 	"fmt"
-	"github.com/tandem-inference/tandem/internal/msgpackscan"
+	"reflect"
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tandem-inference/tandem/internal/msgpackscan"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -112,9 +113,11 @@ func encodeHeader(h *header) ([]byte, error) {
 	return b, nil
 }
 
+var headerType = reflect.TypeFor[header]()
+
 func decodeHeader(b []byte, h *header) error {
 	*h = header{}
-	if err := msgpackscan.Check(b); err != nil {
+	if err := msgpackscan.CheckFor(b, headerType); err != nil {
 		return fmt.Errorf("%w: frame header: %v", ErrProtocol, err)
 	}
 	if err := msgpack.Unmarshal(b, h); err != nil {
