@@ -48,7 +48,7 @@ func (l *Loaded) Close() error { return l.Checkpoint.Close() }
 // requested layers on the backend; weights are used in place from the mapped
 // files.
 func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
-	cfg, err := LoadConfig(filepath.Join(dir, "config.json"))
+	cfg, ck, err := OpenCheckpoint(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -59,11 +59,8 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 		opt.Hi = cfg.NumLayers
 	}
 	if opt.Lo < 0 || opt.Lo > opt.Hi || opt.Hi > cfg.NumLayers {
+		ck.Close()
 		return nil, fmt.Errorf("layer range [%d, %d) is outside the model's %d layers", opt.Lo, opt.Hi, cfg.NumLayers)
-	}
-	ck, err := safetensors.Open(dir)
-	if err != nil {
-		return nil, err
 	}
 	m := New(cfg, be)
 	src := CheckpointSource{ck}
@@ -96,6 +93,60 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 		}
 	}
 	return &Loaded{Model: m, Checkpoint: ck}, nil
+}
+
+// OpenCheckpoint reads dir's config.json and opens its checkpoint (index
+// and shard headers, no tensor data), and checks the config against the
+// checkpoint before anything is sized by the config: the layers the config
+// counts are the layers the checkpoint holds, and the embedding has the
+// config's vocabulary and width. A config.json that claims more than the
+// files hold is refused here, naming both.
+func OpenCheckpoint(dir string) (*Config, *safetensors.Checkpoint, error) {
+	cfg, err := LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	ck, err := safetensors.Open(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := CheckCheckpoint(cfg, ck); err != nil {
+		ck.Close()
+		return nil, nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return cfg, ck, nil
+}
+
+// CheckCheckpoint checks a validated config against an open checkpoint's
+// tensor names and header shapes. Its memory is bounded by the config's
+// limits and the checkpoint's own size.
+func CheckCheckpoint(cfg *Config, ck *safetensors.Checkpoint) error {
+	seen := make([]bool, cfg.NumLayers)
+	for _, name := range ck.Names() {
+		L, ok := LayerOf(name)
+		if !ok || L == GlobalsGroup {
+			continue
+		}
+		if L >= cfg.NumLayers {
+			return fmt.Errorf("config.json num_hidden_layers is %d, but the checkpoint holds tensor %s of layer %d", cfg.NumLayers, name, L)
+		}
+		seen[L] = true
+	}
+	for L, ok := range seen {
+		if !ok {
+			return fmt.Errorf("config.json num_hidden_layers is %d, but the checkpoint holds no tensor of layer %d", cfg.NumLayers, L)
+		}
+	}
+	// The embedding is the one tensor every holder sizes by the config's
+	// vocabulary and width (rank 0's rows, the prefill worker's reads).
+	const embed = "language_model.model.embed_tokens.weight"
+	if t, ok := ck.Tensor(embed); ok {
+		if len(t.Shape) != 2 || t.Shape[0] != int64(cfg.VocabSize) || t.Shape[1] != int64(cfg.HiddenSize) {
+			return fmt.Errorf("tensor %s has shape %v; config.json vocab_size %d and hidden_size %d need [%d, %d]",
+				embed, t.Shape, cfg.VocabSize, cfg.HiddenSize, cfg.VocabSize, cfg.HiddenSize)
+		}
+	}
+	return nil
 }
 
 // bindAll hands every matrix of a layer to the backend.

@@ -8,14 +8,12 @@ package modelinfo
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/internal/modelconfig"
 )
 
 // ConfigFile is the model configuration's file name in a model directory.
@@ -37,30 +35,6 @@ type Info struct {
 	Shape router.Shape
 
 	mlaRow, kdaFixed int64 // bytes: one token's MLA row; one KDA layer's state and conv tails
-}
-
-// rawText holds the fields read from config.json (released nested shape:
-// under text_config; a flat config has them at the top).
-type rawText struct {
-	NumLayers    *int `json:"num_hidden_layers"`
-	VocabSize    *int `json:"vocab_size"`
-	MaxPositions *int `json:"max_position_embeddings"`
-	KVLoraRank   *int `json:"kv_lora_rank"`
-	QKRopeDim    *int `json:"qk_rope_head_dim"`
-	EOSTokenID   *int `json:"eos_token_id"`
-	LinearAttn   *struct {
-		FullAttnLayers []int `json:"full_attn_layers"`
-		KDALayers      []int `json:"kda_layers"`
-		NumHeads       *int  `json:"num_heads"`
-		HeadDim        *int  `json:"head_dim"`
-		ShortConv      *int  `json:"short_conv_kernel_size"`
-	} `json:"linear_attn_config"`
-}
-
-type rawConfig struct {
-	rawText
-	TextConfig *rawText `json:"text_config"`
-	EOSTokenID *int     `json:"eos_token_id"`
 }
 
 // Load reads dir/config.json.
@@ -96,85 +70,21 @@ func identity(config []byte) string {
 	return "cfg-" + hex.EncodeToString(sum[:8])
 }
 
-// Parse reads a config.json's contents.
+// Parse reads a config.json's contents. It validates them as every worker
+// does (internal/modelconfig), so the coordinator accepts exactly the
+// configs the workers accept, within the same limits.
 func Parse(config []byte) (*Info, error) {
-	var raw rawConfig
-	if err := json.Unmarshal(config, &raw); err != nil {
-		return nil, fmt.Errorf("not valid JSON: %w", err)
+	c, err := modelconfig.Parse(config)
+	if err != nil {
+		return nil, err
 	}
-	t, prefix := &raw.rawText, ""
-	if raw.TextConfig != nil {
-		t, prefix = raw.TextConfig, "text_config."
-	}
-	var errs []error
-	need := func(name string, p *int, min int) int {
-		switch {
-		case p == nil:
-			errs = append(errs, fmt.Errorf("%s%s is missing", prefix, name))
-			return 0
-		case *p < min:
-			errs = append(errs, fmt.Errorf("%s%s is %d, want at least %d", prefix, name, *p, min))
-			return 0
-		}
-		return *p
-	}
-	info := &Info{ID: identity(config), EOSTokenID: -1}
-	info.NumLayers = need("num_hidden_layers", t.NumLayers, 1)
-	info.VocabSize = need("vocab_size", t.VocabSize, 1)
-	info.MaxPositions = 1 << 20
-	if t.MaxPositions != nil {
-		info.MaxPositions = need("max_position_embeddings", t.MaxPositions, 2)
-	}
-	kvLora := need("kv_lora_rank", t.KVLoraRank, 1)
-	rope := need("qk_rope_head_dim", t.QKRopeDim, 0)
-	if eos := raw.EOSTokenID; eos != nil {
-		info.EOSTokenID = *eos
-	} else if t.EOSTokenID != nil {
-		info.EOSTokenID = *t.EOSTokenID
-	}
-	la := t.LinearAttn
-	if la == nil {
-		errs = append(errs, fmt.Errorf("%slinear_attn_config is missing", prefix))
-		return nil, errors.Join(errs...)
-	}
-	heads := need("linear_attn_config.num_heads", la.NumHeads, 1)
-	headDim := need("linear_attn_config.head_dim", la.HeadDim, 1)
-	conv := need("linear_attn_config.short_conv_kernel_size", la.ShortConv, 1)
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	// The released lists are 1-based; together they cover every layer once.
-	kind := make([]byte, info.NumLayers)
-	for _, l := range []struct {
-		name string
-		list []int
-		k    byte
-	}{{"full_attn_layers", la.FullAttnLayers, 'm'}, {"kda_layers", la.KDALayers, 'k'}} {
-		for _, L := range l.list {
-			if L < 1 || L > info.NumLayers {
-				return nil, fmt.Errorf("%slinear_attn_config.%s has layer %d, want 1..%d", prefix, l.name, L, info.NumLayers)
-			}
-			if kind[L-1] != 0 {
-				return nil, fmt.Errorf("%slinear_attn_config.%s: layer %d is listed twice", prefix, l.name, L)
-			}
-			kind[L-1] = l.k
-		}
-	}
-	for L, k := range kind {
-		switch k {
-		case 'm':
-			info.MLALayers = append(info.MLALayers, L)
-		case 'k':
-			info.KDALayers = append(info.KDALayers, L)
-		default:
-			return nil, fmt.Errorf("%slinear_attn_config: layer %d (1-based) is in neither full_attn_layers nor kda_layers", prefix, L+1)
-		}
-	}
+	info := &Info{ID: identity(config), NumLayers: c.NumLayers, VocabSize: c.VocabSize, MaxPositions: c.MaxPositions,
+		EOSTokenID: c.EOSTokenID, MLALayers: c.MLALayers, KDALayers: c.KDALayers}
 	const latentBytes = 2 // bf16 rows: the state contract
-	last := info.NumLayers - 1
-	info.Shape = router.ShapeOf(len(info.MLALayers), len(info.KDALayers), kvLora, rope, latentBytes, heads, headDim, conv,
-		slices.Contains(info.MLALayers, last))
-	info.mlaRow = int64((kvLora + rope) * latentBytes)
+	heads, headDim, conv := c.KDAHeads, c.KDAHeadDim, c.ConvKernel
+	info.Shape = router.ShapeOf(len(info.MLALayers), len(info.KDALayers), c.KVLoraRank, c.QKRopeDim, latentBytes, heads, headDim, conv,
+		c.LayerKind(c.NumLayers-1) == modelconfig.MLA)
+	info.mlaRow = int64(c.LatentWidth() * latentBytes)
 	info.kdaFixed = int64(heads*headDim*headDim*4 + 3*heads*headDim*(conv-1)*4)
 	return info, nil
 }

@@ -1,6 +1,7 @@
 package modelinfo
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -49,20 +50,56 @@ func TestIdentityFollowsTheConfig(t *testing.T) {
 	}
 }
 
+// hostile returns the tiny preset with text_config changed by edit.
+func hostile(t *testing.T, edit func(text map[string]any)) []byte {
+	t.Helper()
+	b, err := configs.ModelPreset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	edit(cfg["text_config"].(map[string]any))
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func linearAttn(text map[string]any) map[string]any {
+	return text["linear_attn_config"].(map[string]any)
+}
+
+// TestBadConfigsSayWhat: the coordinator refuses a bad config naming the
+// field, and with the very words the workers use: one validation.
 func TestBadConfigsSayWhat(t *testing.T) {
-	for _, c := range []struct{ cfg, want string }{
-		{`{`, "not valid JSON"},
-		{`{"text_config": {}}`, "text_config.num_hidden_layers is missing"},
-		{`{"num_hidden_layers": 2, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2}`, "linear_attn_config is missing"},
-		{`{"num_hidden_layers": 2, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2,
-		   "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [3], "num_heads": 1, "head_dim": 4, "short_conv_kernel_size": 4}}`, "kda_layers has layer 3"},
-		{`{"num_hidden_layers": 2, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2,
-		   "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [], "num_heads": 1, "head_dim": 4, "short_conv_kernel_size": 4}}`, "layer 1 (1-based) is in neither"},
-		{`{"num_hidden_layers": 0, "vocab_size": 8, "kv_lora_rank": 4, "qk_rope_head_dim": 2}`, "num_hidden_layers is 0"},
+	for _, c := range []struct {
+		cfg  []byte
+		want string
+	}{
+		{[]byte(`{`), "not valid JSON"},
+		{[]byte(`{"text_config": {}}`), "text_config.num_hidden_layers is missing"},
+		{hostile(t, func(x map[string]any) { delete(x, "linear_attn_config") }), "text_config.linear_attn_config is missing"},
+		{hostile(t, func(x map[string]any) { linearAttn(x)["kda_layers"] = []int{99} }), "kda_layers holds layer 99, outside 1..9"},
+		{hostile(t, func(x map[string]any) { linearAttn(x)["kda_layers"] = []int{1} }), "do not cover all 9 layers"},
+		{hostile(t, func(x map[string]any) { x["num_hidden_layers"] = 0 }), "num_hidden_layers is 0, want 1..1024"},
+		{hostile(t, func(x map[string]any) { x["num_hidden_layers"] = 1_000_000_000 }), "num_hidden_layers is 1000000000, want 1..1024"},
+		{hostile(t, func(x map[string]any) { x["vocab_size"] = 1 << 40 }), "vocab_size is 1099511627776, want 1..4194304"},
+		{hostile(t, func(x map[string]any) { linearAttn(x)["head_dim"] = 1 << 20 }), "linear_attn_config.head_dim is 1048576"},
+		{hostile(t, func(x map[string]any) { x["max_position_embeddings"] = 1 }), "max_position_embeddings is 1, want 2.."},
+		{hostile(t, func(x map[string]any) { x["hidden_act"] = "gelu" }), "hidden_act"},
 	} {
-		_, err := Parse([]byte(c.cfg))
+		_, err := Parse(c.cfg)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: got %v, want %q", c.cfg, err, c.want)
+			t.Errorf("%.80s: got %v, want %q", c.cfg, err, c.want)
+			continue
+		}
+		_, werr := model.ParseConfig(c.cfg)
+		if werr == nil || werr.Error() != err.Error() {
+			t.Errorf("%.80s: the coordinator says %q, the workers %v", c.cfg, err, werr)
 		}
 	}
 }

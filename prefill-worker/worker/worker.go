@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,7 +22,6 @@ import (
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
-	"github.com/tandem-inference/tandem/model/safetensors"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
@@ -90,16 +88,12 @@ func Inspect(cfg Config) (*Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	mc, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
+	mc, ck, err := model.OpenCheckpoint(cfg.Model)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.LatentNormEps > 0 {
 		mc.LatentNormEps = cfg.LatentNormEps
-	}
-	ck, err := safetensors.Open(cfg.Model)
-	if err != nil {
-		return nil, err
 	}
 	// The headers are all the worker needs from the open checkpoint; the
 	// streamer opens shards per pass.
