@@ -180,10 +180,10 @@ func Route(policy Policy, r Rates, s Shape, l Load, prompt int) Decision {
 		d.Reason = fmt.Sprintf("policy threshold: prompt %d vs %d tokens", prompt, l.Threshold)
 	case d.Remote.Total < d.Local.Total:
 		d.Target = TargetRemote
-		d.Reason = fmt.Sprintf("remote %.2fs < local %.2fs", d.Remote.Total.Seconds(), d.Local.Total.Seconds())
+		d.Reason = fmt.Sprintf("remote %s < local %s", Seconds(d.Remote.Total), Seconds(d.Local.Total))
 	default:
 		d.Target = TargetLocal
-		d.Reason = fmt.Sprintf("local %.2fs <= remote %.2fs", d.Local.Total.Seconds(), d.Remote.Total.Seconds())
+		d.Reason = fmt.Sprintf("local %s <= remote %s", Seconds(d.Local.Total), Seconds(d.Remote.Total))
 	}
 	return d
 }
@@ -208,9 +208,23 @@ func BreakEven(r Rates, s Shape, maxPrompt int) int {
 	return lo
 }
 
+// Unknown is the prediction for work at a rate nobody has measured (a
+// zero rate): later than any real prediction, and sums of a few of them
+// do not overflow.
+const Unknown = time.Duration(math.MaxInt64 / 4)
+
+// Seconds prints a prediction in seconds, or "unknown" for one that rests
+// on an unmeasured rate.
+func Seconds(d time.Duration) string {
+	if d >= Unknown {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
 func secs(s float64) time.Duration {
 	if math.IsInf(s, 0) || s > 1e9 {
-		return time.Duration(math.MaxInt64 / 4)
+		return Unknown
 	}
 	return time.Duration(s * float64(time.Second))
 }

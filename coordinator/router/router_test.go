@@ -1,6 +1,8 @@
 package router
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -161,5 +163,25 @@ func TestShortPromptBehindLongLocalPrefillStaysLocal(t *testing.T) {
 	busy.LocalChunk = 0
 	if d := Route(Auto, rtx5090, k3, busy, 300); d.Target != TargetRemote {
 		t.Fatalf("arrival order: 300 tokens behind a 22-minute prefill went %s (%s)", d.Target, d.Reason)
+	}
+}
+
+// TestUnmeasuredRatesPrintAsUnknown: a prediction resting on a rate nobody
+// has measured yet reads "unknown" in the decision's reason, not the
+// placeholder's 2305843009.21s.
+func TestUnmeasuredRatesPrintAsUnknown(t *testing.T) {
+	unmeasured := rtx5090
+	unmeasured.PrefillTokPerS = 0
+	d := Route(Auto, unmeasured, k3, Load{PrefillUp: true}, 300000)
+	if d.Target != TargetLocal || d.Reason != fmt.Sprintf("local %.2fs <= remote unknown", d.Local.Total.Seconds()) {
+		t.Fatalf("went %s: %q", d.Target, d.Reason)
+	}
+	unmeasured.LocalPrefillTokPerS = 0
+	d = Route(Auto, unmeasured, k3, Load{PrefillUp: true}, 300000)
+	if strings.Contains(d.Reason, "2305843009") || d.Reason != "local unknown <= remote unknown" {
+		t.Fatalf("reason %q", d.Reason)
+	}
+	if Seconds(1500*time.Millisecond) != "1.50s" || Seconds(Unknown) != "unknown" || Seconds(2*Unknown) != "unknown" {
+		t.Fatal("Seconds")
 	}
 }
