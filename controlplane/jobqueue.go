@@ -347,3 +347,29 @@ func (d *Delivery) isSettled() bool {
 	defer d.mu.Unlock()
 	return d.settled
 }
+
+// Stored calls fn for every job stored in the queue, oldest first: those
+// waiting and those delivered but not yet acknowledged. It reads the stream
+// without consuming it, so that a coordinator that starts can list the
+// jobs it has not taken yet. A stored message that does not decode is
+// skipped (Next terminates it when it comes up).
+func (q *JobQueue) Stored(ctx context.Context, fn func(*QueuedJob)) error {
+	for seq := uint64(1); ; {
+		raw, err := q.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(q.cfg.Subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("job queue: read stored jobs: %w", err)
+		}
+		seq = raw.Sequence + 1
+		var job QueuedJob
+		enc, err := EncodingOf(&nats.Msg{Header: raw.Header})
+		if err == nil {
+			err = Unmarshal(enc, raw.Data, &job)
+		}
+		if err == nil {
+			fn(&job)
+		}
+	}
+}

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tandem-inference/tandem/configs"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
@@ -139,6 +142,23 @@ func TestServeAndClientCommands(t *testing.T) {
 			t.Errorf("workers does not list %q:\n%s", want, out)
 		}
 	}
+	// One garbage entry in the registry (anyone who may write to the
+	// bucket can put one) is skipped with a warning; the workers are listed.
+	if err := putRegistryEntry(ctx, url, "garbage-entry", []byte("not a heartbeat")); err != nil {
+		t.Fatal(err)
+	}
+	out, errw, err = run(ctx, append([]string{"workers"}, nats...)...)
+	if err != nil {
+		t.Fatalf("workers with a garbage registry entry: %v", err)
+	}
+	for _, want := range []string{"prefill-0", "local-r0", "local-r1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("with a garbage entry, workers does not list %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errw, `warning: worker registry: key "garbage-entry" is not a worker heartbeat`) || strings.Contains(out, "garbage") {
+		t.Errorf("the garbage entry is not skipped with a warning:\n%s\n%s", out, errw)
+	}
 	if _, _, err = run(ctx, append([]string{"cancel", jobID}, nats...)...); err == nil || !strings.Contains(err.Error(), "done already") {
 		t.Errorf("cancel of a finished job: %v", err)
 	}
@@ -262,4 +282,24 @@ func TestLayoutsLoad(t *testing.T) {
 			t.Fatalf("%s: %+v", name, cfg)
 		}
 	}
+}
+
+// putRegistryEntry writes value under key in the worker registry bucket, as
+// any client allowed to write there could.
+func putRegistryEntry(ctx context.Context, url, key string, value []byte) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	kv, err := js.KeyValue(ctx, cp.WorkersBucket)
+	if err != nil {
+		return err
+	}
+	_, err = kv.Put(ctx, key, value)
+	return err
 }

@@ -112,9 +112,14 @@ func workersCmd() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			ws, err := listWorkers(cmd.Context(), nc)
+			ws, skipped, err := listWorkers(cmd.Context(), nc)
 			if err != nil {
 				return err
+			}
+			// One bad entry (a client that wrote to the bucket, a worker of
+			// another version) must not hide every good one.
+			for _, why := range skipped {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s (skipped)\n", why)
 			}
 			printWorkers(cmd.OutOrStdout(), ws, time.Now())
 			return nil
@@ -125,24 +130,25 @@ func workersCmd() *cobra.Command {
 }
 
 // listWorkers reads the registry bucket as it is (without changing its
-// configuration, which is the coordinator's).
-func listWorkers(ctx context.Context, nc *nats.Conn) ([]cp.WorkerInfo, error) {
+// configuration, which is the coordinator's). Entries that are not valid
+// heartbeats are left out and described in skipped.
+func listWorkers(ctx context.Context, nc *nats.Conn) (ws []cp.WorkerInfo, skipped []string, err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, cp.WorkersBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("no worker registry (bucket %s): no coordinator has run on this NATS yet", cp.WorkersBucket)
+		return nil, nil, fmt.Errorf("no worker registry (bucket %s): no coordinator has run on this NATS yet", cp.WorkersBucket)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("worker registry: %w", err)
+		return nil, nil, fmt.Errorf("worker registry: %w", err)
 	}
 	keys, err := kv.ListKeys(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("worker registry: %w", err)
+		return nil, nil, fmt.Errorf("worker registry: %w", err)
 	}
 	var out []cp.WorkerInfo
 	for k := range keys.Keys() {
@@ -152,12 +158,14 @@ func listWorkers(ctx context.Context, nc *nats.Conn) ([]cp.WorkerInfo, error) {
 		}
 		var w cp.WorkerInfo
 		if err := cp.Unmarshal(cp.MsgPack, e.Value(), &w); err != nil {
-			return nil, fmt.Errorf("worker registry: key %s: %w", k, err)
+			skipped = append(skipped, fmt.Sprintf("worker registry: key %q is not a worker heartbeat: %v", k, err))
+			continue
 		}
 		out = append(out, w)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
+	sort.Strings(skipped)
+	return out, skipped, nil
 }
 
 func printWorkers(w io.Writer, ws []cp.WorkerInfo, now time.Time) {

@@ -187,6 +187,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if c.reg, err = cp.OpenRegistry(setup, c.nc, c.cfg.Registry); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
+	// The job list starts with the jobs already in the queue (a restart
+	// must not hide them until they are routed).
+	if err := c.queue.Stored(setup, func(qj *cp.QueuedJob) {
+		c.table.Record(jobs.New(qj.JobID, qj.Submitted, len(qj.Request.TokenIDs)).Queued("stored in the job queue"))
+	}); err != nil {
+		c.log.Warn("listing the queued jobs", zap.Error(err))
+	}
 
 	// Background work lives until every job has settled, after ctx ends.
 	bg, stopBG := context.WithCancel(context.Background())
