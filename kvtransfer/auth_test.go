@@ -18,9 +18,9 @@ type rawClient struct {
 	c Conn
 }
 
-func dialRaw(t *testing.T, addr string) *rawClient {
+func dialRaw(t *testing.T, tr Transport, addr string) *rawClient {
 	t.Helper()
-	c, err := (&TCP{}).Dial(context.Background(), addr)
+	c, err := tr.Dial(context.Background(), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func (rc *rawClient) login(sid string) *header {
 func TestWrongSecretRefusedBeforeAllocation(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
 	ins := r.expect("auth", 10, model.BF16, 5*time.Second)
-	s, err := NewSender(SenderConfig{Session: "auth", Secret: []byte("not-the-session-secret!"), Placement: r.place,
+	s, err := NewSender(SenderConfig{Transport: r.client, Session: "auth", Secret: []byte("not-the-session-secret!"), Placement: r.place,
 		Deadline: time.Now().Add(5 * time.Second), Timeouts: fast})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestReplayRefused(t *testing.T) {
 	defer ins[0].Cancel()
 	addr := r.servers[0].Addr()
 
-	first := dialRaw(t, addr)
+	first := dialRaw(t, r.client, addr)
 	recorded := hello("replay", testSecret, first.challenge())
 	first.write(recorded, nil)
 	if w, err := first.read(); err != nil || w.Type != frameWelcome {
@@ -115,7 +115,7 @@ func TestReplayRefused(t *testing.T) {
 	first.c.Close()
 	held := r.servers[0].Stats().HeldBytes
 
-	second := dialRaw(t, addr)
+	second := dialRaw(t, r.client, addr)
 	second.challenge()
 	second.write(recorded, nil)
 	_, err := second.read()
@@ -129,7 +129,7 @@ func TestReplayRefused(t *testing.T) {
 
 func TestUnknownSessionRefused(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
-	s, err := NewSender(SenderConfig{Session: "nobody-expects-this", Secret: testSecret, Placement: r.place,
+	s, err := NewSender(SenderConfig{Transport: r.client, Session: "nobody-expects-this", Secret: testSecret, Placement: r.place,
 		Deadline: time.Now().Add(5 * time.Second), Timeouts: fast})
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestImpostorServerRefused(t *testing.T) {
 	for L := 0; L < cfg.NumLayers; L++ {
 		place[L] = ln.Addr()
 	}
-	s, err := NewSender(SenderConfig{Session: "impostor", Secret: testSecret, Placement: place, Conns: 1,
+	s, err := NewSender(SenderConfig{Transport: &TCP{}, Session: "impostor", Secret: testSecret, Placement: place, Conns: 1,
 		Deadline: time.Now().Add(5 * time.Second), Timeouts: fast})
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ type actHeader struct {
 	Shape []int  `msgpack:"shape"`
 }
 
-func channelPair(t *testing.T, srv *Server, id string) (dialed, accepted *Channel) {
+func channelPair(t *testing.T, tr Transport, srv *Server, id string) (dialed, accepted *Channel) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -29,7 +29,7 @@ func channelPair(t *testing.T, srv *Server, id string) (dialed, accepted *Channe
 	var d *Channel
 	var err error
 	for i := 0; i < 100; i++ { // the accept may not be registered yet
-		d, err = DialChannel(ctx, ChannelConfig{Addr: srv.Addr(), ID: id, Secret: testSecret, Timeouts: fast})
+		d, err = DialChannel(ctx, ChannelConfig{Transport: tr, Addr: srv.Addr(), ID: id, Secret: testSecret, Timeouts: fast})
 		if !errors.Is(err, ErrUnknownSession) {
 			break
 		}
@@ -48,7 +48,7 @@ func channelPair(t *testing.T, srv *Server, id string) (dialed, accepted *Channe
 
 func TestChannelBothWays(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
-	d, a := channelPair(t, r.servers[0], "mesh/rank0-rank1")
+	d, a := channelPair(t, r.client, r.servers[0], "mesh/rank0-rank1")
 	ctx := context.Background()
 	act := bytes.Repeat([]byte{1, 2, 3, 4, 5}, 300<<10/5) // a token's hidden state + block stack
 	for i := 0; i < 3; i++ {
@@ -89,7 +89,7 @@ func TestChannelBothWays(t *testing.T) {
 
 func TestChannelDeadlineBreaksIt(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
-	d, _ := channelPair(t, r.servers[0], "dl")
+	d, _ := channelPair(t, r.client, r.servers[0], "dl")
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if _, err := d.Recv(ctx, nil, nil); !errors.Is(err, context.DeadlineExceeded) {
@@ -100,7 +100,7 @@ func TestChannelDeadlineBreaksIt(t *testing.T) {
 	}
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	cancel2()
-	_, a := channelPair(t, r.servers[0], "cancel")
+	_, a := channelPair(t, r.client, r.servers[0], "cancel")
 	if _, err := a.Recv(ctx2, nil, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled Recv: %v", err)
 	}
@@ -123,12 +123,12 @@ func TestChannelAuth(t *testing.T) {
 		defer r.servers[0].mu.Unlock()
 		return r.servers[0].channels["guarded"] != nil
 	})
-	_, err := DialChannel(ctx, ChannelConfig{Addr: r.servers[0].Addr(), ID: "guarded", Secret: []byte("a-wrong-secret-of-enough-bytes")})
+	_, err := DialChannel(ctx, ChannelConfig{Transport: r.client, Addr: r.servers[0].Addr(), ID: "guarded", Secret: []byte("a-wrong-secret-of-enough-bytes")})
 	if !errors.Is(err, ErrAuth) {
 		t.Fatalf("wrong secret: %v", err)
 	}
 	// The accept is still pending for the right dialer.
-	ch, err := DialChannel(ctx, ChannelConfig{Addr: r.servers[0].Addr(), ID: "guarded", Secret: testSecret})
+	ch, err := DialChannel(ctx, ChannelConfig{Transport: r.client, Addr: r.servers[0].Addr(), ID: "guarded", Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestChannelAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Accepted once: the id is gone.
-	if _, err := DialChannel(ctx, ChannelConfig{Addr: r.servers[0].Addr(), ID: "guarded", Secret: testSecret}); !errors.Is(err, ErrUnknownSession) {
+	if _, err := DialChannel(ctx, ChannelConfig{Transport: r.client, Addr: r.servers[0].Addr(), ID: "guarded", Secret: testSecret}); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("second dial: %v", err)
 	}
 	actx, acancel := context.WithTimeout(context.Background(), 30*time.Millisecond)

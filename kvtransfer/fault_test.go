@@ -17,6 +17,7 @@ import (
 // placement through them.
 func (r *rig) proxies(f faultproxy.Faults, seed uint64) (LayerMap, []*faultproxy.Proxy) {
 	r.t.Helper()
+	onTCP(r.t) // a TCP proxy; rdma_test.go injects faults into the fake wire
 	addr := map[string]string{}
 	var ps []*faultproxy.Proxy
 	for i, srv := range r.servers {
@@ -43,7 +44,7 @@ type outcome struct {
 func (r *rig) transfer(sid string, place Placement, src *model.SeqState, conns int, deadline time.Duration, to Timeouts) outcome {
 	r.t.Helper()
 	ins := r.expect(sid, src.Tokens, model.BF16, deadline)
-	s, err := NewSender(SenderConfig{Job: "job-" + sid, Session: sid, Secret: testSecret, Placement: place, Conns: conns,
+	s, err := NewSender(SenderConfig{Transport: r.client, Job: "job-" + sid, Session: sid, Secret: testSecret, Placement: place, Conns: conns,
 		Deadline: time.Now().Add(deadline), Timeouts: to})
 	if err != nil {
 		r.t.Fatal(err)

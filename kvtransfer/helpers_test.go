@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -21,26 +26,74 @@ var testSecret = []byte("0123456789abcdef-test-secret")
 // fast are timeouts short enough for tests that wait on them.
 var fast = Timeouts{Handshake: 2 * time.Second, IO: 2 * time.Second, Idle: 1500 * time.Millisecond, KeepAlive: 100 * time.Millisecond}
 
+// suiteTransport is the transport the suites run over: "tcp" (the
+// default) or "rdma-fake" (the RDMA link over the in-process fake verbs),
+// chosen with KVTRANSFER_TRANSPORT. scripts/test.sh runs them over both.
+var suiteTransport = os.Getenv("KVTRANSFER_TRANSPORT")
+
+// onTCP skips a test that needs TCP underneath (a TCP fault proxy, raw
+// socket writes) when the suites run over another transport.
+func onTCP(t *testing.T) {
+	t.Helper()
+	if suiteTransport != "" && suiteTransport != "tcp" {
+		t.Skipf("needs TCP underneath; the suites run over %s", suiteTransport)
+	}
+}
+
+var loopGID = verbs.GIDFromIP(net.IPv4(127, 0, 0, 1))
+
+// fakeRDMA returns an RDMA transport on host of fab, closed at the test's
+// end.
+func fakeRDMA(t *testing.T, fab *fakeverbs.Fabric, host string, cfg rdma.Config) Transport {
+	t.Helper()
+	cfg.Provider = fab.Host(host, loopGID)
+	tr, err := rdma.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return RDMA{T: tr}
+}
+
 // rig is a decode group on loopback: one server per rank and the
-// pipeline placement of the model's layers over them.
+// pipeline placement of the model's layers over them. client is the
+// transport senders and channels dial with.
 type rig struct {
 	t       *testing.T
 	cfg     *model.Config
 	servers []*Server
 	place   LayerMap
+	client  Transport
+	fabric  *fakeverbs.Fabric // over rdma-fake
 }
 
 func newRig(t *testing.T, name string, ranks int, sc ServerConfig) *rig {
+	t.Helper()
+	var fab *fakeverbs.Fabric
+	if suiteTransport == "rdma-fake" {
+		fab = fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+	}
+	return newRigOn(t, name, ranks, sc, fab, rdma.Config{})
+}
+
+// newRigOn is newRig over the RDMA link on fab (TCP when fab is nil).
+func newRigOn(t *testing.T, name string, ranks int, sc ServerConfig, fab *fakeverbs.Fabric, rc rdma.Config) *rig {
 	t.Helper()
 	cfg, err := kvtest.Config(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, cfg: cfg}
+	r := &rig{t: t, cfg: cfg, client: &TCP{}, fabric: fab}
+	if fab != nil {
+		r.client = fakeRDMA(t, fab, "prefill", rc)
+	}
 	var eps []string
 	for i := 0; i < ranks; i++ {
 		c := sc
 		c.Addr = "127.0.0.1:0"
+		if fab != nil && c.Transport == nil {
+			c.Transport = fakeRDMA(t, fab, fmt.Sprintf("rank%d", i), rc)
+		}
 		if c.Timeouts == (Timeouts{}) {
 			c.Timeouts = fast
 		}

@@ -13,9 +13,9 @@ import (
 	"github.com/tandem-inference/tandem/model"
 )
 
-func newSender(t *testing.T, sid string, place Placement, mod func(*SenderConfig)) *Sender {
+func newSender(t *testing.T, tr Transport, sid string, place Placement, mod func(*SenderConfig)) *Sender {
 	t.Helper()
-	cfg := SenderConfig{Session: sid, Secret: testSecret, Placement: place, Deadline: time.Now().Add(5 * time.Second), Timeouts: fast}
+	cfg := SenderConfig{Transport: tr, Session: sid, Secret: testSecret, Placement: place, Deadline: time.Now().Add(5 * time.Second), Timeouts: fast}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -37,7 +37,7 @@ func TestReceiverDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 5, model.BF16, 1)
-	s := newSender(t, "dl", r.place, nil)
+	s := newSender(t, r.client, "dl", r.place, nil)
 	ctx := context.Background()
 	for _, L := range []int{0, 1, 2, 4} { // layer 3 never comes
 		if err := s.PutLayer(ctx, src.Layers[L]); err != nil {
@@ -68,7 +68,7 @@ func TestSenderDeadlineNoServer(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := newSender(t, "nobody", LayerMap{0: addr}, func(c *SenderConfig) { c.Deadline = time.Now().Add(300 * time.Millisecond) })
+	s := newSender(t, &TCP{}, "nobody", LayerMap{0: addr}, func(c *SenderConfig) { c.Deadline = time.Now().Add(300 * time.Millisecond) })
 	cfg, _ := kvtest.Config("tiny")
 	if err := s.PutLayer(context.Background(), kvtest.RandomSeq(cfg, []int{0}, 3, model.BF16, 1).Layers[0]); err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestAbortReachesReceiver(t *testing.T) {
 	r := newRig(t, "tiny", 2, ServerConfig{})
 	ins := r.expect("ab", 4, model.BF16, 5*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 4, model.BF16, 1)
-	s := newSender(t, "ab", r.place, nil)
+	s := newSender(t, r.client, "ab", r.place, nil)
 	if err := s.PutLayer(context.Background(), src.Layers[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestReceiverCancel(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
 	ins := r.expect("cx", 4, model.BF16, 5*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 4, model.BF16, 1)
-	s := newSender(t, "cx", r.place, nil)
+	s := newSender(t, r.client, "cx", r.place, nil)
 	if err := s.PutLayer(context.Background(), src.Layers[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestMissingLayer(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
 	ins := r.expect("miss", 6, model.BF16, 5*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 6, model.BF16, 1)
-	s := newSender(t, "miss", r.place, nil)
+	s := newSender(t, r.client, "miss", r.place, nil)
 	for L := 0; L < 9; L++ {
 		if L == 5 {
 			continue
@@ -157,7 +157,7 @@ func TestWrongTokenCount(t *testing.T) {
 	ins := r.expect("tok", 6, model.BF16, 5*time.Second)
 	defer ins[0].Cancel()
 	cfg := r.cfg
-	s := newSender(t, "tok", r.place, nil)
+	s := newSender(t, r.client, "tok", r.place, nil)
 	for L := 0; L < 9; L++ {
 		ls := cfg.NewLayerState(L, model.StateOptions{})
 		if ls.Kind == model.MLA {
@@ -184,7 +184,7 @@ func TestBackpressure(t *testing.T) {
 	cfg, _ := kvtest.Config("tiny")
 	src := kvtest.RandomSeq(cfg, kvtest.AllLayers(9), 4, model.BF16, 1)
 	one := int64(src.Layers[0].Bytes())
-	s := newSender(t, "bp", LayerMap{0: ln.Addr().String(), 1: ln.Addr().String()}, func(c *SenderConfig) { c.MaxHeld = one })
+	s := newSender(t, &TCP{}, "bp", LayerMap{0: ln.Addr().String(), 1: ln.Addr().String()}, func(c *SenderConfig) { c.MaxHeld = one })
 	defer s.Abort(errors.New("test over"))
 	if err := s.PutLayer(context.Background(), src.Layers[0]); err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func TestKeepAlive(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{Timeouts: to})
 	ins := r.expect("ka", 3, model.BF16, 5*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 3, model.BF16, 1)
-	s := newSender(t, "ka", r.place, func(c *SenderConfig) { c.Timeouts = to })
+	s := newSender(t, r.client, "ka", r.place, func(c *SenderConfig) { c.Timeouts = to })
 	time.Sleep(3 * to.Idle)
 	if err := putAll(context.Background(), t, s, src, kvtest.AllLayers(9), 1, 1); err != nil {
 		t.Fatal(err)
@@ -231,7 +231,7 @@ func TestResumeFromAcked(t *testing.T) {
 	place, ps := r.proxies(faultproxy.Faults{}, 1)
 	ins := r.expect("resume", 64, model.BF16, 10*time.Second)
 	src := smallSeq(t, r, 64, 1)
-	s := newSender(t, "resume", place, nil)
+	s := newSender(t, r.client, "resume", place, nil)
 	ctx := context.Background()
 	for L := 0; L < 8; L++ {
 		if err := s.PutLayer(ctx, src.Layers[L]); err != nil {
@@ -281,7 +281,7 @@ func TestResumeFromReceiverBitmap(t *testing.T) {
 		seq = a.Seq
 	}
 	rc.c.Close()
-	s := newSender(t, "bitmap", LayerMap{3: r.servers[0].Addr(), 4: r.servers[0].Addr()}, func(c *SenderConfig) { c.Conns = 1 })
+	s := newSender(t, r.client, "bitmap", LayerMap{3: r.servers[0].Addr(), 4: r.servers[0].Addr()}, func(c *SenderConfig) { c.Conns = 1 })
 	for _, L := range []int{3, 4} {
 		if err := s.PutLayer(context.Background(), src.Layers[L]); err != nil {
 			t.Fatal(err)
@@ -314,7 +314,7 @@ func TestCommittedOutcomeOnReconnect(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
 	ins := r.expect("late", 2, model.BF16, 5*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 2, model.BF16, 1)
-	s := newSender(t, "late", r.place, nil)
+	s := newSender(t, r.client, "late", r.place, nil)
 	if err := putAll(context.Background(), t, s, src, kvtest.AllLayers(9), 1, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func TestCommittedOutcomeOnReconnect(t *testing.T) {
 	if _, err := ins[0].Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	rc := dialRaw(t, r.servers[0].Addr())
+	rc := dialRaw(t, r.client, r.servers[0].Addr())
 	if w := rc.login("late"); !w.Committed {
 		t.Fatalf("WELCOME after the commit: %+v", w)
 	}
@@ -334,7 +334,7 @@ func TestCommittedOutcomeOnReconnect(t *testing.T) {
 func TestServerCloseFailsSessions(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
 	ins := r.expect("sc", 2, model.BF16, 5*time.Second)
-	rc := dialRaw(t, r.servers[0].Addr())
+	rc := dialRaw(t, r.client, r.servers[0].Addr())
 	rc.login("sc")
 	r.servers[0].Close()
 	if _, err := ins[0].Wait(context.Background()); !errors.Is(err, ErrClosed) {
@@ -399,7 +399,7 @@ func TestSenderValidation(t *testing.T) {
 			t.Errorf("%s: accepted", tc.name)
 		}
 	}
-	s := newSender(t, "x", place, nil)
+	s := newSender(t, &TCP{}, "x", place, nil)
 	defer s.Abort(nil)
 	ls := kvtest.RandomSeq(cfg, []int{0}, 1, model.BF16, 1).Layers[0]
 	bad := ls.Clone()

@@ -21,7 +21,7 @@ func maliciousRig(t *testing.T, sid string, T int) (*rig, *Incoming, *rawClient)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := dialRaw(t, r.servers[0].Addr())
+	rc := dialRaw(t, r.client, r.servers[0].Addr())
 	rc.login(sid)
 	return r, in, rc
 }
@@ -80,6 +80,7 @@ func TestMaliciousHeaders(t *testing.T) {
 // TestHugeFramePrefixRefused: a frame announcing a payload over the limit is
 // refused before a byte of it is read; the connection is dropped.
 func TestHugeFramePrefixRefused(t *testing.T) {
+	onTCP(t) // writes a raw TCP prefix
 	r, in, rc := maliciousRig(t, "huge", 10)
 	defer in.Cancel()
 	hb, _ := encodeHeader(&header{Type: frameData, Seq: 1, Layer: 3})
@@ -166,6 +167,7 @@ func TestCorruptChunkNeverCommitted(t *testing.T) {
 // busy on another; once the first connection dies the claim is released and
 // the chunk is accepted.
 func TestClaimedChunkBusy(t *testing.T) {
+	onTCP(t) // stalls a raw TCP writer
 	const T = 10
 	r, in, a := maliciousRig(t, "busy", T)
 	defer in.Cancel()
@@ -182,7 +184,7 @@ func TestClaimedChunkBusy(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // let the server claim the chunk
 
-	b := dialRaw(t, r.servers[0].Addr())
+	b := dialRaw(t, r.client, r.servers[0].Addr())
 	b.login("busy")
 	b.write(h, chunk)
 	if ack, err := b.read(); err != nil || len(ack.Busy) != 1 {

@@ -74,7 +74,7 @@ func TestMultiRoutePlacement(t *testing.T) {
 		ins = append(ins, in)
 		owned = append(owned, layers)
 	}
-	s, err := NewSender(SenderConfig{Session: "tp", Secret: testSecret, Placement: place, MaxHeld: 1, // one layer at a time
+	s, err := NewSender(SenderConfig{Transport: r.client, Session: "tp", Secret: testSecret, Placement: place, MaxHeld: 1, // one layer at a time
 		Deadline: time.Now().Add(10 * time.Second), Timeouts: fast})
 	if err != nil {
 		t.Fatal(err)

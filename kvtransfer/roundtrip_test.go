@@ -33,7 +33,7 @@ func TestRoundTrip(t *testing.T) {
 				all := kvtest.AllLayers(r.cfg.NumLayers)
 				src := kvtest.RandomSeq(r.cfg, all, tc.T, tc.dt, uint64(ranks))
 				ins := r.expect("job-rt", tc.T, tc.dt, 10*time.Second)
-				s, err := NewSender(SenderConfig{Session: "job-rt", Secret: testSecret, Placement: r.place, Conns: 3,
+				s, err := NewSender(SenderConfig{Transport: r.client, Session: "job-rt", Secret: testSecret, Placement: r.place, Conns: 3,
 					Deadline: time.Now().Add(10 * time.Second), Timeouts: fast})
 				if err != nil {
 					t.Fatal(err)
@@ -76,7 +76,7 @@ func TestLatentCapacity(t *testing.T) {
 			t.Fatal(err)
 		}
 		src := kvtest.RandomSeq(r.cfg, []int{3, 4}, T, model.BF16, 1)
-		s, err := NewSender(SenderConfig{Session: "cap", Secret: testSecret, Placement: LayerMap{3: r.servers[0].Addr(), 4: r.servers[0].Addr()},
+		s, err := NewSender(SenderConfig{Transport: r.client, Session: "cap", Secret: testSecret, Placement: LayerMap{3: r.servers[0].Addr(), 4: r.servers[0].Addr()},
 			Deadline: time.Now().Add(5 * time.Second), Timeouts: fast})
 		if err != nil {
 			t.Fatal(err)

@@ -33,3 +33,6 @@ go test -timeout 20m ./...
 
 echo "== go test -race (concurrent packages)"
 go test -race -short -timeout 20m $(go list ./... | grep -E '/(kvtransfer|controlplane|prefill-worker|decode-worker|coordinator)(/|$)' || true)
+
+echo "== go test -race: kvtransfer's suites and the mesh over the RDMA link on fake verbs"
+KVTRANSFER_TRANSPORT=rdma-fake go test -race -short -timeout 20m ./kvtransfer/ ./decode-worker/mesh/

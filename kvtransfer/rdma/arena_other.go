@@ -1,0 +1,9 @@
+//go:build !unix
+
+package rdma
+
+import "github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
+
+func mapArena(n int) ([]byte, error) { return nil, verbs.ErrUnsupported }
+
+func unmapArena(b []byte) error { return nil }

@@ -1,0 +1,659 @@
+package rdma
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/tandem-inference/tandem/internal/crc32c"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
+)
+
+// Errors a link fails with.
+var (
+	// ErrPeerUnreachable: a slot stayed unacknowledged through every
+	// retransmission.
+	ErrPeerUnreachable = errors.New("rdma: peer unreachable: no acknowledgement after every retransmission")
+	// ErrPeerDead: the bootstrap socket, the link's liveness anchor, went
+	// silent or closed.
+	ErrPeerDead = errors.New("rdma: peer dead")
+	// ErrClosed: the link or stream was closed locally.
+	ErrClosed = errors.New("rdma: closed")
+	// ErrPeerClosed: the peer closed the stream.
+	ErrPeerClosed = errors.New("rdma: stream closed by the peer")
+)
+
+// Work request ids: the kind in the top byte, the slot index below.
+const (
+	idRecv = 1 << 56
+	idData = 2 << 56
+	idCtl  = 3 << 56
+	idMask = 1<<56 - 1
+)
+
+// LinkStats count a link's reliability work.
+type LinkStats struct {
+	SlotsSent, SlotsReceived int64
+	Retransmits              int64 // slots sent again
+	Timeouts                 int64 // retransmission timer expiries
+	FastRetransmits          int64 // go-backs on a NAK
+	Corrupt                  int64 // slots dropped: bad magic, epoch, length or checksum
+	OutOfOrder, Duplicates   int64 // slots dropped for their sequence number
+	LenErrors                int64 // receive completions with a length error
+	AcksSent                 int64 // control slots sent
+}
+
+func (s *LinkStats) add(o LinkStats) {
+	s.SlotsSent += o.SlotsSent
+	s.SlotsReceived += o.SlotsReceived
+	s.Retransmits += o.Retransmits
+	s.Timeouts += o.Timeouts
+	s.FastRetransmits += o.FastRetransmits
+	s.Corrupt += o.Corrupt
+	s.OutOfOrder += o.OutOfOrder
+	s.Duplicates += o.Duplicates
+	s.LenErrors += o.LenErrors
+	s.AcksSent += o.AcksSent
+}
+
+// link is one UC queue pair to one peer, made reliable with credit-based
+// go-back-N, carrying the frames of many streams.
+type link struct {
+	cfg    *Config
+	name   string // for errors: the peer's bootstrap address
+	qp     verbs.QP
+	cq     verbs.CQ
+	mr     verbs.MR
+	arena  []byte
+	anchor net.Conn
+	onDown func(*link) // removes the link from its owner's table
+
+	slot, capacity int // slot bytes, payload bytes per slot
+	epoch, peer    uint32
+	ctl            int // control slots (receive reserve) on each side
+	win            int // data slots: the most sequenced slots unacked or unconsumed
+
+	sendData, sendCtl, recv [][]byte
+
+	mu sync.Mutex
+	// send side
+	nextSeq    uint64 // next sequence number to assign (from 1)
+	postNext   uint64 // next sequence number to post (go-back-N moves it back)
+	maxPosted  uint64 // one past the highest sequence number ever posted
+	acked      uint64 // the peer's cumulative ack
+	peerCredit uint64 // the highest seq the peer can take
+	ready      []bool // per data slot: filled and sealed
+	inflight   []bool // per data slot: posted, send completion not yet polled
+	ctlBusy    []bool
+	ctlNext    int
+	goBack     uint64 // base of the last go-back on a NAK
+	rto        time.Duration
+	srtt       time.Duration // smoothed round trip of slots sent once
+	sentAt     []time.Time   // per data slot: when it was first posted
+	resent     []bool        // per data slot: posted more than once (no RTT sample)
+	tries      int
+	rtxAt      time.Time // when the retransmission timer expires (zero: off)
+	rtxTimer   *time.Timer
+	credWait   bool // a writer waits for credit
+	// receive side
+	expected              uint64 // next in-order seq
+	consumed              uint64 // in-order sequenced slots released
+	ackSent, creditSent   uint64 // what the peer last heard
+	nakFor                uint64 // the expected seq a NAK was sent for
+	ackTimer              *time.Timer
+	ackArmed, ackNow      bool
+	streams               map[uint32]*stream
+	nextStream            uint32
+	accept                chan *stream // listener side: streams the peer opened
+	changed               chan struct{}
+	err                   error
+	done                  chan struct{}
+	users                 sync.WaitGroup // goroutines touching the arena outside mu
+	stats                 LinkStats
+	pollerDone, anchorOut chan struct{}
+	anchorLocal           string
+}
+
+func (l *link) credit() uint64 { return l.consumed + uint64(l.win) }
+
+// broadcast wakes every waiter; call with mu held.
+func (l *link) broadcast() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// fail breaks the link once; every stream fails with err.
+func (l *link) fail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failLocked(err)
+}
+
+func (l *link) failLocked(err error) {
+	if l.err != nil {
+		return
+	}
+	l.err = err
+	close(l.done)
+	l.broadcast()
+	for _, s := range l.streams {
+		s.wake()
+	}
+	if l.rtxTimer != nil {
+		l.rtxTimer.Stop()
+	}
+	if l.ackTimer != nil {
+		l.ackTimer.Stop()
+	}
+	if l.anchor != nil {
+		// Unblocks the anchor's reader; the peer sees the socket close.
+		l.anchor.Close()
+	}
+}
+
+// teardown waits for the link's goroutines and users, then destroys the
+// queue pair first, as Apple's stack needs, and frees the rest.
+func (l *link) teardown() {
+	<-l.pollerDone
+	<-l.anchorOut
+	l.users.Wait()
+	l.qp.Close()
+	l.cq.Close()
+	l.mr.Close()
+	unmapArena(l.arena)
+	if l.onDown != nil {
+		l.onDown(l)
+	}
+}
+
+// poll reaps completions until the link fails.
+func (l *link) poll() {
+	defer close(l.pollerDone)
+	wcs := make([]verbs.WC, 64)
+	var notify <-chan struct{}
+	if n, ok := l.cq.(verbs.Notifier); ok {
+		notify = n.Notify()
+	}
+	idle := 0
+	for {
+		n, err := l.cq.Poll(wcs)
+		if err != nil {
+			l.fail(fmt.Errorf("rdma: link to %s: poll: %w", l.name, err))
+			return
+		}
+		if n > 0 {
+			idle = 0
+			l.handle(wcs[:n])
+			continue
+		}
+		select {
+		case <-l.done:
+			return
+		default:
+		}
+		if notify != nil {
+			select {
+			case <-notify:
+			case <-l.done:
+				return
+			}
+			continue
+		}
+		// No completion channel: spin briefly after activity, then back off.
+		idle++
+		if idle < 200 {
+			runtime.Gosched()
+			continue
+		}
+		d := time.Duration(min(idle-199, 50)) * 20 * time.Microsecond
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+			return
+		}
+	}
+}
+
+type arrival struct {
+	idx int
+	h   slotHeader
+	ok  bool
+}
+
+// handle processes a batch of completions. Received slots are checked
+// outside the lock (the poller owns them until they are reposted).
+func (l *link) handle(wcs []verbs.WC) {
+	var arr [64]arrival
+	got := arr[:0]
+	for _, wc := range wcs {
+		if wc.ID&^idMask != idRecv || wc.Status != verbs.StatusSuccess {
+			continue
+		}
+		idx := int(wc.ID & idMask)
+		if idx >= len(l.recv) {
+			continue
+		}
+		a := arrival{idx: idx}
+		if int(wc.ByteLen) == l.slot {
+			a.h, a.ok = parse(l.recv[idx], l.capacity)
+			a.ok = a.ok && a.h.epoch == l.peer
+		}
+		got = append(got, a)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	ai := 0
+	for _, wc := range wcs {
+		idx := int(wc.ID & idMask)
+		switch wc.ID &^ idMask {
+		case idData:
+			if idx < len(l.inflight) {
+				l.inflight[idx] = false
+			}
+		case idCtl:
+			if idx < len(l.ctlBusy) {
+				l.ctlBusy[idx] = false
+			}
+		case idRecv:
+			if wc.Status == verbs.StatusSuccess {
+				l.arrive(got[ai])
+				ai++
+				break
+			}
+			if wc.Status == verbs.StatusLocLenErr && idx < len(l.recv) {
+				// A SEND that did not fill our slot's frames: lost.
+				l.stats.LenErrors++
+				l.repost(idx)
+				l.nak()
+				break
+			}
+		}
+		if wc.Status != verbs.StatusSuccess && l.err == nil {
+			l.failLocked(fmt.Errorf("rdma: link to %s: completion of request %#x: %s", l.name, wc.ID, wc.Status))
+		}
+		if l.err != nil {
+			return
+		}
+	}
+	l.pump()
+	l.maybeAck()
+	l.broadcast()
+}
+
+// repost gives a receive slot back to the queue pair; with mu held.
+func (l *link) repost(idx int) {
+	if l.err != nil {
+		return
+	}
+	if err := l.qp.PostRecv(idRecv|uint64(idx), l.mr, l.recv[idx]); err != nil {
+		l.failLocked(fmt.Errorf("rdma: link to %s: repost receive: %w", l.name, err))
+	}
+}
+
+// nak asks the peer to resend from our expected seq, once per gap.
+func (l *link) nak() {
+	if l.nakFor != l.expected {
+		l.nakFor = l.expected
+		l.sendControl(flagNak)
+	}
+}
+
+// arrive handles one received slot; with mu held.
+func (l *link) arrive(a arrival) {
+	l.stats.SlotsReceived++
+	if !a.ok {
+		l.stats.Corrupt++
+		l.repost(a.idx)
+		l.nak()
+		return
+	}
+	h := a.h
+	// The piggybacked ack and credit, from any intact slot.
+	if h.ack >= l.nextSeq {
+		l.failLocked(fmt.Errorf("rdma: link to %s: peer acknowledges seq %d, never sent (next %d)", l.name, h.ack, l.nextSeq))
+		return
+	}
+	if h.ack > l.acked {
+		for q := l.acked + 1; q <= h.ack; q++ {
+			l.ready[int(q%uint64(l.win))] = false
+		}
+		if i := int(h.ack % uint64(l.win)); !l.resent[i] {
+			// Karn: only slots sent once give a round-trip sample.
+			rtt := time.Since(l.sentAt[i])
+			if l.srtt == 0 {
+				l.srtt = rtt
+			} else {
+				l.srtt += (rtt - l.srtt) / 8
+			}
+		}
+		l.acked = h.ack
+		l.tries = 0
+		l.rto = l.baseRTO()
+		if l.postNext <= l.acked {
+			l.postNext = l.acked + 1
+		}
+		l.armRetransmit(true)
+	}
+	if h.credit > l.peerCredit {
+		l.peerCredit = h.credit
+	}
+	if l.credWait && l.acked+1 >= l.maxPosted {
+		// Only waiting for credit, and the peer is alive: not a failure.
+		l.tries = 0
+		l.rto = l.baseRTO()
+	}
+	if h.flags&flagNak != 0 && h.ack+1 < l.nextSeq && l.goBack != h.ack+1 {
+		l.goBack = h.ack + 1
+		l.postNext = h.ack + 1
+		l.stats.FastRetransmits++
+	}
+	if h.flags&flagProbe != 0 {
+		l.ackNow = true
+	}
+	if h.kind == kindCtl {
+		l.repost(a.idx)
+		return
+	}
+	switch {
+	case h.seq < l.expected:
+		// Our ack was lost or late: say again what we have.
+		l.stats.Duplicates++
+		l.repost(a.idx)
+		l.ackNow = true
+		return
+	case h.seq > l.expected:
+		l.stats.OutOfOrder++
+		l.repost(a.idx)
+		l.nak()
+		return
+	}
+	if h.seq > l.credit() {
+		l.failLocked(fmt.Errorf("rdma: link to %s: peer sent seq %d beyond our credit %d", l.name, h.seq, l.credit()))
+		return
+	}
+	l.expected++
+	l.armAck()
+	switch h.kind {
+	case kindOpen:
+		l.repost(a.idx)
+		l.consumed++
+		if l.accept == nil || l.streams[h.stream] != nil {
+			l.failLocked(fmt.Errorf("rdma: link to %s: unexpected open of stream %d", l.name, h.stream))
+			return
+		}
+		s := newStream(l, h.stream)
+		select {
+		case l.accept <- s:
+			l.streams[h.stream] = s
+		default:
+			// Nobody accepts fast enough: refuse the stream.
+			l.sendSequenced(kindClose, h.stream)
+		}
+	case kindClose:
+		l.repost(a.idx)
+		l.consumed++
+		if s := l.streams[h.stream]; s != nil {
+			s.peerClosed = true
+			s.wake()
+		}
+	case kindData:
+		s := l.streams[h.stream]
+		if s == nil || s.closed {
+			l.repost(a.idx)
+			l.consumed++
+			return
+		}
+		s.queue = append(s.queue, rslot{idx: a.idx, h: h})
+		s.wake()
+	}
+}
+
+// release hands a consumed data slot back; called by readers.
+func (l *link) release(idx int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releaseLocked(idx)
+}
+
+func (l *link) releaseLocked(idx int) {
+	l.repost(idx)
+	l.consumed++
+	l.armAck()
+	l.maybeAck()
+}
+
+// armAck notes that the peer should hear our new ack or credit.
+func (l *link) armAck() {
+	if l.ackArmed || l.err != nil {
+		return
+	}
+	l.ackArmed = true
+	if l.ackTimer == nil {
+		l.ackTimer = time.AfterFunc(l.cfg.AckDelay, l.onAckTimer)
+	} else {
+		l.ackTimer.Reset(l.cfg.AckDelay)
+	}
+}
+
+func (l *link) onAckTimer() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ackArmed = false
+	if l.err != nil {
+		return
+	}
+	if l.expected-1 != l.ackSent || l.credit() != l.creditSent {
+		l.sendControl(0)
+	}
+}
+
+// maybeAck sends an ack now when enough has accumulated or one is asked
+// for; otherwise the ack timer or the next data slot carries it.
+func (l *link) maybeAck() {
+	every := uint64(max(l.win/2, 1))
+	if l.ackNow || l.expected-1 >= l.ackSent+every || l.credit() >= l.creditSent+every {
+		l.ackNow = false
+		l.sendControl(0)
+	}
+}
+
+// sendControl sends an unsequenced slot carrying our ack and credit; with
+// mu held. With every control slot still in flight it gives up: the ack
+// timer or the peer's retransmission brings another chance.
+func (l *link) sendControl(flags uint8) {
+	if l.err != nil {
+		return
+	}
+	i := -1
+	for k := 0; k < len(l.sendCtl); k++ {
+		j := (l.ctlNext + k) % len(l.sendCtl)
+		if !l.ctlBusy[j] {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		l.armAck()
+		return
+	}
+	l.ctlNext = i + 1
+	h := slotHeader{epoch: l.epoch, ack: l.expected - 1, credit: l.credit(), kind: kindCtl, flags: flags}
+	h.put(l.sendCtl[i])
+	if err := l.qp.PostSend(idCtl|uint64(i), l.mr, l.sendCtl[i]); err != nil {
+		l.failLocked(fmt.Errorf("rdma: link to %s: post control slot: %w", l.name, err))
+		return
+	}
+	l.ctlBusy[i] = true
+	l.ackSent, l.creditSent = h.ack, h.credit
+	l.stats.AcksSent++
+}
+
+// pump posts filled data slots in sequence order from postNext; with mu
+// held.
+func (l *link) pump() {
+	for l.err == nil && l.postNext < l.nextSeq {
+		i := int(l.postNext % uint64(l.win))
+		if !l.ready[i] || l.inflight[i] || l.postNext > l.peerCredit {
+			break
+		}
+		b := l.sendData[i]
+		ack, credit := l.expected-1, l.credit()
+		refresh(b, ack, credit)
+		if err := l.qp.PostSend(idData|uint64(i), l.mr, b); err != nil {
+			l.failLocked(fmt.Errorf("rdma: link to %s: post send: %w", l.name, err))
+			return
+		}
+		l.inflight[i] = true
+		l.ackSent, l.creditSent = ack, credit
+		l.stats.SlotsSent++
+		if l.postNext < l.maxPosted {
+			l.stats.Retransmits++
+			l.resent[i] = true
+		} else {
+			l.maxPosted = l.postNext + 1
+			l.sentAt[i], l.resent[i] = time.Now(), false
+		}
+		l.postNext++
+		l.armRetransmit(false)
+	}
+}
+
+// baseRTO is the configured RTO, or three smoothed round trips when
+// that is longer (a slow or delayed wire must not look lossy).
+func (l *link) baseRTO() time.Duration {
+	return min(max(l.cfg.RTO, 3*l.srtt), l.cfg.MaxRTO)
+}
+
+// armRetransmit keeps the retransmission timer running while anything is
+// unacknowledged or a writer waits for credit; restart pushes its expiry
+// out by one RTO (after progress).
+func (l *link) armRetransmit(restart bool) {
+	if l.err != nil {
+		return
+	}
+	outstanding := l.acked+1 < l.maxPosted || l.credWait
+	if !outstanding {
+		l.rtxAt = time.Time{}
+		return
+	}
+	if !l.rtxAt.IsZero() && !restart {
+		return
+	}
+	l.rtxAt = time.Now().Add(l.rto)
+	if l.rtxTimer == nil {
+		l.rtxTimer = time.AfterFunc(l.rto, l.onRetransmit)
+	} else {
+		l.rtxTimer.Reset(l.rto)
+	}
+}
+
+func (l *link) onRetransmit() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil || l.rtxAt.IsZero() {
+		return
+	}
+	if now := time.Now(); now.Before(l.rtxAt) {
+		l.rtxTimer.Reset(l.rtxAt.Sub(now))
+		return
+	}
+	l.rtxAt = time.Time{}
+	if !(l.acked+1 < l.maxPosted || l.credWait) {
+		return
+	}
+	l.tries++
+	if l.tries > l.cfg.Retries {
+		l.failLocked(fmt.Errorf("rdma: link to %s: %w (%d tries, seq %d)", l.name, ErrPeerUnreachable, l.tries-1, l.acked+1))
+		return
+	}
+	l.stats.Timeouts++
+	l.rto = min(2*l.rto, l.cfg.MaxRTO)
+	if l.acked+1 < l.maxPosted {
+		l.postNext = l.acked + 1
+		l.goBack = 0
+		l.pump()
+	} else {
+		// Only credit is missing: probe for it.
+		l.sendControl(flagProbe)
+	}
+	l.armRetransmit(true)
+}
+
+// reserve waits until the next data slot is free and within the peer's
+// credit and assigns it a sequence number. The caller fills the slot
+// outside the lock and then calls commit.
+func (l *link) reserve(deadline *deadline, s *stream) (seq uint64, buf []byte, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		if l.err != nil {
+			return 0, nil, l.err
+		}
+		if err := s.writeErr(); err != nil {
+			return 0, nil, err
+		}
+		seq = l.nextSeq
+		i := int(seq % uint64(l.win))
+		free := seq <= l.acked+uint64(l.win) && !l.inflight[i] && !l.ready[i]
+		if free && seq <= l.peerCredit {
+			l.credWait = false
+			l.nextSeq++
+			l.users.Add(1)
+			return seq, l.sendData[i], nil
+		}
+		if free && !l.credWait {
+			l.credWait = true
+			l.armRetransmit(false)
+		}
+		ch := l.changed
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.wait():
+			l.mu.Lock()
+			return 0, nil, errTimeout
+		}
+		l.mu.Lock()
+	}
+}
+
+// commit seals a reserved slot and posts what is ready in order.
+func (l *link) commit(seq uint64, h slotHeader, buf []byte) {
+	h.epoch, h.seq = l.epoch, seq
+	if h.n > 0 {
+		h.pcrc = crc32c.Checksum(buf[hdrSize : hdrSize+int(h.n)])
+	}
+	h.put(buf)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.users.Done()
+	if l.err != nil {
+		return
+	}
+	l.ready[int(seq%uint64(l.win))] = true
+	l.pump()
+}
+
+// sendSequenced sends an empty OPEN or CLOSE slot if one is free now;
+// with mu held. It reports whether it could.
+func (l *link) sendSequenced(k kind, stream uint32) bool {
+	seq := l.nextSeq
+	i := int(seq % uint64(l.win))
+	if l.err != nil || seq > l.acked+uint64(l.win) || l.inflight[i] || l.ready[i] || seq > l.peerCredit {
+		return false
+	}
+	l.nextSeq++
+	h := slotHeader{epoch: l.epoch, seq: seq, stream: stream, kind: k}
+	h.put(l.sendData[i])
+	l.ready[i] = true
+	l.pump()
+	return true
+}

@@ -1,0 +1,270 @@
+package rdma_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var loopGID = verbs.GIDFromIP(net.IPv4(127, 0, 0, 1))
+
+// pair is two hosts on a fake fabric, a listener on one and a transport
+// that dials it from the other.
+type pair struct {
+	fab      *fakeverbs.Fabric
+	dialer   *rdma.Transport
+	server   *rdma.Transport
+	listener *rdma.Listener
+}
+
+func newPair(t *testing.T, f fakeverbs.Faults, cfg rdma.Config) *pair {
+	t.Helper()
+	fab := fakeverbs.NewFabric(f, 1)
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	}
+	cd, cs := cfg, cfg
+	cd.Provider = fab.Host("a", loopGID)
+	cs.Provider = fab.Host("b", loopGID)
+	d, err := rdma.New(cd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := rdma.New(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := s.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		ln.Close()
+		s.Close()
+	})
+	return &pair{fab: fab, dialer: d, server: s, listener: ln}
+}
+
+func (p *pair) conns(t *testing.T) (*rdma.Conn, *rdma.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.dialer.Dial(ctx, p.listener.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := make(chan *rdma.Conn, 1)
+	go func() {
+		s, _ := p.listener.Accept()
+		acc <- s
+	}()
+	var s *rdma.Conn
+	select {
+	case s = <-acc:
+	case <-ctx.Done():
+	}
+	if s == nil {
+		c.Close()
+		t.Fatal("no stream accepted")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c, s
+}
+
+func readAll(c *rdma.Conn) (hdr string, payload []byte, err error) {
+	err = c.ReadFrame(func(h []byte, n int) ([]byte, error) {
+		hdr = string(h)
+		payload = make([]byte, n)
+		return payload, nil
+	})
+	return
+}
+
+func randBytes(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	rand.NewChaCha8([32]byte{byte(seed)}).Read(b)
+	return b
+}
+
+// sendRecv sends frames of the given sizes one way and checks each arrives
+// intact and in order.
+func sendRecv(t *testing.T, c, s *rdma.Conn, sizes []int) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		for i, n := range sizes {
+			if err := c.WriteFrame([]byte(fmt.Sprintf("h%d", i)), randBytes(n, uint64(i))); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i, n := range sizes {
+		h, p, err := readAll(s)
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if h != fmt.Sprintf("h%d", i) || !bytes.Equal(p, randBytes(n, uint64(i))) {
+			t.Fatalf("frame %d of %d bytes: header %q, payload intact %v", i, n, h, bytes.Equal(p, randBytes(n, uint64(i))))
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+var sizes = []int{0, 1, 100, 128<<10 - 80, 128 << 10, 1 << 20, 3<<20 + 17, 5000, 0}
+
+func TestFramesCleanWire(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{})
+	c, s := p.conns(t)
+	sendRecv(t, c, s, sizes)
+	sendRecv(t, s, c, sizes)
+	// Retransmissions may happen on a loaded machine (a late ack looks like
+	// a loss); damage may not.
+	st := p.dialer.Stats()
+	if st.Corrupt != 0 || st.LenErrors != 0 {
+		t.Errorf("clean wire: %+v", st)
+	}
+	t.Logf("wire %+v, dialer %+v", p.fab.Stats(), st)
+}
+
+func TestFramesUnderFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    fakeverbs.Faults
+	}{
+		{"loss1pct", fakeverbs.Faults{Loss: 0.01}},
+		{"loss10pct", fakeverbs.Faults{Loss: 0.10}},
+		{"nth", fakeverbs.Faults{LoseNth: []int64{1, 2, 5, 9, 30, 31, 32, 60}}},
+		{"tail", fakeverbs.Faults{TailLoss: 2 * time.Millisecond, MaxFaults: 6}},
+		{"delay", fakeverbs.Faults{Delay: 3 * time.Millisecond}},
+		{"flips", fakeverbs.Faults{Flip: 0.05}},
+		{"block", fakeverbs.Faults{Loss: 0.02, NoRecv: fakeverbs.NoRecvBlock}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, tc.f, rdma.Config{SlotSize: 32 << 10, Slots: 8, Reserve: 2})
+			c, s := p.conns(t)
+			sendRecv(t, c, s, sizes)
+			sendRecv(t, s, c, sizes)
+			t.Logf("wire %+v, dialer %+v", p.fab.Stats(), p.dialer.Stats())
+		})
+	}
+}
+
+// Many streams share one link; each stays in order.
+func TestStreamsMultiplexed(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{Loss: 0.02}, rdma.Config{SlotSize: 16 << 10, Slots: 8, Reserve: 2})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		c, s := p.conns(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sendRecv(t, c, s, []int{10, 40000, 1, 70000})
+		}()
+	}
+	wg.Wait()
+}
+
+func TestReadDeadlineAndClose(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{})
+	c, s := p.conns(t)
+	s.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	_, _, err := readAll(s)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read past the deadline: %v", err)
+	}
+	s.SetReadDeadline(time.Time{})
+	if err := c.WriteFrame([]byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, _, err := readAll(s); err != nil {
+		t.Fatalf("frame before close: %v", err)
+	}
+	if _, _, err := readAll(s); err != io.EOF {
+		t.Fatalf("after the peer closed: %v, want EOF", err)
+	}
+}
+
+// A peer that goes silent (its data path and its anchor) is detected
+// within a second.
+func TestDeadPeerDetected(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{})
+	c, s := p.conns(t)
+	sendRecv(t, c, s, []int{10})
+	p.fab.Silence("b")
+	start := time.Now()
+	p.listener.Close() // the anchor socket goes with the server
+	_, _, err := readAll(c)
+	if err == nil {
+		t.Fatal("read from a dead peer succeeded")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("dead peer detected after %v", d)
+	}
+}
+
+// A silent data path with a live anchor fails after bounded retransmits.
+func TestSilentDataPathFails(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{RTO: time.Millisecond, MaxRTO: 5 * time.Millisecond, Retries: 5})
+	c, _ := p.conns(t)
+	p.fab.Silence("b")
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		err = c.WriteFrame([]byte("h"), make([]byte, 100<<10))
+	}
+	if err == nil {
+		_, _, err = readAll(c)
+	}
+	if !errors.Is(err, rdma.ErrPeerUnreachable) {
+		t.Fatalf("silent data path: %v", err)
+	}
+}
+
+// A pulled link fails posts; the link breaks with an error, not a hang.
+func TestPulledLink(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{})
+	c, _ := p.conns(t)
+	p.fab.Pull("a")
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		err = c.WriteFrame([]byte("h"), make([]byte, 100<<10))
+	}
+	if err == nil {
+		t.Fatal("writes over a pulled link succeeded")
+	}
+}
+
+// One link per peer: many dials share it, and a new one replaces a dead one.
+func TestOneLinkPerPeer(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{})
+	for i := 0; i < 5; i++ {
+		c, s := p.conns(t)
+		sendRecv(t, c, s, []int{1000})
+	}
+	if st := p.fab.Stats(); st.Sent > 100 {
+		t.Logf("%+v", st)
+	}
+}
