@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -12,25 +14,52 @@ import (
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var secret = []byte("mesh-test-secret-0123456789")
 
+// overRDMA runs the ring tests over the RDMA link on fake verbs
+// (KVTRANSFER_TRANSPORT=rdma-fake, as scripts/test.sh does) instead of TCP.
+var overRDMA = os.Getenv("KVTRANSFER_TRANSPORT") == "rdma-fake"
+
 // testRing is n ranks on loopback; via, when set, maps rank r's next
 // address to the one it dials (a proxy).
 type testRing struct {
-	t     *testing.T
-	srvs  []*kvtransfer.Server
-	rings []*Ring
+	t      *testing.T
+	srvs   []*kvtransfer.Server
+	rings  []*Ring
+	fabric *fakeverbs.Fabric
+	trs    []kvtransfer.Transport // per rank, over RDMA
+}
+
+// transport returns a new transport for rank r: TCP, or an RDMA one on
+// the fake fabric, closed at the test's end.
+func (tr *testRing) transport(r int) kvtransfer.Transport {
+	if tr.fabric == nil {
+		return nil // TCP
+	}
+	t, err := rdma.New(rdma.Config{Provider: tr.fabric.Host(fmt.Sprintf("rank%d", r), verbs.GIDFromIP(net.IPv4(127, 0, 0, 1)))})
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	tr.t.Cleanup(func() { t.Close() })
+	return kvtransfer.RDMA{T: t}
 }
 
 func newTestRing(t *testing.T, n int, via func(r int, next string) string, mod func(*Config)) *testRing {
 	t.Helper()
 	tr := &testRing{t: t}
+	if overRDMA {
+		tr.fabric = fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+	}
 	for r := 0; r < n; r++ {
-		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0"})
+		tr.trs = append(tr.trs, tr.transport(r))
+		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0", Transport: tr.trs[r]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,7 +67,7 @@ func newTestRing(t *testing.T, n int, via func(r int, next string) string, mod f
 	}
 	for r := 0; r < n; r++ {
 		cfg := Config{Group: "g", Rank: r, Ranks: n, Server: tr.srvs[r], Next: tr.srvs[(r+1)%n].Addr(), Secret: secret,
-			Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond}
+			Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond, Transport: tr.trs[r]}
 		if via != nil {
 			cfg.Next = via(r, cfg.Next)
 		}
@@ -156,6 +185,9 @@ func TestRingRestart(t *testing.T) {
 	addr := tr.srvs[1].Addr()
 	tr.rings[1].Close()
 	tr.srvs[1].Close()
+	if rt, ok := tr.trs[1].(kvtransfer.RDMA); ok {
+		rt.T.Close() // the whole process goes, its links with it
+	}
 	down := map[Dir]bool{}
 	start := time.Now()
 	for !down[Upstream] || !down[Downstream] {
@@ -170,13 +202,14 @@ func TestRingRestart(t *testing.T) {
 	if err := tr.rings[0].Send(&Header{Kind: KindForm}, nil); err == nil {
 		t.Fatal("send with the next rank gone succeeded")
 	}
-	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: addr})
+	tr.trs[1] = tr.transport(1)
+	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: addr, Transport: tr.trs[1]})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr.srvs[1] = srv
 	r1, err := Start(Config{Group: "g", Rank: 1, Ranks: 2, Server: srv, Next: tr.srvs[0].Addr(), Secret: secret,
-		Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond})
+		Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond, Transport: tr.trs[1]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +226,9 @@ func TestRingRestart(t *testing.T) {
 // TestRingSilentPeer: a link that goes silent (stalled, not closed) is taken
 // for dead within the idle timeout, and redialed.
 func TestRingSilentPeer(t *testing.T) {
+	if overRDMA {
+		t.Skip("a TCP proxy stalls the link; kvtransfer/rdma tests a silent RDMA peer")
+	}
 	// Rank 0 reaches rank 1 through a proxy; once the link is up, the proxy
 	// holds every byte back (the connection stays open and silent).
 	var px *faultproxy.Proxy
