@@ -293,7 +293,9 @@ the profile alone is reported next to it.
 		return fmt.Errorf("e2e: starting the system: %w", err)
 	}
 	defer d.Close()
-	nc, err := d.c.Connect(ctx, "e2e-client")
+	// The replay watches the prefill worker's reports too: the
+	// coordinator's identity (a client may not read them).
+	nc, err := d.c.ConnectAs(ctx, cp.PrincipalCoordinator, "e2e-client")
 	if err != nil {
 		return err
 	}

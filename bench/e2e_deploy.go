@@ -104,7 +104,7 @@ func startDeployment(ctx context.Context, opt deployOptions) (d *deployment, err
 // startPrefill starts the prefill worker as cluster.StartPrefill does,
 // with the pass hook.
 func (d *deployment) startPrefill(ctx context.Context) error {
-	nc, err := d.c.Connect(ctx, prefillID)
+	nc, err := d.c.ConnectAs(ctx, cp.PrincipalWorker, prefillID)
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func (d *deployment) limitLinks(ctx context.Context) error {
 		}
 		d.proxies = append(d.proxies, px)
 		id := d.c.RankID(r)
-		nc, err := d.c.Connect(ctx, id)
+		nc, err := d.c.ConnectAs(ctx, cp.PrincipalWorker, id)
 		if err != nil {
 			return err
 		}

@@ -61,7 +61,7 @@ func replay(ctx context.Context, nc *nats.Conn, jobs []workload.Job, policy cp.P
 	out := make([]measured, len(jobs))
 	var mu sync.Mutex
 	bytes := map[string]int64{}
-	sub, err := nc.Subscribe(cp.SubjectAllJobProgress, func(m *nats.Msg) {
+	sub, err := nc.Subscribe(cp.SubjectAllProgress, func(m *nats.Msg) {
 		var p cp.Progress
 		if _, err := cp.DecodeMsg(m, &p); err != nil || p.WorkerID != prefillID || p.Stage != cp.StateDone {
 			return

@@ -99,7 +99,7 @@ func TestDeploymentReplaysThroughTheControlPlane(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 	}()
-	nc, err := d.c.Connect(ctx, "test")
+	nc, err := d.c.ConnectAs(ctx, cp.PrincipalCoordinator, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

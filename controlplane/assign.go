@@ -44,6 +44,9 @@ type Assignment struct {
 	// tile [0, layers) without gaps.
 	Placement []LayerPlacement `msgpack:"placement" json:"placement"`
 	GroupID   string           `msgpack:"group_id" json:"group_id"`
+	// Client is the client that submitted the job: the decode group's
+	// rank 0 publishes the tokens on ClientJobTokens(client, job id).
+	Client string `msgpack:"client" json:"client"`
 	// Deadline is when the worker gives up and reports the job failed;
 	// zero means no deadline.
 	Deadline time.Time `msgpack:"deadline,omitempty" json:"deadline,omitzero"`
@@ -61,6 +64,9 @@ func (a *Assignment) Validate() error {
 	}
 	if err := CheckID(a.GroupID); err != nil {
 		return fieldErr(msg, "group_id", "%v", err)
+	}
+	if err := CheckID(a.Client); err != nil {
+		return fieldErr(msg, "client", "%v", err)
 	}
 	if a.Role != RolePrefill && a.Role != RoleDecode {
 		return fieldErr(msg, "role", "is %q, must be prefill or decode", a.Role)
@@ -179,8 +185,8 @@ func (r *AssignReply) Validate() error {
 // Err returns the refusal as a *RemoteError, or nil when accepted.
 func (r *AssignReply) Err() error { return replyErr(r.Error, r.Code) }
 
-// Progress is a worker's report on a job, published on JobProgress(job id)
-// for the coordinator: layers done, bytes shipped, tokens made, a failure,
+// Progress is a worker's report on a job, published on
+// WorkerProgress(worker, job id) for the coordinator: layers done, bytes shipped, tokens made, a failure,
 // and the figures it measured (for the cost model).
 type Progress struct {
 	JobID    string    `msgpack:"job_id" json:"job_id"`

@@ -28,13 +28,13 @@ func BenchmarkSubmitRoundTrip(b *testing.B) {
 	if _, err := nc.Subscribe("tandem.v1.bench.raw", func(m *nats.Msg) { _ = m.Respond(nil) }); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := Serve(ctx, nc, SubjectSubmit, "", func(_ context.Context, req *SubmitRequest) (*SubmitReply, error) {
-		return &SubmitReply{JobID: JobIDFor(req)}, nil
+	if _, err := Serve(ctx, nc, ClientSubmit(DefaultClient), "", func(_ context.Context, req *SubmitRequest) (*SubmitReply, error) {
+		return &SubmitReply{JobID: JobIDFor(DefaultClient, req)}, nil
 	}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := Serve(ctx, nc, "tandem.v1.bench.enqueue", "", func(ctx context.Context, req *SubmitRequest) (*SubmitReply, error) {
-		job := &QueuedJob{JobID: JobIDFor(req), Submitted: time.Now(), Request: *req}
+		job := &QueuedJob{JobID: JobIDFor(DefaultClient, req), Submitted: time.Now(), Request: *req, Client: DefaultClient}
 		if _, err := q.Enqueue(ctx, job); err != nil {
 			return nil, err
 		}
@@ -51,8 +51,8 @@ func BenchmarkSubmitRoundTrip(b *testing.B) {
 			return err
 		})
 	})
-	for _, subject := range []string{SubjectSubmit, "tandem.v1.bench.enqueue"} {
-		name := map[string]string{SubjectSubmit: "reply", "tandem.v1.bench.enqueue": "enqueue"}[subject]
+	for _, subject := range []string{ClientSubmit(DefaultClient), "tandem.v1.bench.enqueue"} {
+		name := map[string]string{ClientSubmit(DefaultClient): "reply", "tandem.v1.bench.enqueue": "enqueue"}[subject]
 		b.Run(name, func(b *testing.B) {
 			measure(b, rawP50, func() error {
 				var rep SubmitReply

@@ -40,7 +40,7 @@ func sampleMessages() []Message {
 			Rates:     Rates{PrefillTokensPerSec: 120, DecodeTokensPerSec: 22, LinkBytesPerSec: 1.1e9},
 			Endpoints: Endpoints{Transfer: "10.0.0.2:7401", Pipeline: "10.0.0.2:7402", Metrics: "10.0.0.2:9100"}, Started: when, Time: when},
 		&WorkerInfo{ID: "gpu-0", Kind: KindPrefill, Backend: "cuda", MemoryTotal: 141 << 30, Rates: Rates{PassFloor: 28 * time.Second}, Time: when},
-		&Assignment{JobID: "j-abc", Role: RolePrefill, WorkerID: "gpu-0", GroupID: "macs", TokenIDs: []int32{1, 2}, Sampling: Sampling{MaxTokens: 3},
+		&Assignment{JobID: "j-abc", Role: RolePrefill, WorkerID: "gpu-0", GroupID: "macs", Client: "c-1", TokenIDs: []int32{1, 2}, Sampling: Sampling{MaxTokens: 3},
 			Placement: []LayerPlacement{
 				{Rank: 0, WorkerID: "mac-0", Layers: LayerRange{0, 30}, Transfer: "h0:1", SessionID: "s-0", Secret: make([]byte, SecretSize)},
 				{Rank: 1, WorkerID: "mac-1", Layers: LayerRange{30, 61}, Transfer: "h1:1", SessionID: "s-1", Secret: NewSecret()}},
@@ -49,7 +49,7 @@ func sampleMessages() []Message {
 		&AssignReply{JobID: "j-abc", WorkerID: "mac-1", Error: "not enough memory: need 8 GiB, 2 GiB free", Code: CodeUnavailable},
 		&Progress{JobID: "j-abc", WorkerID: "gpu-0", Stage: StatePrefilling, Time: when, Layers: &LayerProgress{Done: 1, Total: 61}, Tokens: 300000, Bytes: 1 << 27,
 			Elapsed: time.Second, Measured: &Rates{PrefillTokensPerSec: 2500}},
-		&QueuedJob{JobID: "j-abc", Submitted: when, Request: SubmitRequest{TokenIDs: []int32{1}}},
+		&QueuedJob{JobID: "j-abc", Submitted: when, Request: SubmitRequest{TokenIDs: []int32{1}}, Client: "c-1"},
 	}
 }
 
@@ -339,10 +339,14 @@ func TestIDs(t *testing.T) {
 		}
 		seen[id] = true
 	}
-	if JobIDForKey("a") != JobIDForKey("a") || JobIDForKey("a") == JobIDForKey("b") {
+	if JobIDForKey("c", "a") != JobIDForKey("c", "a") || JobIDForKey("c", "a") == JobIDForKey("c", "b") {
 		t.Fatal("JobIDForKey is not a function of the key")
 	}
-	if err := CheckID(JobIDForKey("x")); err != nil {
+	// Two clients' keys never meet, even when they are the same text.
+	if JobIDForKey("alice", "a") == JobIDForKey("bob", "a") {
+		t.Fatal("JobIDForKey does not tell clients apart")
+	}
+	if err := CheckID(JobIDForKey("c", "x")); err != nil {
 		t.Fatal(err)
 	}
 	if err := CheckID(NewSessionID()); err != nil {
@@ -360,16 +364,34 @@ func TestIDs(t *testing.T) {
 
 func TestSubjects(t *testing.T) {
 	for got, want := range map[string]string{
-		JobEvents("j-1"):        "tandem.v1.jobs.j-1.events",
-		JobTokens("j-1"):        "tandem.v1.jobs.j-1.tokens",
-		JobProgress("j-1"):      "tandem.v1.jobs.j-1.progress",
-		WorkerAssign("w-1"):     "tandem.v1.workers.w-1.assign",
-		WorkerCancel("w-1"):     "tandem.v1.workers.w-1.cancel",
-		HeartbeatSubject("w-1"): "$KV.tandem-v1-workers.w-1",
-		SubjectSubmit:           "tandem.v1.jobs.submit",
+		ClientJobEvents("c", "j-1"):  "tandem.v1.clients.c.jobs.j-1.events",
+		ClientJobTokens("c", "j-1"):  "tandem.v1.clients.c.jobs.j-1.tokens",
+		WorkerProgress("w-1", "j-1"): "tandem.v1.workers.w-1.jobs.j-1.progress",
+		WorkerAssign("w-1"):          "tandem.v1.workers.w-1.assign",
+		WorkerCancel("w-1"):          "tandem.v1.workers.w-1.cancel",
+		HeartbeatSubject("w-1"):      "$KV.tandem-v1-workers.w-1",
+		ClientSubmit("c"):            "tandem.v1.clients.c.submit",
+		ClientCancel("c"):            "tandem.v1.clients.c.cancel",
+		ClientList("c"):              "tandem.v1.clients.c.list",
 	} {
 		if got != want {
 			t.Errorf("subject %s, want %s", got, want)
+		}
+	}
+	if c, err := ClientOf(ClientCancel("c-1")); err != nil || c != "c-1" {
+		t.Errorf("ClientOf(%s) = %q, %v", ClientCancel("c-1"), c, err)
+	}
+	for _, bad := range []string{"tandem.v1.clients.c.jobs", "tandem.v1.clients.c", "tandem.v1.jobs.submit", "tandem.v1.clients..submit", "x.tandem.v1.clients.c.submit"} {
+		if c, err := ClientOf(bad); err == nil {
+			t.Errorf("ClientOf(%q) = %q, want an error", bad, c)
+		}
+	}
+	if w, j, err := ProgressSender(WorkerProgress("w-1", "j-1")); err != nil || w != "w-1" || j != "j-1" {
+		t.Errorf("ProgressSender = %q, %q, %v", w, j, err)
+	}
+	for _, bad := range []string{"tandem.v1.jobs.j-1.progress", "tandem.v1.workers.w.jobs.j.events", "tandem.v2.workers.w.jobs.j.progress"} {
+		if _, _, err := ProgressSender(bad); err == nil {
+			t.Errorf("ProgressSender(%q) accepted", bad)
 		}
 	}
 }

@@ -22,8 +22,19 @@ type Options struct {
 	URL  string
 	Name string // connection name shown by the server's monitoring
 
-	// Authentication: at most one of User/Password, Token, NKeySeedFile and
-	// CredsFile (a JWT + nkey seed file for operator-mode deployments).
+	// Identity logs in as a tandem identity (its user and password) and
+	// sets InboxPrefix to its own when that is empty. IdentityFile names a
+	// file to read it from (LoadIdentity) instead.
+	Identity     *Identity
+	IdentityFile string
+	// InboxPrefix is the prefix of the connection's reply inboxes (default
+	// NATS's "_INBOX"): a client's or a worker's identity may only read
+	// its own (see controlplane.InboxPrefix).
+	InboxPrefix string
+
+	// Authentication: at most one of Identity, User/Password, Token,
+	// NKeySeedFile and CredsFile (a JWT + nkey seed file for operator-mode
+	// deployments).
 	User         string
 	Password     string
 	Token        string
@@ -48,13 +59,30 @@ type Options struct {
 
 func (o *Options) natsOptions() ([]nats.Option, error) {
 	auths := 0
-	for _, set := range []bool{o.User != "" || o.Password != "", o.Token != "", o.NKeySeedFile != "", o.CredsFile != ""} {
+	for _, set := range []bool{o.Identity != nil || o.IdentityFile != "", o.User != "" || o.Password != "", o.Token != "", o.NKeySeedFile != "", o.CredsFile != ""} {
 		if set {
 			auths++
 		}
 	}
 	if auths > 1 {
-		return nil, errors.New("nats connect: give only one of user/password, token, nkey seed file and creds file")
+		return nil, errors.New("nats connect: give only one of an identity file, user/password, token, nkey seed file and creds file")
+	}
+	user, password, inbox := o.User, o.Password, o.InboxPrefix
+	id := o.Identity
+	if o.IdentityFile != "" {
+		var err error
+		if id, err = LoadIdentity(o.IdentityFile); err != nil {
+			return nil, fmt.Errorf("nats connect: %w", err)
+		}
+	}
+	if id != nil {
+		if err := id.Validate(); err != nil {
+			return nil, fmt.Errorf("nats connect: %w", err)
+		}
+		user, password = id.User, id.Password
+		if inbox == "" {
+			inbox = InboxPrefix(id.Principal, id.Name)
+		}
 	}
 	if (o.User == "") != (o.Password == "") {
 		return nil, errors.New("nats connect: user and password must be set together")
@@ -97,8 +125,8 @@ func (o *Options) natsOptions() ([]nats.Option, error) {
 		}),
 	}
 	switch {
-	case o.User != "":
-		opts = append(opts, nats.UserInfo(o.User, o.Password))
+	case user != "":
+		opts = append(opts, nats.UserInfo(user, password))
 	case o.Token != "":
 		opts = append(opts, nats.Token(o.Token))
 	case o.NKeySeedFile != "":
@@ -115,6 +143,9 @@ func (o *Options) natsOptions() ([]nats.Option, error) {
 			return nil, err
 		}
 		opts = append(opts, nats.UserCredentials(o.CredsFile))
+	}
+	if inbox != "" && inbox != "_INBOX" {
+		opts = append(opts, nats.CustomInboxPrefix(inbox))
 	}
 	if o.TLS != nil {
 		tc, err := clientTLS(o.TLS)
@@ -210,4 +241,39 @@ func redactURL(servers string) string {
 		parts[i] = u.String()
 	}
 	return strings.Join(parts, ",")
+}
+
+// HasAuth reports whether o says how to log in.
+func (o *Options) HasAuth() bool {
+	return o.Identity != nil || o.IdentityFile != "" || o.User != "" || o.Token != "" || o.NKeySeedFile != "" || o.CredsFile != ""
+}
+
+// UseLocalIdentity makes o log in as this machine's identity of principal
+// p (in DefaultCredentialsDir, written by the first embedded server) when
+// o has no credentials of its own and that file exists; it returns the
+// file used, or "".
+func (o *Options) UseLocalIdentity(p Principal) string {
+	if o.HasAuth() {
+		return ""
+	}
+	dir, err := DefaultCredentialsDir()
+	if err != nil {
+		return ""
+	}
+	path := IdentityFile(dir, p)
+	if _, err := os.Stat(path); err != nil {
+		return ""
+	}
+	o.IdentityFile = path
+	return path
+}
+
+// ClientName is the client namespace a connection speaks for: the name in
+// its client inbox prefix (InboxPrefix(PrincipalClient, name)), or
+// DefaultClient for a connection without one (an open server's).
+func ClientName(nc *nats.Conn) string {
+	if name, ok := strings.CutPrefix(nc.Opts.InboxPrefix, InboxPrefix(PrincipalClient, "")); ok && CheckID(name) == nil {
+		return name
+	}
+	return DefaultClient
 }

@@ -158,7 +158,7 @@ func (e *JobError) validate(msg, field string) error {
 }
 
 // JobEvent is one step of a job's lifecycle, published by the coordinator
-// on JobEvents(job id). Seq numbers a job's events from 1, so a subscriber
+// on ClientJobEvents(client, job id). Seq numbers a job's events from 1, so a subscriber
 // can order them and see a gap.
 type JobEvent struct {
 	JobID  string    `msgpack:"job_id" json:"job_id"`
@@ -226,8 +226,8 @@ const (
 	FinishError     FinishReason = "error"     // the job failed; its events say why
 )
 
-// TokenMsg is one generated token, published by the decode group's last rank
-// on JobTokens(job id). Index counts a job's tokens from 0; the last message
+// TokenMsg is one generated token, published by the decode group's rank 0
+// on ClientJobTokens(client, job id). Index counts a job's tokens from 0; the last message
 // has Final set and a FinishReason (and may carry no token: TokenID -1).
 type TokenMsg struct {
 	JobID        string       `msgpack:"job_id" json:"job_id"`
@@ -263,7 +263,7 @@ func (m *TokenMsg) Validate() error {
 }
 
 // CancelRequest asks to cancel a job: sent by a client to the coordinator on
-// SubjectCancel, and by the coordinator to each worker involved on
+// ClientCancel(client), and by the coordinator to each worker involved on
 // WorkerCancel(worker id).
 type CancelRequest struct {
 	JobID  string `msgpack:"job_id" json:"job_id"`

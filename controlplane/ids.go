@@ -42,19 +42,20 @@ func CheckID(id string) error {
 // 100 random bits).
 func NewJobID() string { return "j-" + randomToken(13)[:20] }
 
-// JobIDForKey returns the job id of the submission with idempotency key key.
-// The id is derived from the key, so a duplicate submission is answered with
-// the id of the first one without a lookup.
-func JobIDForKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
+// JobIDForKey returns the job id of client's submission with idempotency
+// key key. The id is derived from the client and the key, so a duplicate
+// submission is answered with the id of the first one without a lookup,
+// and two clients' keys never meet.
+func JobIDForKey(client, key string) string {
+	sum := sha256.Sum256([]byte(client + "\x00" + key))
 	return "k-" + idEncoding.EncodeToString(sum[:])[:20]
 }
 
-// JobIDFor returns the job id a submission gets: derived from its
+// JobIDFor returns the job id client's submission gets: derived from its
 // idempotency key when it has one (so duplicates share it), fresh otherwise.
-func JobIDFor(req *SubmitRequest) string {
+func JobIDFor(client string, req *SubmitRequest) string {
 	if req.IdempotencyKey != "" {
-		return JobIDForKey(req.IdempotencyKey)
+		return JobIDForKey(client, req.IdempotencyKey)
 	}
 	return NewJobID()
 }

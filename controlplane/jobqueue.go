@@ -16,6 +16,9 @@ type QueuedJob struct {
 	JobID     string        `msgpack:"job_id" json:"job_id"`
 	Submitted time.Time     `msgpack:"submitted" json:"submitted"`
 	Request   SubmitRequest `msgpack:"request" json:"request"`
+	// Client is the client that submitted the job (its namespace gets the
+	// job's events and tokens; only it may cancel the job).
+	Client string `msgpack:"client" json:"client"`
 }
 
 // Validate checks the job and its request.
@@ -25,6 +28,9 @@ func (j *QueuedJob) Validate() error {
 	}
 	if j.Submitted.IsZero() {
 		return fieldErr("QueuedJob", "submitted", "is missing")
+	}
+	if err := CheckID(j.Client); err != nil {
+		return fieldErr("QueuedJob", "client", "%v", err)
 	}
 	return j.Request.Validate()
 }

@@ -12,7 +12,7 @@ import (
 func testJob(t testing.TB, key string) *QueuedJob {
 	t.Helper()
 	req := SubmitRequest{TokenIDs: []int32{1, 2, 3}, Sampling: Sampling{MaxTokens: 4}, IdempotencyKey: key}
-	return &QueuedJob{JobID: JobIDFor(&req), Submitted: time.Now(), Request: req}
+	return &QueuedJob{JobID: JobIDFor(DefaultClient, &req), Submitted: time.Now(), Request: req, Client: DefaultClient}
 }
 
 func openQueue(t testing.TB, nc *nats.Conn, cfg QueueConfig) *JobQueue {

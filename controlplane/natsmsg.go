@@ -101,20 +101,30 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, req, rep Messag
 	return nil
 }
 
-// Submit submits a job and returns the reply; a refusal is returned as a
-// *RemoteError along with the reply.
+// Submit submits a job as the connection's client (ClientName) and returns
+// the reply; a refusal is returned as a *RemoteError along with the reply.
 func Submit(ctx context.Context, nc *nats.Conn, req *SubmitRequest) (*SubmitReply, error) {
 	var rep SubmitReply
-	if err := Request(ctx, nc, SubjectSubmit, req, &rep); err != nil {
+	if err := Request(ctx, nc, ClientSubmit(ClientName(nc)), req, &rep); err != nil {
 		return nil, err
 	}
 	return &rep, rep.Err()
 }
 
-// Cancel asks the coordinator to cancel job id.
+// Cancel asks the coordinator to cancel job id, a job of the connection's
+// client.
 func Cancel(ctx context.Context, nc *nats.Conn, jobID, reason string) (*CancelReply, error) {
 	var rep CancelReply
-	if err := Request(ctx, nc, SubjectCancel, &CancelRequest{JobID: jobID, Reason: reason}, &rep); err != nil {
+	if err := Request(ctx, nc, ClientCancel(ClientName(nc)), &CancelRequest{JobID: jobID, Reason: reason}, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, rep.Err()
+}
+
+// ListJobs lists the jobs of the connection's client.
+func ListJobs(ctx context.Context, nc *nats.Conn, req *ListJobsRequest) (*ListJobsReply, error) {
+	var rep ListJobsReply
+	if err := Request(ctx, nc, ClientList(ClientName(nc)), req, &rep); err != nil {
 		return nil, err
 	}
 	return &rep, rep.Err()

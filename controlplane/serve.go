@@ -57,7 +57,7 @@ func Serve[Req, Rep any, PReq interface {
 		req := PReq(new(Req))
 		enc, err := DecodeMsg(m, req)
 		if err == nil {
-			rep, err = handle(ctx, req)
+			rep, err = handle(context.WithValue(ctx, subjectKey{}, m.Subject), req)
 			if err == nil && rep == nil {
 				err = fmt.Errorf("handler for %s returned no reply", subject)
 			}
@@ -94,6 +94,15 @@ func Serve[Req, Rep any, PReq interface {
 		_ = sub.Drain()
 	}()
 	return sub, nil
+}
+
+type subjectKey struct{}
+
+// RequestSubject is the subject of the request a Serve handler was called
+// for (e.g. which client's subject it came on); "" outside a handler.
+func RequestSubject(ctx context.Context) string {
+	s, _ := ctx.Value(subjectKey{}).(string)
+	return s
 }
 
 func errorCode(err error) ErrorCode {

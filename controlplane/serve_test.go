@@ -14,21 +14,25 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// serveSubmit runs a test responder on SubjectSubmit: it accepts valid
+// serveSubmit runs a test responder on every client's submit subject: it accepts valid
 // requests with their derived job id, refuses prompts over 8 tokens with
 // CodeTooLarge, and fails (as a server bug would) for the prompt "boom".
 func serveSubmit(t testing.TB, nc *nats.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	_, err := Serve(ctx, nc, SubjectSubmit, QueueGroupCoordinators, func(_ context.Context, req *SubmitRequest) (*SubmitReply, error) {
+	_, err := Serve(ctx, nc, SubjectAllSubmit, QueueGroupCoordinators, func(ctx context.Context, req *SubmitRequest) (*SubmitReply, error) {
 		switch {
 		case req.Prompt == "boom":
 			return nil, errors.New("router exploded")
 		case len(req.TokenIDs) > 8:
 			return nil, &RemoteError{Code: CodeTooLarge, Message: "prompt has " + itoa(len(req.TokenIDs)) + " tokens, the limit is 8"}
 		}
-		return &SubmitReply{JobID: JobIDFor(req)}, nil
+		client, err := ClientOf(RequestSubject(ctx))
+		if err != nil {
+			return nil, err
+		}
+		return &SubmitReply{JobID: JobIDFor(client, req)}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +45,7 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 // returns the reply.
 func rawRequest(t testing.TB, nc *nats.Conn, contentType string, body []byte) *nats.Msg {
 	t.Helper()
-	m := nats.NewMsg(SubjectSubmit)
+	m := nats.NewMsg(ClientSubmit(DefaultClient))
 	if contentType != "" {
 		m.Header.Set(HeaderContentType, contentType)
 	}
@@ -65,8 +69,8 @@ func TestServeSubmit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.JobID != JobIDForKey("abc") {
-			t.Fatalf("job id %s, want %s", rep.JobID, JobIDForKey("abc"))
+		if rep.JobID != JobIDForKey(DefaultClient, "abc") {
+			t.Fatalf("job id %s, want %s", rep.JobID, JobIDForKey(DefaultClient, "abc"))
 		}
 
 		// JSON in, JSON out.
@@ -140,7 +144,7 @@ func TestServeStopsWithContext(t *testing.T) {
 	srv := startEmbedded(t, security{})
 	nc := connect(t, Options{URL: srv.url})
 	ctx, cancel := context.WithCancel(context.Background())
-	sub, err := Serve(ctx, nc, SubjectCancel, "", func(_ context.Context, req *CancelRequest) (*CancelReply, error) {
+	sub, err := Serve(ctx, nc, ClientCancel(DefaultClient), "", func(_ context.Context, req *CancelRequest) (*CancelReply, error) {
 		return &CancelReply{JobID: req.JobID, State: StateCancelled}, nil
 	})
 	if err != nil {
@@ -177,7 +181,7 @@ func TestNatsCLISubmitsJSON(t *testing.T) {
 	serverKinds(t, security{}, func(t *testing.T, srv testServer) {
 		nc := connect(t, Options{URL: srv.url})
 		serveSubmit(t, nc)
-		out, err := natsCLI(t, srv.url, "req", "--raw", SubjectSubmit,
+		out, err := natsCLI(t, srv.url, "req", "--raw", ClientSubmit("cli"),
 			`{"prompt":"Hello from the CLI","max_tokens":8,"temperature":0,"stop":["\n"],"idempotency_key":"cli-1"}`,
 			"-H", "Content-Type:application/json")
 		if err != nil {
@@ -187,11 +191,11 @@ func TestNatsCLISubmitsJSON(t *testing.T) {
 		if err := Unmarshal(JSON, []byte(strings.TrimSpace(out)), &rep); err != nil {
 			t.Fatalf("CLI got %q, not a JSON SubmitReply: %v", out, err)
 		}
-		if rep.JobID != JobIDForKey("cli-1") {
-			t.Fatalf("CLI reply %+v, want job %s", rep, JobIDForKey("cli-1"))
+		if rep.JobID != JobIDForKey("cli", "cli-1") {
+			t.Fatalf("CLI reply %+v, want job %s", rep, JobIDForKey("cli", "cli-1"))
 		}
 
-		out, err = natsCLI(t, srv.url, "req", "--raw", SubjectSubmit, `{"prompt":"x","max_tokens":-1}`, "-H", "Content-Type:application/json")
+		out, err = natsCLI(t, srv.url, "req", "--raw", ClientSubmit("cli"), `{"prompt":"x","max_tokens":-1}`, "-H", "Content-Type:application/json")
 		if err != nil {
 			t.Fatalf("nats req: %v\n%s", err, out)
 		}

@@ -27,7 +27,8 @@ type TLSFiles struct {
 
 // ServerConfig configures an embedded NATS server. The zero value is a
 // server on a random loopback port with JetStream in a temporary directory
-// and no authentication.
+// and no authentication (tests). Deployments give Identities; a listener
+// beyond loopback without any authentication is refused unless Insecure.
 type ServerConfig struct {
 	Name string // server name; default "tandem"
 	Host string // listen address; default 127.0.0.1
@@ -40,8 +41,14 @@ type ServerConfig struct {
 	JetStreamMaxMemory int64
 	JetStreamMaxStore  int64
 
-	// Authentication: User and Password, and/or NKeys (public user keys,
-	// "U..."), or Token alone. None set: no authentication.
+	// Identities are tandem's users, each with the permissions of its
+	// principal (Permissions): the way to run a deployment. They cannot be
+	// combined with the single-user settings below.
+	Identities []Identity
+
+	// Single-user authentication, every user with every permission: User
+	// and Password, and/or NKeys (public user keys, "U..."), or Token
+	// alone. None set (and no Identities): no authentication.
 	User     string
 	Password string
 	Token    string
@@ -50,6 +57,11 @@ type ServerConfig struct {
 	// TLS, when set, makes the server require TLS. With TLS.CA set it also
 	// requires client certificates signed by that CA.
 	TLS *TLSFiles
+
+	// Insecure allows a listener beyond loopback without authentication:
+	// anyone who reaches the port can read and forge every job. The
+	// caller warns.
+	Insecure bool
 
 	// Logger receives the server's log; nil discards it.
 	Logger *zap.Logger
@@ -100,9 +112,23 @@ func (c *ServerConfig) options() (*server.Options, error) {
 	if (c.User == "") != (c.Password == "") {
 		return nil, errors.New("nats server: user and password must be set together")
 	}
+	if len(c.Identities) > 0 && (c.Token != "" || c.User != "" || len(c.NKeys) > 0) {
+		return nil, errors.New("nats server: identities cannot be combined with user/password, token or nkeys; choose one")
+	}
 	o.Authorization = c.Token
 	if c.User != "" {
 		o.Users = []*server.User{{Username: c.User, Password: c.Password}}
+	}
+	if len(c.Identities) > 0 {
+		users, err := serverUsers(c.Identities)
+		if err != nil {
+			return nil, err
+		}
+		o.Users = users
+	}
+	authenticated := len(c.Identities) > 0 || c.Token != "" || c.User != "" || len(c.NKeys) > 0 || (c.TLS != nil && c.TLS.CA != "")
+	if !authenticated && !IsLoopback(o.Host) && !c.Insecure {
+		return nil, fmt.Errorf("nats server: listening on %s, beyond loopback, without credentials: anyone who reaches it could read and forge every job; configure credentials (identities), or listen on 127.0.0.1, or allow it explicitly (insecure)", o.Host)
 	}
 	for i, pub := range c.NKeys {
 		if !nkeys.IsValidPublicUserKey(pub) {

@@ -15,6 +15,7 @@ type Setting struct {
 // coordinator and both workers.
 var ClientSettings = []Setting{
 	{"nats.url", "", "NATS server URL(s), comma-separated"},
+	{"nats.credentials", "", "tandem identity file (JSON: principal, name, user, password), as `coordinator credentials` writes; default: this machine's own in <user config dir>/tandem/nats when no other credentials are given"},
 	{"nats.user", "", "NATS user (with nats.password)"},
 	{"nats.password", "", "NATS password"},
 	{"nats.token", "", "NATS token"},
@@ -29,7 +30,7 @@ var ClientSettings = []Setting{
 // OptionsFromSettings builds connection Options from ClientSettings' keys,
 // read with the given getters (e.g. a viper's GetString and GetDuration).
 func OptionsFromSettings(str func(key string) string, dur func(key string) time.Duration) Options {
-	o := Options{URL: str("nats.url"), User: str("nats.user"), Password: str("nats.password"), Token: str("nats.token"),
+	o := Options{URL: str("nats.url"), IdentityFile: str("nats.credentials"), User: str("nats.user"), Password: str("nats.password"), Token: str("nats.token"),
 		NKeySeedFile: str("nats.nkey_seed_file"), CredsFile: str("nats.creds_file"), ConnectTimeout: dur("nats.connect_timeout")}
 	if ca, cert, key := str("nats.tls.ca"), str("nats.tls.cert"), str("nats.tls.key"); ca != "" || cert != "" || key != "" {
 		o.TLS = &TLSFiles{CA: ca, Cert: cert, Key: key}

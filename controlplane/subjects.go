@@ -1,5 +1,10 @@
 package controlplane
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Subjects of protocol version 1. Every subject tandem uses starts with
 // Prefix; per-job and per-worker subjects embed an id checked by CheckID, so
 // an id can never add a token or a wildcard to a subject.
@@ -7,25 +12,23 @@ const (
 	// Prefix is the root of every tandem subject of this protocol version.
 	Prefix = "tandem.v1"
 
-	// SubjectSubmit takes a SubmitRequest and answers a SubmitReply
-	// (request-reply, served by the coordinators' queue group).
-	SubjectSubmit = Prefix + ".jobs.submit"
-	// SubjectCancel takes a CancelRequest and answers a CancelReply.
-	SubjectCancel = Prefix + ".jobs.cancel"
-	// SubjectListJobs takes a ListJobsRequest and answers a ListJobsReply.
-	SubjectListJobs = Prefix + ".jobs.list"
+	// SubjectAllSubmit, SubjectAllCancel and SubjectAllList match every
+	// client's requests (ClientSubmit, ClientCancel, ClientList): the
+	// coordinators serve them, and learn from the subject which client
+	// asks (the NATS server lets a client publish only under its own
+	// ClientPrefix).
+	SubjectAllSubmit = Prefix + ".clients.*.submit"
+	SubjectAllCancel = Prefix + ".clients.*.cancel"
+	SubjectAllList   = Prefix + ".clients.*.list"
 
 	// SubjectJobQueue is where accepted submissions are stored (QueuedJob
 	// messages in the JetStream work-queue stream). Clients never publish
 	// here: the coordinator does, after validating a SubmitRequest.
 	SubjectJobQueue = Prefix + ".queue.jobs"
 
-	// SubjectAllJobEvents, SubjectAllJobTokens and SubjectAllJobProgress
-	// match the per-job subjects of every job (for the coordinator and
-	// monitoring).
-	SubjectAllJobEvents   = Prefix + ".jobs.*.events"
-	SubjectAllJobTokens   = Prefix + ".jobs.*.tokens"
-	SubjectAllJobProgress = Prefix + ".jobs.*.progress"
+	// SubjectAllProgress matches every worker's progress reports
+	// (WorkerProgress), for the coordinator.
+	SubjectAllProgress = Prefix + ".workers.*.jobs.*.progress"
 
 	// QueueGroupCoordinators is the queue group coordinators serve the
 	// request subjects in, so that several coordinators share the load and
@@ -42,17 +45,66 @@ const (
 	JobsConsumer = "tandem-coordinators"
 )
 
-// JobEvents is the subject on which the coordinator publishes JobEvent
-// messages for job id.
-func JobEvents(jobID string) string { return Prefix + ".jobs." + jobID + ".events" }
+// ClientSubmit is the subject on which client name submits jobs: a
+// SubmitRequest answered by a SubmitReply.
+func ClientSubmit(name string) string { return ClientPrefix(name) + ".submit" }
 
-// JobTokens is the subject on which the decode group's last rank publishes
-// TokenMsg messages for job id.
-func JobTokens(jobID string) string { return Prefix + ".jobs." + jobID + ".tokens" }
+// ClientCancel is the subject on which client name cancels one of its jobs:
+// a CancelRequest answered by a CancelReply.
+func ClientCancel(name string) string { return ClientPrefix(name) + ".cancel" }
 
-// JobProgress is the subject on which workers report Progress for job id to
-// the coordinator.
-func JobProgress(jobID string) string { return Prefix + ".jobs." + jobID + ".progress" }
+// ClientList is the subject on which client name lists its jobs: a
+// ListJobsRequest answered by a ListJobsReply.
+func ClientList(name string) string { return ClientPrefix(name) + ".list" }
+
+// ClientJobEvents is the subject on which the coordinator publishes the
+// JobEvent messages of job id, a job of client name.
+func ClientJobEvents(name, jobID string) string {
+	return ClientPrefix(name) + ".jobs." + jobID + ".events"
+}
+
+// ClientJobTokens is the subject on which the decode group's rank 0
+// publishes the TokenMsg messages of job id, a job of client name.
+func ClientJobTokens(name, jobID string) string {
+	return ClientPrefix(name) + ".jobs." + jobID + ".tokens"
+}
+
+// ClientAllJobEvents and ClientAllJobTokens match the events and tokens
+// of every job of client name (what that client may watch).
+func ClientAllJobEvents(name string) string { return ClientPrefix(name) + ".jobs.*.events" }
+func ClientAllJobTokens(name string) string { return ClientPrefix(name) + ".jobs.*.tokens" }
+
+// ClientOf returns the client whose request subject (ClientSubmit,
+// ClientCancel or ClientList) subject is.
+func ClientOf(subject string) (string, error) {
+	rest, ok := strings.CutPrefix(subject, Prefix+".clients.")
+	name, verb, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 || (verb != "submit" && verb != "cancel" && verb != "list") {
+		return "", fmt.Errorf("subject %q is not a client request subject (%s.<client>.submit|cancel|list)", subject, Prefix+".clients")
+	}
+	if err := CheckID(name); err != nil {
+		return "", fmt.Errorf("subject %q: client name: %w", subject, err)
+	}
+	return name, nil
+}
+
+// WorkerProgress is the subject on which worker reports Progress on job id
+// to the coordinator. The worker's id in the subject is what a worker
+// identity with a name is limited to, so the coordinator checks the report
+// against it (ProgressSender).
+func WorkerProgress(worker, jobID string) string {
+	return Prefix + ".workers." + worker + ".jobs." + jobID + ".progress"
+}
+
+// ProgressSender returns the worker and job a progress subject names.
+func ProgressSender(subject string) (worker, job string, err error) {
+	parts := strings.Split(subject, ".")
+	// tandem . v1 . workers . <worker> . jobs . <job> . progress
+	if len(parts) != 7 || parts[0]+"."+parts[1] != Prefix || parts[2] != "workers" || parts[4] != "jobs" || parts[6] != "progress" {
+		return "", "", fmt.Errorf("subject %q is not a progress subject (%s)", subject, SubjectAllProgress)
+	}
+	return parts[3], parts[5], nil
+}
 
 // WorkerAssign is the request subject on which worker id takes an Assignment
 // and answers an AssignReply.
@@ -66,5 +118,6 @@ func WorkerCancel(workerID string) string { return Prefix + ".workers." + worker
 // HeartbeatSubject is the subject a heartbeat of worker id is stored under:
 // the registry bucket's key subject. Any NATS client can follow heartbeats
 // with `nats kv watch tandem-v1-workers` or a subscription on
-// "$KV.tandem-v1-workers.>".
+// "$KV.tandem-v1-workers.>" (with the coordinator's identity: workers and
+// clients may not read the registry).
 func HeartbeatSubject(workerID string) string { return "$KV." + WorkersBucket + "." + workerID }

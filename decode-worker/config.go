@@ -104,6 +104,7 @@ func loadConfig(args []string) (*config, error) {
 	fs.String("log-format", "json", "log format: json or console")
 	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the rank registers and rank 0 takes its jobs (empty: front door only)")
 	fs.String("worker-id", "", "control-plane mode: this rank's worker id (default <group>-r<rank>)")
+	fs.String("nats-credentials", "", "control-plane mode: the worker's identity file (worker.json from `coordinator credentials`; default: this machine's, when present)")
 	fs.String("advertise", "", "control-plane mode: host:port other workers reach this rank on (default: its endpoint in the group file)")
 	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL, as the coordinator's")
 	if err := fs.Parse(args); err != nil {
@@ -123,7 +124,7 @@ func loadConfig(args []string) (*config, error) {
 		"listen": "listen", "threads": "threads", "memory_budget": "memory-budget", "micro_batches": "micro-batches",
 		"max_batch": "max-batch", "prefill_chunk": "prefill-chunk", "cache_dtype": "cache-dtype",
 		"log.level": "log-level", "log.format": "log-format", "nats.url": "nats-url", "worker_id": "worker-id",
-		"advertise": "advertise", "registry.ttl": "registry-ttl"} {
+		"nats.credentials": "nats-credentials", "advertise": "advertise", "registry.ttl": "registry-ttl"} {
 		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
 			return nil, err
 		}

@@ -160,6 +160,11 @@ func startAdapter(ctx context.Context, cfg *config, layout *rank.Layout, w *pipe
 	}
 	o := cfg.NATS
 	o.Name, o.Logger = id, log
+	// The worker identity may read only worker inboxes: this one's own.
+	o.InboxPrefix = controlplane.InboxPrefix(controlplane.PrincipalWorker, id)
+	if f := o.UseLocalIdentity(controlplane.PrincipalWorker); f != "" {
+		log.Info("control plane: this machine's worker identity", zap.String("file", f))
+	}
 	nc, err := controlplane.Connect(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)

@@ -115,6 +115,7 @@ func loadConfig(args []string) (*config, error) {
 	fs.String("log-format", "console", "log format: console or json")
 	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the worker registers and takes its jobs")
 	fs.String("worker-id", "", "control-plane mode: this worker's id (default prefill-<host name>)")
+	fs.String("nats-credentials", "", "control-plane mode: the worker's identity file (worker.json from `coordinator credentials`; default: this machine's, when present)")
 	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL, as the coordinator's")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -136,7 +137,7 @@ func loadConfig(args []string) (*config, error) {
 		"threads": "threads", "depth": "depth", "cache_dtype": "cache-dtype", "latent_norm_eps": "latent-norm-eps",
 		"io": "io", "read_size": "read-size", "readers": "readers", "max_tile": "max-tile", "prompt": "prompt",
 		"prompts_file": "prompts-file", "out": "out", "dry_run": "dry-run", "log.level": "log-level", "log.format": "log-format",
-		"nats.url": "nats-url", "worker_id": "worker-id", "registry.ttl": "registry-ttl"} {
+		"nats.url": "nats-url", "nats.credentials": "nats-credentials", "worker_id": "worker-id", "registry.ttl": "registry-ttl"} {
 		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
 			return nil, err
 		}

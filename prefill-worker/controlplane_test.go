@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -35,11 +36,16 @@ func TestControlPlaneMode(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The worker logs in with the deployment's worker identity, from a file.
+	creds := filepath.Join(t.TempDir(), "worker.json")
+	if err := cp.SaveIdentity(creds, cp.Find(c.Identities(), cp.PrincipalWorker)); err != nil {
+		t.Fatal(err)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	var stdout, stderr bytes.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, []string{"--model", dir, "--mem-budget", "128MiB", "--nats-url", c.URL, "--worker-id", "prefill-test",
+		done <- run(runCtx, []string{"--model", dir, "--mem-budget", "128MiB", "--nats-url", c.URL, "--nats-credentials", creds, "--worker-id", "prefill-test",
 			"--registry-ttl", "2s", "--log-level", "warn"}, &stdout, &stderr)
 	}()
 	nc, err := c.Connect(ctx, "test")
@@ -47,7 +53,13 @@ func TestControlPlaneMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	registry, err := cp.OpenRegistry(ctx, nc, reg)
+	// The registry is the coordinator's to read.
+	coord, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "test-registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	registry, err := cp.OpenRegistry(ctx, coord, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

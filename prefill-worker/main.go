@@ -112,6 +112,11 @@ func controlPlane(ctx context.Context, cfg *config, wc worker.Config, log *zap.L
 	defer w.Close()
 	o := cfg.NATS
 	o.Name, o.Logger = id, log
+	// The worker identity may read only worker inboxes: this one's own.
+	o.InboxPrefix = controlplane.InboxPrefix(controlplane.PrincipalWorker, id)
+	if f := o.UseLocalIdentity(controlplane.PrincipalWorker); f != "" {
+		log.Info("control plane: this machine's worker identity", zap.String("file", f))
+	}
 	nc, err := controlplane.Connect(ctx, o)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tandem-inference/tandem/configs"
@@ -66,10 +65,33 @@ func run(ctx context.Context, args ...string) (string, string, error) {
 	return out.String(), errw.String(), err
 }
 
+// privateConfigDir points the user config directory at a temporary one,
+// so that the identities the embedded server creates on first start stay
+// in the test, and returns where they will be.
+func privateConfigDir(t *testing.T) string {
+	t.Helper()
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
+	t.Setenv("AppData", filepath.Join(home, "AppData"))
+	dir, err := cp.DefaultCredentialsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(dir, home) {
+		t.Fatalf("the credentials directory %s is outside the test's home %s", dir, home)
+	}
+	return dir
+}
+
 // TestServeAndClientCommands: `coordinator serve` with its embedded NATS
-// server takes workers and jobs; submit streams a job's tokens and prints
-// its timing; jobs, workers and cancel report; /metrics counts the job.
+// server creates this machine's identities on first start (0600 files in
+// the user config directory) and admits only them; workers join with the
+// worker identity; submit, jobs, cancel and workers find theirs without a
+// flag; submit streams a job's tokens and prints its timing; jobs, workers
+// and cancel report; /metrics counts the job.
 func TestServeAndClientCommands(t *testing.T) {
+	creds := privateConfigDir(t)
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -94,13 +116,36 @@ func TestServeAndClientCommands(t *testing.T) {
 	}()
 	url := logged(t, serveLog, "embedded NATS server", "url")
 	metricsURL := logged(t, serveLog, "metrics", "url")
+	if got := logged(t, serveLog, "embedded NATS server credentials", "dir"); got != creds {
+		t.Fatalf("credentials in %s, want %s", got, creds)
+	}
+	if st, err := os.Stat(creds); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("credentials directory: %v, %v; want mode 0700", st, err)
+	}
+	var ids []cp.Identity
+	for _, p := range []cp.Principal{cp.PrincipalCoordinator, cp.PrincipalWorker, cp.PrincipalClient} {
+		f := cp.IdentityFile(creds, p)
+		st, err := os.Stat(f)
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v, %v; want mode 0600", f, st, err)
+		}
+		id, err := cp.LoadIdentity(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, *id)
+	}
+	if nc, err := cp.Connect(ctx, cp.Options{URL: url}); err == nil {
+		nc.Close()
+		t.Fatal("the embedded server admitted a connection without credentials")
+	}
 
 	// Workers join the coordinator's NATS, as other machines would.
 	var c *cluster.Cluster
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		c, err = cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, Threads: 1,
-			Registry: cp.RegistryConfig{TTL: 2 * time.Second}})
+			Registry: cp.RegistryConfig{TTL: 2 * time.Second}, Identities: ids})
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -144,7 +189,7 @@ func TestServeAndClientCommands(t *testing.T) {
 	}
 	// One garbage entry in the registry (anyone who may write to the
 	// bucket can put one) is skipped with a warning; the workers are listed.
-	if err := putRegistryEntry(ctx, url, "garbage-entry", []byte("not a heartbeat")); err != nil {
+	if err := putRegistryEntry(ctx, url, cp.Find(ids, cp.PrincipalWorker), "garbage-entry", []byte("not a heartbeat")); err != nil {
 		t.Fatal(err)
 	}
 	out, errw, err = run(ctx, append([]string{"workers"}, nats...)...)
@@ -275,7 +320,7 @@ func TestLayoutsLoad(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if _, err := serverConfig(v, nil); err != nil {
+		if _, _, err := serverConfig(v, nil); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if cfg.Rates.PrefillTokPerS <= 0 || cfg.Rates.LocalPrefillTokPerS <= 0 || cfg.Registry.TTL != 10*time.Second {
@@ -285,9 +330,9 @@ func TestLayoutsLoad(t *testing.T) {
 }
 
 // putRegistryEntry writes value under key in the worker registry bucket, as
-// any client allowed to write there could.
-func putRegistryEntry(ctx context.Context, url, key string, value []byte) error {
-	nc, err := nats.Connect(url)
+// any worker (the identity allowed to write there) could.
+func putRegistryEntry(ctx context.Context, url string, id *cp.Identity, key string, value []byte) error {
+	nc, err := cp.Connect(ctx, cp.Options{URL: url, Identity: id})
 	if err != nil {
 		return err
 	}
@@ -302,4 +347,78 @@ func putRegistryEntry(ctx context.Context, url, key string, value []byte) error 
 	}
 	_, err = kv.Put(ctx, key, value)
 	return err
+}
+
+// TestServeBeyondLoopback: `serve` on a non-loopback address refuses to
+// start without credentials, saying what to do; with --insecure it starts
+// and warns; with embedded.credentials_dir it creates the identities there
+// and admits only them.
+func TestServeBeyondLoopback(t *testing.T) {
+	privateConfigDir(t)
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	base := []string{"serve", "--model", dir, "--embedded-host", "0.0.0.0", "--embedded-port", "0", "--metrics-listen", "",
+		"--log-format", "json"}
+	start := time.Now()
+	_, _, err := run(ctx, append(base, "--embedded-data-dir", t.TempDir())...)
+	if err == nil || !strings.Contains(err.Error(), "beyond loopback") || !strings.Contains(err.Error(), "--insecure") ||
+		!strings.Contains(err.Error(), "embedded.credentials_dir") {
+		t.Fatalf("serve on 0.0.0.0 without credentials: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the refusal took %v", d)
+	}
+
+	creds := filepath.Join(t.TempDir(), "creds")
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		log   string
+	}{
+		{"insecure", []string{"--insecure"}, "INSECURE"},
+		{"credentials", []string{"--embedded-credentials-dir", creds}, "embedded NATS server credentials"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			serveCtx, stop := context.WithCancel(ctx)
+			log := &syncBuffer{}
+			done := make(chan error, 1)
+			go func() {
+				root := New(io.Discard, log)
+				root.SetArgs(append(append(base, "--embedded-data-dir", t.TempDir()), tc.extra...))
+				done <- root.ExecuteContext(serveCtx)
+			}()
+			url := logged(t, log, "embedded NATS server", "url")
+			logged(t, log, "coordinator serving", "model")
+			if !strings.Contains(log.String(), tc.log) {
+				t.Errorf("the log does not say %q:\n%s", tc.log, log.String())
+			}
+			nc, err := cp.Connect(ctx, cp.Options{URL: url, ConnectTimeout: 2 * time.Second})
+			if tc.name == "insecure" {
+				if err != nil {
+					t.Errorf("--insecure refused a connection without credentials: %v", err)
+				} else {
+					nc.Close()
+				}
+			} else {
+				if err == nil {
+					nc.Close()
+					t.Error("admitted a connection without credentials")
+				}
+				id, err := cp.LoadIdentity(cp.IdentityFile(creds, cp.PrincipalClient))
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc, err := cp.Connect(ctx, cp.Options{URL: url, Identity: id})
+				if err != nil {
+					t.Fatalf("the client identity in %s: %v", creds, err)
+				}
+				nc.Close()
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatalf("serve: %v\n%s", err, log.String())
+			}
+		})
+	}
 }

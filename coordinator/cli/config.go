@@ -45,7 +45,7 @@ func clientSettings() []setting {
 		}
 		out = append(out, setting{s.Key, s.Default, s.Help})
 	}
-	return out
+	return append(out, setting{"nats.client", "", "the client commands' namespace (tandem.v1.clients.<name>) when the credentials are not a tandem identity file (default local)"})
 }
 
 // serveSettings configure a coordinator (serve and demo).
@@ -55,7 +55,8 @@ var serveSettings = []setting{
 	{"embedded.port", 4222, "embedded NATS server: client port (0: any free port)"},
 	{"embedded.data_dir", "", "embedded NATS server: JetStream directory, where queued jobs survive restarts (default: <user cache dir>/tandem/nats)"},
 	{"embedded.max_payload", "8MiB", "embedded NATS server: largest message (a 1M-token prompt is about 5 MiB)"},
-	{"embedded.nkeys", []string{}, "embedded NATS server: public user nkeys allowed to connect"},
+	{"embedded.credentials_dir", "", "embedded NATS server: directory of the tandem identities it admits (coordinator.json, worker.json, client.json, created on first start; more with `coordinator credentials`); default <user config dir>/tandem/nats, and required when embedded.host is not loopback"},
+	{"insecure", false, "run the embedded NATS server without any credentials, even beyond loopback (warned at every start): anyone who reaches it can read and forge every job"},
 	{"embedded.tls.cert", "", "embedded NATS server: certificate file (turns TLS on)"},
 	{"embedded.tls.key", "", "embedded NATS server: key file"},
 	{"embedded.tls.ca", "", "embedded NATS server: CA that client certificates must be signed by (requires them)"},

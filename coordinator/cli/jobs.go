@@ -22,7 +22,7 @@ func jobsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "jobs",
 		Short: "list jobs: queued, running and recently finished, newest first",
-		Long:  "List the coordinator's jobs with each one's latest state.\n\n" + settingsHelp(natsSettings),
+		Long:  "List this client's jobs with each one's latest state.\n\n" + settingsHelp(natsSettings),
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := resolve(cmd, natsSettings)
@@ -35,16 +35,13 @@ func jobsCmd() *cobra.Command {
 			if err := req.Validate(); err != nil {
 				return err
 			}
-			nc, err := connect(cmd, v, "tandem-jobs")
+			nc, err := connect(cmd, v, "tandem-jobs", cp.PrincipalClient)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			var rep cp.ListJobsReply
-			if err := cp.Request(cmd.Context(), nc, cp.SubjectListJobs, req, &rep); err != nil {
-				return err
-			}
-			if err := rep.Err(); err != nil {
+			rep, err := cp.ListJobs(cmd.Context(), nc, req)
+			if err != nil {
 				return err
 			}
 			printJobs(cmd.OutOrStdout(), rep.Jobs, time.Now())
@@ -99,7 +96,8 @@ func workersCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "workers",
 		Short: "list the registered workers: kind, group and layers, load, memory and measured rates",
-		Long: "List the workers in the registry (the heartbeats in the " + cp.WorkersBucket + " bucket).\n\n" +
+		Long: "List the workers in the registry (the heartbeats in the " + cp.WorkersBucket + " bucket). The registry is\n" +
+			"the operator's: this command logs in as the coordinator (this machine's coordinator.json\nwhen no credentials are given).\n\n" +
 			settingsHelp(natsSettings),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -107,7 +105,7 @@ func workersCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nc, err := connect(cmd, v, "tandem-workers")
+			nc, err := connect(cmd, v, "tandem-workers", cp.PrincipalCoordinator)
 			if err != nil {
 				return err
 			}
@@ -209,7 +207,7 @@ func cancelCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cancel JOB",
 		Short: "cancel a job: every worker involved drops it and frees its memory",
-		Long:  "Cancel a job, queued or running.\n\n" + settingsHelp(natsSettings),
+		Long:  "Cancel a job of this client, queued or running.\n\n" + settingsHelp(natsSettings),
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			v, err := resolve(cmd, natsSettings)
@@ -217,7 +215,7 @@ func cancelCmd() *cobra.Command {
 				return err
 			}
 			reason, _ := cmd.Flags().GetString("reason")
-			nc, err := connect(cmd, v, "tandem-cancel")
+			nc, err := connect(cmd, v, "tandem-cancel", cp.PrincipalClient)
 			if err != nil {
 				return err
 			}

@@ -35,6 +35,7 @@ streams its tokens and events back.
   coordinator submit "prompt"      run a job and stream its tokens
   coordinator jobs | workers       what is queued, running, registered
   coordinator cancel JOB
+  coordinator credentials          the NATS identities (coordinator, worker, clients)
 
 Configuration: flags, then TANDEM_COORD_* environment variables (dots and
 dashes become underscores: TANDEM_COORD_NATS_URL), then --config FILE (YAML
@@ -53,7 +54,7 @@ func New(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().String("config", "", "YAML config file with any of the keys below (nested by their dots)")
-	root.AddCommand(serveCmd(), submitCmd(), jobsCmd(), workersCmd(), cancelCmd(), demoCmd())
+	root.AddCommand(serveCmd(), submitCmd(), jobsCmd(), workersCmd(), cancelCmd(), demoCmd(), credentialsCmd())
 	return root
 }
 
@@ -105,11 +106,25 @@ func natsOptions(v *viper.Viper, name, url string, log *zap.Logger) cp.Options {
 	return o
 }
 
-// connect connects a client command to NATS.
-func connect(cmd *cobra.Command, v *viper.Viper, name string) (*nats.Conn, error) {
+// connect connects a command to NATS as principal p: with the configured
+// credentials, or else this machine's identity of p (written by the first
+// embedded server). A client's namespace is its identity's name, or
+// nats.client when its credentials are not a tandem identity.
+func connect(cmd *cobra.Command, v *viper.Viper, name string, p cp.Principal) (*nats.Conn, error) {
 	o := natsOptions(v, name, "", nil)
 	if o.URL == "" {
 		o.URL = nats.DefaultURL
+	}
+	o.UseLocalIdentity(p)
+	if p == cp.PrincipalClient && o.IdentityFile == "" {
+		client := v.GetString("nats.client")
+		if client == "" {
+			client = cp.DefaultClient
+		}
+		if err := cp.CheckID(client); err != nil {
+			return nil, fmt.Errorf("nats.client: %w", err)
+		}
+		o.InboxPrefix = cp.InboxPrefix(cp.PrincipalClient, client)
 	}
 	o.MaxReconnects = 3
 	ctx, cancel := context.WithTimeout(cmd.Context(), o.ConnectTimeout+time.Second)
@@ -121,26 +136,79 @@ func connect(cmd *cobra.Command, v *viper.Viper, name string) (*nats.Conn, error
 	return nc, nil
 }
 
-// serverConfig is the embedded NATS server's configuration.
-func serverConfig(v *viper.Viper, log *zap.Logger) (cp.ServerConfig, error) {
+// serverConfig is the embedded NATS server's configuration, and the
+// directory of the identities it admits (withIdentities reads them):
+// embedded.credentials_dir, by default this machine's own directory when
+// the server listens on loopback only; beyond loopback the directory must
+// be given, or --insecure (no authentication, warned at every start; the
+// directory is then "").
+func serverConfig(v *viper.Viper, log *zap.Logger) (cp.ServerConfig, string, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
 	payload, err := parseBytes("embedded.max_payload", v.GetString("embedded.max_payload"))
 	if err != nil {
-		return cp.ServerConfig{}, err
+		return cp.ServerConfig{}, "", err
 	}
 	if payload > 64<<20 {
-		return cp.ServerConfig{}, fmt.Errorf("embedded.max_payload %d: at most 64 MiB", payload)
+		return cp.ServerConfig{}, "", fmt.Errorf("embedded.max_payload %d: at most 64 MiB", payload)
 	}
 	dir := v.GetString("embedded.data_dir")
 	if dir == "" {
 		dir = cacheDir("nats")
 	}
 	sc := cp.ServerConfig{Host: v.GetString("embedded.host"), Port: v.GetInt("embedded.port"), DataDir: dir,
-		MaxPayload: int32(payload), User: v.GetString("nats.user"), Password: v.GetString("nats.password"),
-		Token: v.GetString("nats.token"), NKeys: v.GetStringSlice("embedded.nkeys"), Logger: log}
+		MaxPayload: int32(payload), Logger: log}
+	for _, k := range []string{"nats.user", "nats.password", "nats.token", "nats.nkey_seed_file", "nats.creds_file", "nats.credentials"} {
+		if v.GetString(k) != "" {
+			return cp.ServerConfig{}, "", fmt.Errorf("%s is set, but it logs in to an external NATS (nats.url); the embedded server's users are the identities in embedded.credentials_dir", k)
+		}
+	}
+	host := sc.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	creds := v.GetString("embedded.credentials_dir")
+	switch {
+	case v.GetBool("insecure"):
+		sc.Insecure = true
+		log.Warn("INSECURE: the embedded NATS server requires no credentials (--insecure): anyone who reaches "+host+
+			" can read every job's prompt and tokens, forge its progress and take its transfer secrets", zap.String("host", host))
+		return withTLS(v, sc), "", nil
+	case creds == "" && !cp.IsLoopback(host):
+		return cp.ServerConfig{}, "", fmt.Errorf("embedded.host %s listens beyond loopback, so the embedded NATS server needs credentials: "+
+			"set embedded.credentials_dir (the coordinator, worker and client identities are created there on first start; "+
+			"give the workers worker.json and the clients client.json), or pass --insecure to run without any", host)
+	case creds == "":
+		d, err := cp.DefaultCredentialsDir()
+		if err != nil {
+			return cp.ServerConfig{}, "", err
+		}
+		creds = d
+	}
+	return withTLS(v, sc), creds, nil
+}
+
+// withIdentities gives the embedded server the identities in dir,
+// creating them on first use ("" leaves it open: --insecure).
+func withIdentities(sc cp.ServerConfig, dir string, log *zap.Logger) (cp.ServerConfig, error) {
+	if dir == "" {
+		return sc, nil
+	}
+	ids, err := cp.EnsureCredentials(dir)
+	if err != nil {
+		return sc, err
+	}
+	sc.Identities = ids
+	log.Info("embedded NATS server credentials", zap.String("dir", dir), zap.Int("identities", len(ids)))
+	return sc, nil
+}
+
+func withTLS(v *viper.Viper, sc cp.ServerConfig) cp.ServerConfig {
 	if cert, key, ca := v.GetString("embedded.tls.cert"), v.GetString("embedded.tls.key"), v.GetString("embedded.tls.ca"); cert != "" || key != "" || ca != "" {
 		sc.TLS = &cp.TLSFiles{Cert: cert, Key: key, CA: ca}
 	}
-	return sc, nil
+	return sc
 }
 
 // loadModel reads the model's config.json and, when the directory has

@@ -19,7 +19,13 @@ func serveCmd() *cobra.Command {
 		Long: `Run a coordinator until interrupted. Without --nats-url it starts an embedded
 NATS server with JetStream (embedded.*), so that workers and clients connect
 to it; with --nats-url it joins that deployment, and several coordinators can
-share it. Jobs are kept in the durable queue: a job accepted is not lost
+share it.
+
+The embedded server admits tandem's identities only (coordinator, worker,
+client; see ` + "`coordinator credentials`" + `), each with its own subject
+permissions. On loopback they are created on first start in <user config
+dir>/tandem/nats, where the local workers and client commands find them.
+Beyond loopback, embedded.credentials_dir must be set, or --insecure given. Jobs are kept in the durable queue: a job accepted is not lost
 when the coordinator restarts.
 
 On SIGINT/SIGTERM it stops taking jobs, hands the ones not yet assigned back
@@ -56,9 +62,13 @@ func runServe(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
 
 	url := ""
+	var self *cp.Identity // the coordinator's identity on the embedded server
 	if v.GetString("nats.url") == "" {
-		sc, err := serverConfig(v, log)
+		sc, creds, err := serverConfig(v, log)
 		if err != nil {
+			return err
+		}
+		if sc, err = withIdentities(sc, creds, log); err != nil {
 			return err
 		}
 		srv, err := cp.StartServer(ctx, sc)
@@ -73,9 +83,15 @@ func runServe(cmd *cobra.Command, _ []string) error {
 			}
 		}()
 		url = srv.ClientURL()
+		self = cp.Find(sc.Identities, cp.PrincipalCoordinator)
 		log.Info("embedded NATS server", zap.String("url", url), zap.String("data_dir", srv.StoreDir()))
 	}
 	o := natsOptions(v, "tandem-coordinator", url, log)
+	if self != nil {
+		o.Identity = self
+	} else if url == "" {
+		o.UseLocalIdentity(cp.PrincipalCoordinator)
+	}
 	o.MaxReconnects = -1 // a coordinator rides out NATS restarts
 	nc, err := cp.Connect(ctx, o)
 	if err != nil {

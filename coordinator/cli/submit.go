@@ -63,7 +63,7 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := connect(cmd, v, "tandem-submit")
+	nc, err := connect(cmd, v, "tandem-submit", cp.PrincipalClient)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,8 @@ type Handlers struct {
 // decode group's front door died.
 const tailWait = 500 * time.Millisecond
 
-// Run submits req and follows the job until its final event (and its last
+// Run submits req as the connection's client (controlplane.ClientName) and
+// follows the job until its final event (and its last
 // token message), or until ctx ends. A job handed back to the queue by a
 // stopping coordinator runs again from the start; Run then starts its
 // tokens over. Without an idempotency key it makes
@@ -59,15 +60,16 @@ func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = "client-" + cp.NewJobID()
 	}
-	id := cp.JobIDForKey(req.IdempotencyKey)
+	client := cp.ClientName(nc)
+	id := cp.JobIDForKey(client, req.IdempotencyKey)
 	events := make(chan *nats.Msg, 1024)
 	tokens := make(chan *nats.Msg, 4096)
-	es, err := nc.ChanSubscribe(cp.JobEvents(id), events)
+	es, err := nc.ChanSubscribe(cp.ClientJobEvents(client, id), events)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: subscribe to events: %w", id, err)
 	}
 	defer func() { _ = es.Unsubscribe() }()
-	ts, err := nc.ChanSubscribe(cp.JobTokens(id), tokens)
+	ts, err := nc.ChanSubscribe(cp.ClientJobTokens(client, id), tokens)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: subscribe to tokens: %w", id, err)
 	}

@@ -39,6 +39,12 @@ type Options struct {
 	// (Server configures it).
 	NATSURL string
 	Server  cp.ServerConfig
+	// Identities are the deployment's NATS users (as cp.NewIdentities
+	// makes them: the coordinator, the workers, the client "local"); each
+	// member logs in as its own, Connect as the client. Nil with an
+	// embedded server (and no single user in Server): fresh ones are made.
+	// Nil with NATSURL: the members log in as Server's single user, if any.
+	Identities []cp.Identity
 	// Coordinator configures the coordinator; its Model, Tokenizer, Queue,
 	// Registry and Log are filled in.
 	Coordinator service.Config
@@ -126,9 +132,10 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	c = &Cluster{opt: opt, Model: info, modelCfg: mc, log: opt.Log, URL: opt.NATSURL}
+	started := c // the returns below set c to nil
 	defer func() {
 		if err != nil {
-			c.Close()
+			started.Close()
 		}
 	}()
 	if _, statErr := os.Stat(filepath.Join(opt.ModelDir, tokenizer.ModelFile)); statErr == nil {
@@ -141,6 +148,11 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 		if sc.Logger == nil {
 			sc.Logger = opt.Log
 		}
+		if opt.Identities == nil && sc.User == "" && sc.Token == "" && len(sc.NKeys) == 0 {
+			opt.Identities = cp.NewIdentities()
+			c.opt.Identities = opt.Identities
+		}
+		sc.Identities = opt.Identities
 		if c.Server, err = cp.StartServer(ctx, sc); err != nil {
 			return nil, err
 		}
@@ -172,12 +184,34 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 	return c, nil
 }
 
-// Connect opens a client connection to the cluster's NATS.
+// Connect opens a connection to the cluster's NATS as its client "local"
+// (name is the connection's name).
 func (c *Cluster) Connect(ctx context.Context, name string) (*nats.Conn, error) {
-	o := cp.Options{URL: c.URL, Name: name, User: c.opt.Server.User, Password: c.opt.Server.Password, Token: c.opt.Server.Token,
-		MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond}
+	return c.ConnectAs(ctx, cp.PrincipalClient, name)
+}
+
+// ConnectAs opens a connection to the cluster's NATS as the deployment's
+// identity of principal p; name is the connection's name (a worker's id,
+// which also names its reply inbox).
+func (c *Cluster) ConnectAs(ctx context.Context, p cp.Principal, name string) (*nats.Conn, error) {
+	o := cp.Options{URL: c.URL, Name: name, MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond}
+	if ids := c.opt.Identities; ids != nil {
+		id := cp.Find(ids, p)
+		if id == nil {
+			return nil, fmt.Errorf("cluster: no %s identity among the cluster's identities", p)
+		}
+		o.Identity = id
+		if p == cp.PrincipalWorker && id.Name == "" {
+			o.InboxPrefix = cp.InboxPrefix(p, name)
+		}
+	} else {
+		o.User, o.Password, o.Token = c.opt.Server.User, c.opt.Server.Password, c.opt.Server.Token
+	}
 	return cp.Connect(ctx, o)
 }
+
+// Identities are the deployment's NATS users (nil: an open server).
+func (c *Cluster) Identities() []cp.Identity { return c.opt.Identities }
 
 func (c *Cluster) registry(ctx context.Context, nc *nats.Conn) (*cp.Registry, error) {
 	return cp.OpenRegistry(ctx, nc, c.opt.Registry)
@@ -197,7 +231,7 @@ func (c *Cluster) StartCoordinator(ctx context.Context) error {
 	if c.coord != nil {
 		return errors.New("cluster: the coordinator is running")
 	}
-	nc, err := c.Connect(ctx, "coordinator")
+	nc, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "coordinator")
 	if err != nil {
 		return err
 	}
@@ -272,7 +306,7 @@ func (c *Cluster) StartPrefill(ctx context.Context) error {
 	if c.prefill != nil {
 		return errors.New("cluster: the prefill worker is running")
 	}
-	nc, err := c.Connect(ctx, "prefill-0")
+	nc, err := c.ConnectAs(ctx, cp.PrincipalWorker, "prefill-0")
 	if err != nil {
 		return err
 	}
@@ -354,7 +388,7 @@ func (c *Cluster) StartRank(ctx context.Context, r int) error {
 		}
 	}
 	id := c.RankID(r)
-	nc, err := c.Connect(ctx, id)
+	nc, err := c.ConnectAs(ctx, cp.PrincipalWorker, id)
 	if err != nil {
 		return err
 	}
@@ -427,7 +461,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 			m.adapter.Beat()
 		}
 	}
-	nc, err := c.Connect(ctx, "wait-ready")
+	nc, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "wait-ready")
 	if err != nil {
 		return err
 	}

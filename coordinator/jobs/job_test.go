@@ -119,9 +119,13 @@ func TestTableListsNewestFirstAndForgetsOldFinished(t *testing.T) {
 	for i := range 4 {
 		j := New("j-"+string(rune('a'+i)), at(i), 1)
 		jobs = append(jobs, j)
+		tb.Own(j.ID, []string{"alice", "bob"}[i%2])
 		tb.Record(j.Queued(""))
 	}
-	if l := tb.List("", 0); len(l) != 4 || l[0].JobID != "j-d" || l[3].JobID != "j-a" {
+	if l := tb.List("bob", "", 0); len(l) != 2 || l[0].JobID != "j-d" || l[1].JobID != "j-b" {
+		t.Fatalf("bob's jobs: %v", ids(l))
+	}
+	if l := tb.List("", "", 0); len(l) != 4 || l[0].JobID != "j-d" || l[3].JobID != "j-a" {
 		t.Fatalf("list %v", ids(l))
 	}
 	for _, j := range jobs[:3] {
@@ -133,14 +137,20 @@ func TestTableListsNewestFirstAndForgetsOldFinished(t *testing.T) {
 	stale := jobs[3].Last()
 	tb.Record(advance(t, jobs[3], cp.StateRouted, 11, route(cp.TargetLocal)))
 	tb.Record(stale)
-	if l := tb.List("", 0); len(l) != 3 || l[0].JobID != "j-d" || l[0].State != cp.StateRouted {
+	if l := tb.List("", "", 0); len(l) != 3 || l[0].JobID != "j-d" || l[0].State != cp.StateRouted {
 		t.Fatalf("list %v", ids(l))
 	}
-	if l := tb.List(cp.StateCancelled, 1); len(l) != 1 || l[0].JobID != "j-c" {
+	if l := tb.List("", cp.StateCancelled, 1); len(l) != 1 || l[0].JobID != "j-c" {
 		t.Fatalf("cancelled, limit 1: %v", ids(l))
 	}
 	if _, ok := tb.Get("j-a"); ok {
 		t.Fatal("the oldest finished job is still held")
+	}
+	if _, ok := tb.Owner("j-a"); ok {
+		t.Fatal("the oldest finished job's owner is still held")
+	}
+	if o, ok := tb.Owner("j-c"); !ok || o != "alice" {
+		t.Fatalf("owner of j-c: %q %v", o, ok)
 	}
 	if n := tb.Counts(); n[cp.StateCancelled] != 2 || n[cp.StateRouted] != 1 {
 		t.Fatalf("counts %v", n)

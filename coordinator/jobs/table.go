@@ -15,12 +15,13 @@ type Table struct {
 
 	mu       sync.Mutex
 	latest   map[string]cp.JobEvent
-	finished []string // ids of finished jobs, oldest first
+	owners   map[string]string // job id -> the client that submitted it
+	finished []string          // ids of finished jobs, oldest first
 }
 
 // NewTable keeps up to keep finished jobs (at least 1).
 func NewTable(keep int) *Table {
-	return &Table{keep: max(keep, 1), latest: map[string]cp.JobEvent{}}
+	return &Table{keep: max(keep, 1), latest: map[string]cp.JobEvent{}, owners: map[string]string{}}
 }
 
 // Record stores ev as its job's latest event, unless the table holds a
@@ -37,6 +38,7 @@ func (t *Table) Record(ev cp.JobEvent) {
 		t.finished = append(t.finished, ev.JobID)
 		for len(t.finished) > t.keep {
 			delete(t.latest, t.finished[0])
+			delete(t.owners, t.finished[0])
 			t.finished = t.finished[1:]
 		}
 	}
@@ -57,12 +59,32 @@ func (t *Table) Get(id string) (cp.JobEvent, bool) {
 	return ev, ok
 }
 
-// List returns the latest event of each job (only those in state, when
-// given), newest submission first, at most limit of them.
-func (t *Table) List(state cp.JobState, limit int) []cp.JobEvent {
+// Own records the client that submitted job id (before its first event,
+// so that every event of the job reaches the client).
+func (t *Table) Own(id, client string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.owners[id] = client
+}
+
+// Owner returns the client that submitted job id.
+func (t *Table) Owner(id string) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, ok := t.owners[id]
+	return c, ok
+}
+
+// List returns the latest event of each job of client owner (every job's
+// when owner is empty; only those in state, when given), newest submission
+// first, at most limit of them.
+func (t *Table) List(owner string, state cp.JobState, limit int) []cp.JobEvent {
 	t.mu.Lock()
 	out := make([]cp.JobEvent, 0, len(t.latest))
-	for _, ev := range t.latest {
+	for id, ev := range t.latest {
+		if owner != "" && t.owners[id] != owner {
+			continue
+		}
 		if state == "" || ev.State == state {
 			out = append(out, ev)
 		}
@@ -102,4 +124,5 @@ func (t *Table) Forget(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.latest, id)
+	delete(t.owners, id)
 }

@@ -56,7 +56,11 @@ func (m *mailbox) take() []message {
 	return out
 }
 
-// onProgress hands a worker's report to its job's run.
+// onProgress hands a worker's report to its job's run. Only workers may
+// publish progress (the NATS server's permissions), each under its own
+// worker subject when its identity is named; the report must say the
+// worker and job its subject does, and the run takes it only from the
+// workers holding the job (handle).
 func (c *Coordinator) onProgress(msg *nats.Msg) {
 	at := time.Now()
 	var p cp.Progress
@@ -64,8 +68,9 @@ func (c *Coordinator) onProgress(msg *nats.Msg) {
 		c.log.Warn("undecodable progress report", zap.String("subject", msg.Subject), zap.Error(err))
 		return
 	}
-	if msg.Subject != cp.JobProgress(p.JobID) {
-		c.log.Warn("progress report on another job's subject", zap.String("subject", msg.Subject), zap.String("job", p.JobID))
+	if worker, job, err := cp.ProgressSender(msg.Subject); err != nil || worker != p.WorkerID || job != p.JobID {
+		c.log.Warn("progress report ignored: its subject names another worker or job", zap.String("subject", msg.Subject),
+			zap.String("worker", p.WorkerID), zap.String("job", p.JobID))
 		return
 	}
 	c.mu.Lock()
@@ -83,6 +88,8 @@ type run struct {
 	req   *cp.SubmitRequest
 	log   *zap.Logger
 	inbox *mailbox
+	// client submitted the job: its events and tokens go to its namespace.
+	client string
 
 	group   *group
 	head    string // the group's rank 0
@@ -105,7 +112,7 @@ type run struct {
 // state, released when the coordinator stops first.
 func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 	qj := d.Job
-	r := &run{c: c, req: &qj.Request, inbox: newMailbox(), involved: map[string]time.Time{}, ended: make(chan struct{}),
+	r := &run{c: c, req: &qj.Request, client: qj.Client, inbox: newMailbox(), involved: map[string]time.Time{}, ended: make(chan struct{}),
 		log: c.log.With(zap.String("job", qj.JobID))}
 	c.mu.Lock()
 	if c.runs[qj.JobID] != nil {
@@ -116,6 +123,7 @@ func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 		return
 	}
 	c.runs[qj.JobID] = r
+	c.table.Own(qj.JobID, qj.Client)
 	cancelled, early := c.pendingCancel[qj.JobID]
 	delete(c.pendingCancel, qj.JobID)
 	c.mu.Unlock()
@@ -284,7 +292,7 @@ func (r *run) assign(policy cp.Policy, g *group, pf *cp.WorkerInfo, exclude map[
 	rd, d := c.decide(policy, pf, g, n)
 	remote := rd.Target == cp.TargetRemote
 
-	a := cp.Assignment{JobID: r.job.ID, GroupID: g.ID, Sampling: r.req.Sampling}
+	a := cp.Assignment{JobID: r.job.ID, GroupID: g.ID, Client: r.client, Sampling: r.req.Sampling}
 	var session string
 	var secret []byte
 	if remote {
@@ -475,6 +483,10 @@ func (r *run) handle(msg message, stall *time.Timer) *cp.JobEvent {
 			if r.decodeOpen {
 				return r.onDecode(p, msg.at, stall)
 			}
+		default:
+			// Only the workers holding the job speak for it.
+			r.log.Warn("progress report ignored: the worker does not hold the job", zap.String("worker", p.WorkerID),
+				zap.String("stage", string(p.Stage)))
 		}
 	}
 	return nil

@@ -156,7 +156,7 @@ func TestShortAndLongJobs(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			opt := testOptions(t)
 			if kind == "process" {
-				opt.NATSURL = natstest.Server(t)
+				opt.NATSURL, opt.Identities = secureProcess(t, cp.NewIdentities())
 			}
 			c := startCluster(t, opt)
 			ref := testmodel.LoadReference(t, opt.ModelDir, 1)
@@ -173,3 +173,36 @@ func TestShortAndLongJobs(t *testing.T) {
 }
 
 var _ = fmt.Sprint
+
+// secureProcess runs a real nats-server whose users are ids, with the
+// permissions `coordinator credentials --nats-server-conf` writes, and
+// returns its URL and ids.
+func secureProcess(t *testing.T, ids []cp.Identity) (string, []cp.Identity) {
+	t.Helper()
+	block, err := cp.ServerAuthorization(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord := cp.Find(ids, cp.PrincipalCoordinator)
+	url := natstest.Start(t, natstest.Config{Extra: block, Ready: func(url string) error {
+		nc, err := nats.Connect(url, nats.UserInfo(coord.User, coord.Password), nats.Timeout(2*time.Second))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		_, err = nc.Request("$JS.API.INFO", nil, 2*time.Second)
+		return err
+	}})
+	return url, ids
+}
+
+// clientCLI are the nats CLI's flags that log in as the cluster's client
+// "local" with its own reply inbox.
+func clientCLI(t *testing.T, c *cluster.Cluster) []string {
+	t.Helper()
+	id := cp.Find(c.Identities(), cp.PrincipalClient)
+	if id == nil {
+		t.Fatal("the cluster has no client identity")
+	}
+	return []string{"--user", id.User, "--password", id.Password, "--inbox-prefix", cp.InboxPrefix(cp.PrincipalClient, id.Name)}
+}

@@ -220,7 +220,7 @@ func TestCancelReachesEveryWorker(t *testing.T) {
 				defer close(cancelled)
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
-				rep, repErr = cp.Cancel(ctx, nc, cp.JobIDForKey(tc.req.IdempotencyKey), "test cancels")
+				rep, repErr = cp.Cancel(ctx, nc, cp.JobIDForKey(cp.ClientName(nc), tc.req.IdempotencyKey), "test cancels")
 			})})
 			res := f.wait(t, 30*time.Second)
 			select {

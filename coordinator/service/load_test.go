@@ -32,7 +32,7 @@ type tracker struct {
 func track(t testing.TB, nc *nats.Conn) *tracker {
 	tr := &tracker{sent: map[string]time.Time{}, routed: map[string]time.Time{}, assigned: map[string]time.Time{}, final: map[string]cp.JobEvent{},
 		finals: map[string]int{}, tokens: map[string]int{}, changed: make(chan struct{}, 1)}
-	ev, err := nc.Subscribe(cp.SubjectAllJobEvents, func(m *nats.Msg) {
+	ev, err := nc.Subscribe(cp.ClientAllJobEvents(cp.ClientName(nc)), func(m *nats.Msg) {
 		at := time.Now()
 		var e cp.JobEvent
 		if _, err := cp.DecodeMsg(m, &e); err != nil {
@@ -58,7 +58,7 @@ func track(t testing.TB, nc *nats.Conn) *tracker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := nc.Subscribe(cp.SubjectAllJobTokens, func(m *nats.Msg) {
+	tok, err := nc.Subscribe(cp.ClientAllJobTokens(cp.ClientName(nc)), func(m *nats.Msg) {
 		var tm cp.TokenMsg
 		if _, err := cp.DecodeMsg(m, &tm); err == nil {
 			tr.mu.Lock()
@@ -89,7 +89,7 @@ func (tr *tracker) close() {
 // when it was sent.
 func (tr *tracker) submit(ctx context.Context, nc *nats.Conn, key string, req cp.SubmitRequest) (string, error) {
 	req.IdempotencyKey = key
-	id := cp.JobIDForKey(key)
+	id := cp.JobIDForKey(cp.ClientName(nc), key)
 	tr.mu.Lock()
 	tr.sent[id] = time.Now()
 	tr.mu.Unlock()

@@ -22,9 +22,9 @@ func TestJSONJobWithTheNATSCLI(t *testing.T) {
 	c := startCluster(t, testOptions(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := natstest.CLI(ctx, t, c.URL, "req", "--raw", cp.SubjectSubmit,
+	out, err := natstest.CLI(ctx, t, c.URL, append(clientCLI(t, c), "req", "--raw", cp.ClientSubmit(cp.DefaultClient),
 		`{"token_ids": [5, 17, 200, 31], "max_tokens": 6, "temperature": 0.7, "top_p": 0.9, "seed": 42}`,
-		"-H", "Content-Type:application/json")
+		"-H", "Content-Type:application/json")...)
 	if err != nil {
 		t.Fatalf("nats req: %v\n%s", err, out)
 	}
@@ -33,7 +33,7 @@ func TestJSONJobWithTheNATSCLI(t *testing.T) {
 		t.Fatalf("submit reply %q: %v", out, err)
 	}
 	for {
-		out, err := natstest.CLI(ctx, t, c.URL, "req", "--raw", cp.SubjectListJobs, `{"limit": 10}`, "-H", "Content-Type:application/json")
+		out, err := natstest.CLI(ctx, t, c.URL, append(clientCLI(t, c), "req", "--raw", cp.ClientList(cp.DefaultClient), `{"limit": 10}`, "-H", "Content-Type:application/json")...)
 		if err != nil {
 			t.Fatalf("nats req list: %v\n%s", err, out)
 		}
@@ -99,7 +99,7 @@ func TestMalformedSubmissions(t *testing.T) {
 		{"nan temperature", `{"token_ids": [1], "temperature": 1e999}`, true, cp.CodeBadRequest, "temperature"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := nats.NewMsg(cp.SubjectSubmit)
+			m := nats.NewMsg(cp.ClientSubmit(cp.DefaultClient))
 			m.Data = []byte(tc.body)
 			enc := cp.MsgPack
 			if tc.json {
@@ -144,7 +144,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 	var mu sync.Mutex
 	finals := map[string]int{}
 	tokens := map[string]map[int]int{}
-	evSub, err := nc.Subscribe(cp.SubjectAllJobEvents, func(m *nats.Msg) {
+	evSub, err := nc.Subscribe(cp.ClientAllJobEvents(cp.DefaultClient), func(m *nats.Msg) {
 		var ev cp.JobEvent
 		if _, err := cp.DecodeMsg(m, &ev); err == nil && ev.State.Final() {
 			mu.Lock()
@@ -156,7 +156,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer evSub.Unsubscribe()
-	tokSub, err := nc.Subscribe(cp.SubjectAllJobTokens, func(m *nats.Msg) {
+	tokSub, err := nc.Subscribe(cp.ClientAllJobTokens(cp.DefaultClient), func(m *nats.Msg) {
 		var tm cp.TokenMsg
 		if _, err := cp.DecodeMsg(m, &tm); err == nil {
 			mu.Lock()
@@ -258,7 +258,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 
 func listJobs(ctx context.Context, nc *nats.Conn) ([]cp.JobEvent, error) {
 	var rep cp.ListJobsReply
-	if err := cp.Request(ctx, nc, cp.SubjectListJobs, &cp.ListJobsRequest{}, &rep); err != nil {
+	if err := cp.Request(ctx, nc, cp.ClientList(cp.DefaultClient), &cp.ListJobsRequest{}, &rep); err != nil {
 		return nil, err
 	}
 	if err := rep.Err(); err != nil {

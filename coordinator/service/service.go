@@ -214,7 +214,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return fmt.Errorf("coordinator: the worker registry did not list its workers: %w", setup.Err())
 	}
 
-	progress, err := c.nc.Subscribe(cp.SubjectAllJobProgress, c.onProgress)
+	progress, err := c.nc.Subscribe(cp.SubjectAllProgress, c.onProgress)
 	if err != nil {
 		return fmt.Errorf("coordinator: subscribe to progress: %w", err)
 	}
@@ -223,16 +223,16 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	serveCtx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
 	for range c.cfg.SubmitHandlers {
-		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectSubmit, cp.QueueGroupCoordinators, c.submit); err != nil {
+		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, c.submit); err != nil {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
 	for range 2 {
-		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectCancel, cp.QueueGroupCoordinators, c.cancelJob); err != nil {
+		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllCancel, cp.QueueGroupCoordinators, c.cancelJob); err != nil {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectListJobs, cp.QueueGroupCoordinators, c.list); err != nil {
+	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllList, cp.QueueGroupCoordinators, c.list); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	bgWG.Add(1)
@@ -314,10 +314,17 @@ func (c *Coordinator) pollQueue(ctx context.Context) {
 	}
 }
 
-// publish announces a job event and records it in the job list.
+// publish announces a job event to the client that owns the job and
+// records it in the job list.
 func (c *Coordinator) publish(ev cp.JobEvent) {
 	c.table.Record(ev)
-	if err := cp.Publish(c.nc, cp.JobEvents(ev.JobID), &ev); err != nil {
+	owner, ok := c.table.Owner(ev.JobID)
+	if !ok {
+		// Every path that makes a job's events records its owner first.
+		c.log.Error("job event of a job without a client", zap.String("job", ev.JobID), zap.String("state", string(ev.State)))
+		return
+	}
+	if err := cp.Publish(c.nc, cp.ClientJobEvents(owner, ev.JobID), &ev); err != nil {
 		c.log.Warn("publish job event", zap.String("job", ev.JobID), zap.String("state", string(ev.State)), zap.Error(err))
 	}
 }

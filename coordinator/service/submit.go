@@ -18,7 +18,11 @@ import (
 // control, announces the job as queued and stores it in the job queue.
 func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.SubmitReply, error) {
 	received := time.Now() // tokenization is part of the time to first token
-	id := cp.JobIDFor(req)
+	client, err := cp.ClientOf(cp.RequestSubject(ctx))
+	if err != nil {
+		return nil, refuse(cp.CodeBadRequest, "%v", err)
+	}
+	id := cp.JobIDFor(client, req)
 	if req.IdempotencyKey != "" {
 		if _, ok := c.table.Get(id); ok {
 			c.m.Submission("duplicate")
@@ -31,11 +35,12 @@ func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.Su
 		return nil, err
 	}
 	job := jobs.New(id, received, len(stored.TokenIDs))
+	c.table.Own(id, client)
 	ev := job.Queued(fmt.Sprintf("%d prompt tokens, up to %d new", len(stored.TokenIDs), stored.MaxTokens))
 	// Announced before it is stored, so that no later event of the job can
 	// overtake it.
 	c.publish(ev)
-	enq, err := c.queue.Enqueue(ctx, &cp.QueuedJob{JobID: id, Submitted: received, Request: *stored})
+	enq, err := c.queue.Enqueue(ctx, &cp.QueuedJob{JobID: id, Submitted: received, Request: *stored, Client: client})
 	if err != nil {
 		c.log.Warn("job not queued", zap.String("job", id), zap.Error(err))
 		// Subscribers saw it queued: tell them it is not. The job list
@@ -43,7 +48,7 @@ func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.Su
 		// duplicate.
 		if fe, ferr := job.Advance(cp.StateFailed, time.Now(), jobs.Update{
 			Err: &cp.JobError{Code: codeOf(err), Message: "not queued: " + err.Error()}}); ferr == nil {
-			_ = cp.Publish(c.nc, cp.JobEvents(id), &fe)
+			_ = cp.Publish(c.nc, cp.ClientJobEvents(client, id), &fe)
 		}
 		c.table.Forget(id)
 		c.m.Submission(string(codeOf(err)))
@@ -176,6 +181,16 @@ func (c *Coordinator) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp
 	if reason == "" {
 		reason = "cancelled by a client"
 	}
+	client, err := cp.ClientOf(cp.RequestSubject(ctx))
+	if err != nil {
+		return nil, refuse(cp.CodeBadRequest, "%v", err)
+	}
+	// Another client's job is answered as if it did not exist: a client
+	// learns nothing of the jobs of others.
+	if owner, ok := c.table.Owner(req.JobID); ok && owner != client {
+		c.log.Warn("cancel of another client's job refused", zap.String("job", req.JobID), zap.String("client", client))
+		return nil, refuse(cp.CodeNotFound, "no job %s here (unknown, or finished long ago)", req.JobID)
+	}
 	c.mu.Lock()
 	r := c.runs[req.JobID]
 	c.mu.Unlock()
@@ -212,10 +227,14 @@ func (c *Coordinator) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp
 }
 
 // list answers with each job's latest event, newest first.
-func (c *Coordinator) list(_ context.Context, req *cp.ListJobsRequest) (*cp.ListJobsReply, error) {
+func (c *Coordinator) list(ctx context.Context, req *cp.ListJobsRequest) (*cp.ListJobsReply, error) {
+	client, err := cp.ClientOf(cp.RequestSubject(ctx))
+	if err != nil {
+		return nil, refuse(cp.CodeBadRequest, "%v", err)
+	}
 	limit := req.Limit
 	if limit == 0 {
 		limit = 100
 	}
-	return &cp.ListJobsReply{Jobs: c.table.List(req.State, limit)}, nil
+	return &cp.ListJobsReply{Jobs: c.table.List(client, req.State, limit)}, nil
 }

@@ -20,7 +20,8 @@ import (
 type stream struct {
 	a        *Adapter
 	id       string
-	prompt   int // prompt tokens (run here or cached)
+	tokens   string // the subject of the job's tokens, in its client's namespace
+	prompt   int    // prompt tokens (run here or cached)
 	local    bool
 	stopIDs  map[int32]bool
 	dec      *tokenizer.StreamDecoder
@@ -56,7 +57,7 @@ var _ pipeline.Sink = (*stream)(nil)
 const progressEvery = 2 * time.Second
 
 func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
-	s := &stream{a: a, id: as.JobID, prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
+	s := &stream{a: a, id: as.JobID, tokens: cp.ClientJobTokens(as.Client, as.JobID), prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
 		stopIDs: map[int32]bool{}, text: stopText{stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
 		log: a.log.With(zap.String("job", as.JobID))}
 	s.reserved = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, s.prompt+req.MaxTokens, a.cfg.LatentDType))
@@ -149,7 +150,7 @@ func (s *stream) token(index int, id int32) {
 	// coordinator fails a decoding job that goes silent.
 	if now.Sub(s.reported) >= progressEvery {
 		s.reported = now
-		s.publish(cp.JobProgress(s.id), &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Stage: cp.StateDecoding,
+		s.publish(cp.WorkerProgress(s.a.cfg.WorkerID, s.id), &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Stage: cp.StateDecoding,
 			Time: now, Tokens: index + 1, Elapsed: now.Sub(s.first)})
 	}
 	var out string
@@ -160,7 +161,7 @@ func (s *stream) token(index int, id int32) {
 		}
 		out, s.stopped = s.text.push(piece)
 	}
-	s.publish(cp.JobTokens(s.id), &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id, Text: out})
+	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id, Text: out})
 	s.count = index + 1
 	if s.stopped {
 		// The group keeps stepping until the cancel lands; those tokens
@@ -223,8 +224,8 @@ func (s *stream) end(r pipeline.Result) {
 	}
 	// The final token message goes out before the final progress, so a
 	// client that sees the job end has every token.
-	s.publish(cp.JobTokens(s.id), &cp.TokenMsg{JobID: s.id, Index: s.count, TokenID: -1, Text: rest, Final: true, FinishReason: reason})
-	s.publish(cp.JobProgress(s.id), p)
+	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: s.count, TokenID: -1, Text: rest, Final: true, FinishReason: reason})
+	s.publish(cp.WorkerProgress(s.a.cfg.WorkerID, s.id), p)
 	s.log.Info("job ended", zap.String("finish", string(reason)), zap.Int("tokens", s.count), zap.Duration("decode", p.Elapsed))
 }
 

@@ -266,7 +266,7 @@ func (a *Adapter) progress(j *job, p scheduler.Progress) {
 		// Prefill compute is over; what is left is the transfer tail.
 		stage, done = cp.StateTransferring, p.Total
 	}
-	a.publish(cp.JobProgress(j.id), &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Stage: stage, Time: now,
+	a.publish(cp.WorkerProgress(a.cfg.WorkerID, j.id), &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Stage: stage, Time: now,
 		Layers: &cp.LayerProgress{Done: p.Layer, Total: p.Layers}, Tokens: done, Elapsed: p.Elapsed})
 	if last {
 		// Make sure the server has it before the last layer's state leaves:
@@ -316,7 +316,7 @@ func (a *Adapter) wait(j *job) {
 		}
 		a.log.Warn("job failed", zap.String("job", j.id), zap.Error(err))
 	}
-	a.publish(cp.JobProgress(j.id), p)
+	a.publish(cp.WorkerProgress(a.cfg.WorkerID, j.id), p)
 }
 
 // measured are the figures of the latest pass and of this job's transfer
