@@ -125,7 +125,13 @@ func (d *deployment) startPrefill(ctx context.Context) error {
 
 // waitPrefill waits until the registry shows the prefill worker.
 func (d *deployment) waitPrefill(ctx context.Context) error {
-	reg, err := cp.OpenRegistry(ctx, d.pnc, d.registry)
+	// Reading the registry is the coordinator's right, not a worker's.
+	nc, err := d.c.ConnectAs(ctx, cp.PrincipalCoordinator, "e2e-wait-prefill")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	reg, err := cp.OpenRegistry(ctx, nc, d.registry)
 	if err != nil {
 		return err
 	}

@@ -190,6 +190,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	// The job list starts with the jobs already in the queue (a restart
 	// must not hide them until they are routed).
 	if err := c.queue.Stored(setup, func(qj *cp.QueuedJob) {
+		c.table.Own(qj.JobID, qj.Client)
 		c.table.Record(jobs.New(qj.JobID, qj.Submitted, len(qj.Request.TokenIDs)).Queued("stored in the job queue"))
 	}); err != nil {
 		c.log.Warn("listing the queued jobs", zap.Error(err))
