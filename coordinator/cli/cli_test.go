@@ -281,7 +281,7 @@ func TestConfigFileAndEnvironment(t *testing.T) {
 
 // TestHelpExplains: every command has help naming its settings.
 func TestHelpExplains(t *testing.T) {
-	for _, c := range []string{"serve", "submit", "jobs", "workers", "cancel", "demo"} {
+	for _, c := range []string{"serve", "submit", "jobs", "workers", "cancel", "demo", "credentials"} {
 		out, _, err := run(context.Background(), c, "--help")
 		if err != nil || len(out) < 200 {
 			t.Errorf("%s --help: %v\n%s", c, err, out)
