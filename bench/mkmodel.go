@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/tandem-inference/tandem/configs"
+	"github.com/tandem-inference/tandem/internal/diskfree"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/synth"
@@ -27,14 +29,18 @@ func runMkmodel(ctx context.Context, args []string) error {
 	out := fs.String("out", "", "output directory (required)")
 	shards := fs.Int("shards", 0, "number of safetensors shards (0: one per layer plus one for the embedding and head, as released)")
 	force := fs.Bool("force", false, "overwrite a non-empty output directory")
+	sparse := fs.Bool("sparse", false, "leave every tensor's data as a hole that reads as zeros: full-size files that take no disk (with the released layout, also the vision tower's two shards)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: bench mkmodel --preset tiny|small|medium --seed N --out DIR [--shards N] [--force]
+		fmt.Fprintf(fs.Output(), `usage: bench mkmodel --preset tiny|small|medium|k3 --seed N --out DIR [--shards N] [--force] [--sparse]
 
 Writes a synthetic Kimi K3 checkpoint: config.json in the released nested shape,
 released tensor names and dtypes (BF16 trunk, F32 small tensors, MXFP4 routed
 experts), safetensors shards and model.safetensors.index.json. Presets: tiny is
 K3-SPEC 2.2 (1 MB), small has every structural feature (about 1.4 GB), medium is
-larger than 24 GiB of RAM (streaming benchmarks only).
+larger than 24 GiB of RAM (streaming benchmarks only), k3 is Kimi K3 at its
+released size (1.56 TB: use it with --sparse, which writes the released 96
+files, headers and sizes with zero weights held in holes, so that the whole
+model can be planned and streamed on a machine that cannot store it).
 
 `)
 		fs.PrintDefaults()
@@ -64,14 +70,43 @@ larger than 24 GiB of RAM (streaming benchmarks only).
 	for _, t := range synth.Plan(cfg).All() {
 		total += t.Bytes()
 	}
-	fmt.Fprintf(os.Stderr, "mkmodel: %d layers, hidden %d, %d experts, %s of tensors -> %s\n",
-		cfg.NumLayers, cfg.HiddenSize, cfg.NumExperts, progress.HumanBytes(total), *out)
+	kind := ""
+	if *sparse {
+		kind = " (sparse: zero weights in holes)"
+	}
+	fmt.Fprintf(os.Stderr, "mkmodel: %d layers, hidden %d, %d experts, %s of text tensors%s -> %s\n",
+		cfg.NumLayers, cfg.HiddenSize, cfg.NumExperts, progress.HumanBytes(total), kind, *out)
 	p := progress.NewBytes(os.Stderr, "mkmodel")
 	start := time.Now()
-	if err := synth.Write(ctx, cfgJSON, *out, synth.Options{Seed: *seed, Shards: *shards, Force: *force, Progress: p.Update}); err != nil {
+	if err := synth.Write(ctx, cfgJSON, *out, synth.Options{Seed: *seed, Shards: *shards, Force: *force, Sparse: *sparse, Progress: p.Update}); err != nil {
 		return err
 	}
 	reportTokenizer(cfg.VocabSize)
+	if size, used, ok := dirUsage(*out); ok {
+		fmt.Fprintf(os.Stderr, "mkmodel: %s in files, %s on disk\n", progress.HumanBytes(size), progress.HumanBytes(used))
+	}
 	fmt.Fprintf(os.Stderr, "mkmodel: done in %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// dirUsage sums the sizes of the files in dir and the disk their blocks
+// take (du); ok is false where the platform cannot tell the latter.
+func dirUsage(dir string) (size, used int64, ok bool) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		u, ok := diskfree.Allocated(filepath.Join(dir, e.Name()))
+		if !ok {
+			return 0, 0, false
+		}
+		size += fi.Size()
+		used += u
+	}
+	return size, used, true
 }

@@ -43,7 +43,7 @@ type streamFlags struct {
 	promptLen, prompts, depth, threads int
 	readers                            int
 	seed, reps                         int
-	jsonOut, check, single             bool
+	jsonOut, check, single, passOnly   bool
 	refOut                             string
 }
 
@@ -116,8 +116,9 @@ func runStream(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object on the last line")
 	fs.BoolVar(&f.check, "check", true, "compare every state with the in-memory model core's prefill (in a child process)")
 	fs.BoolVar(&f.single, "single", true, "also time a pass with the first prompt alone (batch_ratio)")
+	fs.BoolVar(&f.passOnly, "pass-only", false, "run the batched pass once and nothing else; check every layer's state for its size and finite values, then drop it (for models larger than memory and disk: bench mkmodel --sparse)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: bench stream --model DIR --mem-budget B --prompt-len L --prompts K [--json]
+		fmt.Fprintf(fs.Output(), `usage: bench stream --model DIR --mem-budget B --prompt-len L --prompts K [--json] [--pass-only]
 
 Times layer-streamed prefill on one worker, in this order: raw sequential reads
 of every layer's bytes (same files, same I/O mode and request size; one request
@@ -133,6 +134,12 @@ machine neither flatters nor sinks a ratio. Then a child process prefills
 each prompt on the in-memory model core and the states of every round are
 compared byte for byte.
 peak_rss_bytes is this process's peak (the reference runs elsewhere).
+
+With --pass-only it runs the batched pass once and nothing else, each
+state going to a sink that checks every layer's parts against the sizes
+the config implies and that every value is finite, then drops it: the mode
+for a model larger than memory and disk, such as bench mkmodel --preset k3
+--sparse (every weight zero, held in holes).
 
 `)
 		fs.PrintDefaults()
@@ -203,6 +210,9 @@ peak_rss_bytes is this process's peak (the reference runs elsewhere).
 	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench stream: "+format+"\n", a...) }
 	say("%s: %d layers, %s of weights, io %s, budget %s, depth %d; plan: %s", f.model, rep.Layers,
 		progress.HumanBytes(rep.WeightsBytes), rep.IOMode, progress.HumanBytes(budget), rep.Depth, plan)
+	if f.passOnly {
+		return streamPassOnly(ctx, f, w, prompts, plan, budget, latent)
+	}
 
 	// 1. Raw sequential reads: one request at a time (dd-like), then with as
 	// many in flight as the streamer keeps (the baseline a pass is held to).

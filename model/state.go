@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 	"strings"
 	"unsafe"
 )
@@ -214,6 +215,52 @@ func (c *Config) ExpectedParts(L, T int, latent DType) []Part {
 		}
 	}
 	return nil
+}
+
+// CheckLayerState checks layer L's state of a sequence of T cached tokens:
+// its label, exactly the ExpectedParts (kinds, dtypes, shapes, byte
+// counts), and every value finite. Whoever takes over a state checks it
+// so: a decode rank before decoding, a prefill sink before passing it on.
+func (c *Config) CheckLayerState(ls *LayerState, L, T int, latent DType) error {
+	if ls.Layer != L || ls.Kind != c.LayerKind(L) {
+		return fmt.Errorf("state: layer %d is labelled layer %d (%s), expected %s", L, ls.Layer, ls.Kind, c.LayerKind(L))
+	}
+	want := c.ExpectedParts(L, T, latent)
+	if len(ls.Parts) != len(want) {
+		return fmt.Errorf("state: layer %d has %d parts, expected %d", L, len(ls.Parts), len(want))
+	}
+	for i := range want {
+		w, p := &want[i], &ls.Parts[i]
+		if p.Kind != w.Kind || p.DType != w.DType || !slices.Equal(p.Shape, w.Shape) {
+			return fmt.Errorf("state: layer %d part %d is %s %s %v, expected %s %s %v", L, i, p.Kind, p.DType, p.Shape, w.Kind, w.DType, w.Shape)
+		}
+		if n := w.Elems() * w.DType.Size(); len(p.Data) != n {
+			return fmt.Errorf("state: layer %d part %s has %d bytes, expected %d", L, p.Kind, len(p.Data), n)
+		}
+		if i, v, ok := nonFinite(p); ok {
+			return fmt.Errorf("state: layer %d part %s element %d is %v", L, p.Kind, i, v)
+		}
+	}
+	return nil
+}
+
+// nonFinite finds the first NaN or infinite element of a part.
+func nonFinite(p *Part) (int, float64, bool) {
+	switch p.DType {
+	case F32:
+		for i, x := range p.F32() {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return i, float64(x), true
+			}
+		}
+	case BF16:
+		for i, u := range p.U16() {
+			if u&0x7f80 == 0x7f80 { // all exponent bits set: Inf or NaN
+				return i, float64(math.Float32frombits(uint32(u) << 16)), true
+			}
+		}
+	}
+	return 0, 0, false
 }
 
 // Clone deep-copies the layer state.

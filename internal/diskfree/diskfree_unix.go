@@ -11,3 +11,11 @@ func bytesAvail(path string) (int64, bool) {
 	}
 	return int64(st.Bavail) * int64(st.Bsize), true
 }
+
+func allocated(path string) (int64, bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, false
+	}
+	return int64(st.Blocks) * 512, true // st_blocks counts 512-byte units on every one of these systems
+}

@@ -46,6 +46,30 @@ func Ensure(ctx context.Context, cacheDir, preset string, seed uint64, shards in
 	}
 	sum := sha256.Sum256(cfg)
 	name := fmt.Sprintf("%s-seed%d-shards%d-v%d-%s", preset, seed, shards, synth.Version, hex.EncodeToString(sum[:6]))
+	return ensure(ctx, cacheDir, name, cfg, synth.Options{Seed: seed, Shards: shards, Force: true})
+}
+
+// Sparse returns the directory of preset written sparse in the released
+// layout (synth.Options.Sparse: every weight zero, held in holes), writing
+// it if needed. The K3 preset is the whole released file set at its real
+// size (about 130 MB of headers, index and tokenizer on disk; half a
+// minute to write, once per machine).
+func Sparse(tb testing.TB, preset string) string {
+	tb.Helper()
+	cfg, err := configs.ModelPreset(preset)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sum := sha256.Sum256(cfg)
+	name := fmt.Sprintf("%s-sparse-layout%d-%s", preset, synth.LayoutVersion, hex.EncodeToString(sum[:6]))
+	dir, err := ensure(context.Background(), CacheDir(), name, cfg, synth.Options{Sparse: true, Force: true})
+	if err != nil {
+		tb.Fatalf("sparse model %s: %v", preset, err)
+	}
+	return dir
+}
+
+func ensure(ctx context.Context, cacheDir, name string, cfg []byte, opt synth.Options) (string, error) {
 	dir := filepath.Join(cacheDir, name)
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
 		return dir, nil
@@ -58,7 +82,7 @@ func Ensure(ctx context.Context, cacheDir, preset string, seed uint64, shards in
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	if err := synth.Write(ctx, cfg, tmp, synth.Options{Seed: seed, Shards: shards, Force: true}); err != nil {
+	if err := synth.Write(ctx, cfg, tmp, opt); err != nil {
 		return "", err
 	}
 	if err := os.Rename(tmp, dir); err != nil {

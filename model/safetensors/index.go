@@ -325,7 +325,7 @@ func WriteIndex(path string, idx *Index) error {
 	if doc.WeightMap == nil {
 		doc.WeightMap = map[string]string{}
 	}
-	return writeAtomic(path, func(w io.Writer) error {
+	return writeAtomic(path, -1, func(w io.Writer) error {
 		if strings.HasSuffix(path, ".gz") {
 			zw := gzip.NewWriter(w)
 			if err := encodeIndex(zw, &doc); err != nil {
@@ -346,7 +346,9 @@ func encodeIndex(w io.Writer, doc any) error {
 
 // writeAtomic writes path through a temporary file in the same directory,
 // synced and renamed into place, so that readers never see a partial file.
-func writeAtomic(path string, write func(w io.Writer) error) (err error) {
+// A size >= 0 then sets the file's length: what lies past the written bytes
+// is a hole that reads as zeros.
+func writeAtomic(path string, size int64, write func(w io.Writer) error) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
@@ -364,6 +366,11 @@ func writeAtomic(path string, write func(w io.Writer) error) (err error) {
 	}
 	if err = bw.Flush(); err != nil {
 		return fmt.Errorf("writing %s: %w", tmp, err)
+	}
+	if size >= 0 {
+		if err = f.Truncate(size); err != nil {
+			return fmt.Errorf("extending %s to %d bytes: %w", tmp, size, err)
+		}
 	}
 	if err = f.Chmod(0o644); err != nil {
 		return err

@@ -27,11 +27,11 @@ type WriteTensor struct {
 // temporary name and renamed into place, so a failed write leaves nothing
 // behind.
 func WriteFile(path string, tensors []WriteTensor, metadata map[string]string) error {
-	hdr, sizes, err := buildHeader(tensors, metadata)
+	hdr, sizes, err := buildHeader(tensors, metadata, false)
 	if err != nil {
 		return &Error{File: path, Tensor: err.tensor, Err: err.err}
 	}
-	return writeAtomic(path, func(w io.Writer) error {
+	return writeAtomic(path, -1, func(w io.Writer) error {
 		var n [8]byte
 		binary.LittleEndian.PutUint64(n[:], uint64(len(hdr)))
 		if _, err := w.Write(append(n[:], hdr...)); err != nil {
@@ -59,9 +59,35 @@ func WriteFile(path string, tensors []WriteTensor, metadata map[string]string) e
 	})
 }
 
+// WriteSparse writes a safetensors file with the same header WriteFile
+// would write, but every tensor's data left as a hole: the header is
+// written and the file extended to its full size, so its data reads as
+// zeros and, where the filesystem has sparse files, takes no disk blocks.
+// It lays out checkpoints at full size with no weights (planning and
+// streaming at a real model's shapes); tensors must carry neither Data nor
+// Fill.
+func WriteSparse(path string, tensors []WriteTensor, metadata map[string]string) error {
+	hdr, sizes, err := buildHeader(tensors, metadata, true)
+	if err != nil {
+		return &Error{File: path, Tensor: err.tensor, Err: err.err}
+	}
+	size := int64(8 + len(hdr))
+	for _, n := range sizes {
+		size += n
+	}
+	return writeAtomic(path, size, func(w io.Writer) error {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(hdr)))
+		if _, err := w.Write(append(n[:], hdr...)); err != nil {
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+		return nil
+	})
+}
+
 // buildHeader validates the tensors and returns the padded header JSON and
-// each tensor's byte size.
-func buildHeader(tensors []WriteTensor, metadata map[string]string) ([]byte, []int64, *tensorError) {
+// each tensor's byte size. With holes, tensors must have no data (WriteSparse).
+func buildHeader(tensors []WriteTensor, metadata map[string]string, holes bool) ([]byte, []int64, *tensorError) {
 	type record struct {
 		DType       DType    `json:"dtype"`
 		Shape       []int64  `json:"shape"`
@@ -99,7 +125,9 @@ func buildHeader(tensors []WriteTensor, metadata map[string]string) ([]byte, []i
 			return fail(err)
 		case t.Data != nil && int64(len(t.Data)) != size:
 			return fail(fmt.Errorf("%w: shape %v of %s needs %d bytes, Data holds %d", ErrShape, t.Shape, t.DType, size, len(t.Data)))
-		case t.Data == nil && t.Fill == nil && size != 0:
+		case holes && (t.Data != nil || t.Fill != nil):
+			return fail(fmt.Errorf("%w: a sparse file's tensors are holes, but this one has Data or Fill", ErrShape))
+		case !holes && t.Data == nil && t.Fill == nil && size != 0:
 			return fail(fmt.Errorf("%w: neither Data nor Fill for %d bytes", ErrShape, size))
 		}
 		sizes[i] = size

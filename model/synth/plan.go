@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 
@@ -175,4 +176,69 @@ func mxfp4(base string, rows, cols int64, target, inRMS float64) []Tensor {
 		{Name: base + ".weight_packed", DType: safetensors.U8, Shape: []int64{rows, cols / 2}, Kind: KindPacked},
 		{Name: base + ".weight_scale", DType: safetensors.U8, Shape: []int64{rows, cols / 32}, Kind: KindScale, Lo: lo, Hi: lo + 3},
 	}
+}
+
+// visionConfig is the part of the released vision_config that sizes the
+// vision tower's and projector's tensors.
+type visionConfig struct {
+	Hidden       int64   `json:"vt_hidden_size"`
+	Intermediate int64   `json:"vt_intermediate_size"`
+	Layers       int64   `json:"vt_num_hidden_layers"`
+	QKV          int64   `json:"qkv_hidden_size"`
+	Patch        int64   `json:"patch_size"`
+	PosH         int64   `json:"init_pos_emb_height"`
+	PosW         int64   `json:"init_pos_emb_width"`
+	Merge        []int64 `json:"merge_kernel_size"`
+}
+
+// maxVisionDim bounds every vision size read from a config, so that a
+// hostile config cannot ask for absurd shapes.
+const maxVisionDim = 1 << 20
+
+// visionShards lays out the vision tower and its projector as released
+// (K3-SPEC §5.5): the projector in the second to last shard, the tower in
+// the last, all BF16. The projector maps merged patches into the text
+// tower's width. A config without vision_config has no vision shards.
+func visionShards(c *model.Config) ([]shard, error) {
+	if len(c.Vision) == 0 || string(c.Vision) == "null" {
+		return nil, nil
+	}
+	var v visionConfig
+	if err := json.Unmarshal(c.Vision, &v); err != nil {
+		return nil, fmt.Errorf("config.json: vision_config: %w", err)
+	}
+	if len(v.Merge) != 2 {
+		return nil, fmt.Errorf("config.json: vision_config: merge_kernel_size %v, want two sizes", v.Merge)
+	}
+	for _, x := range []int64{v.Hidden, v.Intermediate, v.Layers, v.QKV, v.Patch, v.PosH, v.PosW, v.Merge[0], v.Merge[1]} {
+		if x <= 0 || x > maxVisionDim {
+			return nil, fmt.Errorf("config.json: vision_config: size %d out of range (1..%d)", x, maxVisionDim)
+		}
+	}
+	bf := func(name string, shape ...int64) Tensor {
+		return Tensor{Name: name, DType: safetensors.BF16, Shape: shape, Std: 1 / math.Sqrt(float64(shape[len(shape)-1]))}
+	}
+	norm := func(name string, n int64) Tensor {
+		return Tensor{Name: name, DType: safetensors.BF16, Shape: []int64{n}, Mean: 1, Std: 0.1}
+	}
+	d, merged := int64(c.HiddenSize), v.Hidden*v.Merge[0]*v.Merge[1]
+	projector := []Tensor{
+		bf("mm_projector.proj.0.weight", merged, merged),
+		bf("mm_projector.proj.2.weight", d, merged),
+		norm("mm_projector.post_norm.weight", d),
+	}
+	tower := []Tensor{
+		bf("vision_tower.patch_embed.proj.weight", v.Hidden, 3, v.Patch, v.Patch),
+		bf("vision_tower.patch_embed.pos_emb.weight", v.PosH, v.PosW, v.Hidden),
+		norm("vision_tower.encoder.final_layernorm.weight", v.Hidden),
+	}
+	for i := int64(0); i < v.Layers; i++ {
+		b := fmt.Sprintf("vision_tower.encoder.blocks.%d.", i)
+		tower = append(tower,
+			norm(b+"norm0.weight", v.Hidden), norm(b+"norm1.weight", v.Hidden),
+			bf(b+"wqkv.weight", 3*v.QKV, v.Hidden), bf(b+"wo.weight", v.Hidden, v.QKV),
+			bf(b+"mlp.fc0.weight", v.Intermediate, v.Hidden), bf(b+"mlp.fc1.weight", v.Hidden, v.Intermediate),
+		)
+	}
+	return []shard{{tensors: released(projector)}, {tensors: released(tower)}}, nil
 }

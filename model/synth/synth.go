@@ -4,6 +4,19 @@
 // bias, MXFP4 routed experts), shards named model-NNNNN-of-NNNNNN with each
 // layer's trunk tensors in one contiguous run, and the index json.
 //
+// Within a shard the data follows the order of the released files (the
+// safetensors serializer's: wider dtypes first, then by name), and the
+// headers carry no metadata, as the released ones: for the K3 preset the
+// header and data bytes add up to the released files' sizes exactly.
+//
+// A sparse checkpoint (Options.Sparse) has the same files, headers and
+// sizes with every tensor's data left as a hole: all weights read as zero
+// and the files take almost no disk, so a full-size model (K3's 1.56 TB)
+// can be planned and streamed on a machine that cannot hold it. It also
+// holds the vision tower and projector in their two released shards, which
+// cost nothing there (dense checkpoints leave them out: the text tower
+// never reads them).
+//
 // Weights are random but scaled so that the model exercises its features:
 // SiTU's gate and up caps saturate on part of the rows, the router bias
 // changes which experts are selected, AttnRes weights are not uniform, and
@@ -15,6 +28,7 @@
 package synth
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -27,6 +41,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -41,6 +57,11 @@ import (
 // caches key on it.
 const Version = 3
 
+// LayoutVersion changes whenever the files written for a given config and
+// options change with the weights left alone (shards, tensor order,
+// headers); caches of sparse checkpoints key on it.
+const LayoutVersion = 1
+
 // Options control a generation.
 type Options struct {
 	Seed uint64
@@ -51,6 +72,10 @@ type Options struct {
 	Force bool
 	// Progress, if set, is called as bytes are written (done, total).
 	Progress func(done, total int64)
+	// Sparse leaves every tensor's data as a hole that reads as zeros
+	// (see the package comment); with the released layout (Shards 0) the
+	// vision tower's two shards are written too.
+	Sparse bool
 }
 
 // ErrNotEmpty is returned when the output directory holds files and Force
@@ -65,17 +90,27 @@ func Write(ctx context.Context, configJSON []byte, dir string, opt Options) erro
 		return err
 	}
 	plan := Plan(cfg)
-	var total int64
-	for _, t := range plan.All() {
-		total += t.Bytes()
+	shards := assignShards(cfg, plan, opt.Shards)
+	if opt.Sparse && opt.Shards <= 0 {
+		vision, err := visionShards(cfg)
+		if err != nil {
+			return err
+		}
+		shards = append(shards, vision...)
 	}
-	if free, ok := diskfree.Bytes(existingAncestor(dir)); ok && total > free {
+	var total int64
+	for _, sh := range shards {
+		for _, t := range sh.tensors {
+			total += t.Bytes()
+		}
+	}
+	// A sparse model's data takes no disk; its headers are a few MB a shard.
+	if free, ok := diskfree.Bytes(existingAncestor(dir)); ok && total > free && !opt.Sparse {
 		return fmt.Errorf("%s: the model needs %.1f GiB, the filesystem has %.1f GiB free", dir, float64(total)/(1<<30), float64(free)/(1<<30))
 	}
 	if err := prepareDir(dir, opt.Force); err != nil {
 		return err
 	}
-	shards := assignShards(cfg, plan, opt.Shards)
 	var done atomic.Int64
 	report := func(n int64) {
 		d := done.Add(n)
@@ -107,7 +142,7 @@ func Write(ctx context.Context, configJSON []byte, dir string, opt Options) erro
 					errs <- err
 					continue
 				}
-				errs <- writeShard(filepath.Join(dir, sh.file), sh.tensors, opt.Seed, report)
+				errs <- writeShard(filepath.Join(dir, sh.file), sh.tensors, opt.Seed, opt.Sparse, report)
 			}
 		}()
 	}
@@ -186,8 +221,8 @@ type shard struct {
 }
 
 // assignShards places tensors like the release: each layer's tensors
-// together (trunk first, then experts), layers in order over the shards,
-// the model-level tensors in the last shard.
+// together, in released order, layers in order over the shards, the
+// model-level tensors in the last shard.
 func assignShards(c *model.Config, p *TensorPlan, n int) []shard {
 	if n <= 0 {
 		n = c.NumLayers + 1
@@ -197,22 +232,48 @@ func assignShards(c *model.Config, p *TensorPlan, n int) []shard {
 	layerShards := n - 1
 	for L := 0; L < c.NumLayers; L++ {
 		i := L * layerShards / c.NumLayers
-		out[i].tensors = append(out[i].tensors, p.Layers[L]...)
+		out[i].tensors = append(out[i].tensors, released(p.Layers[L])...)
 	}
-	out[n-1].tensors = append(out[n-1].tensors, p.Globals...)
+	out[n-1].tensors = append(out[n-1].tensors, released(p.Globals)...)
 	return out
 }
 
-func writeShard(path string, ts []Tensor, seed uint64, report func(int64)) error {
+// released returns ts in the order the released files store one shard's
+// tensors, the safetensors serializer's: wider dtypes first (F32, then
+// BF16, then the U8 of the MXFP4 experts), then by name, bytewise (so
+// expert 10 comes before expert 2). Within a layer that puts every
+// non-expert tensor before the experts, in one run.
+func released(ts []Tensor) []Tensor {
+	out := slices.Clone(ts)
+	slices.SortStableFunc(out, func(a, b Tensor) int {
+		return cmp.Or(cmp.Compare(b.DType.Size(), a.DType.Size()), strings.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// writeShard writes one shard, with no header metadata: the released
+// headers have none.
+func writeShard(path string, ts []Tensor, seed uint64, sparse bool, report func(int64)) error {
 	wt := make([]safetensors.WriteTensor, len(ts))
+	var bytes int64
 	for i, t := range ts {
 		t := t
-		wt[i] = safetensors.WriteTensor{Name: t.Name, DType: t.DType, Shape: t.Shape,
-			Fill: func(w io.Writer) error {
+		wt[i] = safetensors.WriteTensor{Name: t.Name, DType: t.DType, Shape: t.Shape}
+		if !sparse {
+			wt[i].Fill = func(w io.Writer) error {
 				return t.fill(&countingWriter{w: w, report: report}, seed)
-			}}
+			}
+		}
+		bytes += t.Bytes()
 	}
-	return safetensors.WriteFile(path, wt, map[string]string{"format": "pt"})
+	if sparse {
+		if err := safetensors.WriteSparse(path, wt, nil); err != nil {
+			return err
+		}
+		report(bytes)
+		return nil
+	}
+	return safetensors.WriteFile(path, wt, nil)
 }
 
 type countingWriter struct {

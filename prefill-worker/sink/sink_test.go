@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -224,4 +225,95 @@ func TestQueueSinkFailureAndAbort(t *testing.T) {
 	if stalled.Aborted() == nil {
 		t.Fatal("sink not aborted")
 	}
+}
+
+// TestCheckSink: a real state passes layer by layer and leaves its sizes;
+// a wrong shape, a NaN, a layer out of order, a wrong token count or a
+// missing layer fails the sink, naming what is wrong.
+func TestCheckSink(t *testing.T) {
+	s := prefilled(t, model.BF16)
+	cfg, err := model.LoadConfig(filepath.Join(testmodel.Dir(t, "tiny", 1, 2), "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c := sink.NewCheck(cfg, s.Tokens, model.BF16)
+	for _, ls := range s.Layers {
+		if err := c.PutLayer(ctx, ls); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Sizes(); !errors.Is(err, sink.ErrNotClosed) {
+		t.Fatalf("sizes before Close: %v", err)
+	}
+	if err := c.Close(ctx, s.Tokens); err != nil {
+		t.Fatal(err)
+	}
+	sizes, err := c.Sizes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for L, ls := range s.Layers {
+		if sizes[L] != ls.Bytes() || sizes[L] == 0 {
+			t.Fatalf("layer %d: %d bytes recorded, the state has %d", L, sizes[L], ls.Bytes())
+		}
+	}
+
+	mla := -1
+	for L := range s.Layers {
+		if cfg.LayerKind(L) == model.MLA {
+			mla = L
+			break
+		}
+	}
+	bad := func(name, want string, put func(c *sink.Check) error) {
+		t.Helper()
+		c := sink.NewCheck(cfg, s.Tokens, model.BF16)
+		if err := put(c); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, want)
+		}
+		if _, err := c.Sizes(); err == nil {
+			t.Errorf("%s: the sink reports sizes after failing", name)
+		}
+	}
+	putAll := func(c *sink.Check, edit func(L int, ls *model.LayerState)) error {
+		for L, ls := range s.Layers {
+			ls = ls.Clone()
+			edit(L, ls)
+			if err := c.PutLayer(ctx, ls); err != nil {
+				return err
+			}
+		}
+		return c.Close(ctx, s.Tokens)
+	}
+	bad("short cache", "expected", func(c *sink.Check) error {
+		return putAll(c, func(L int, ls *model.LayerState) {
+			if L == mla {
+				p := &ls.Parts[0]
+				p.Shape[0]--
+				p.Data = p.Data[:len(p.Data)-len(p.Data)/s.Tokens]
+			}
+		})
+	})
+	bad("NaN", "NaN", func(c *sink.Check) error {
+		return putAll(c, func(L int, ls *model.LayerState) {
+			if L == 0 {
+				ls.Parts[0].F32()[5] = float32(math.NaN())
+			}
+		})
+	})
+	bad("out of order", "after layer", func(c *sink.Check) error {
+		c.PutLayer(ctx, s.Layers[1])
+		return c.PutLayer(ctx, s.Layers[0])
+	})
+	bad("wrong token count", "tokens", func(c *sink.Check) error {
+		for _, ls := range s.Layers {
+			c.PutLayer(ctx, ls)
+		}
+		return c.Close(ctx, s.Tokens+1)
+	})
+	bad("missing layer", "closed after layer", func(c *sink.Check) error {
+		c.PutLayer(ctx, s.Layers[0])
+		return c.Close(ctx, s.Tokens)
+	})
 }
