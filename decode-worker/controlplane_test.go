@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -15,24 +16,35 @@ import (
 )
 
 // TestControlPlaneMode: decode-worker processes started with --nats-url
-// register in the worker registry, rank 0 takes a coordinator's job and
-// publishes its tokens (the monolithic model's), and a rank stopping
-// deregisters.
+// and the worker identity (--nats-credentials) register in the worker
+// registry of a server that admits only tandem's identities, rank 0 takes
+// a coordinator's job and publishes its tokens (the monolithic model's) to
+// the job's client, and a rank stopping deregisters.
 func TestControlPlaneMode(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	srv, err := cp.StartServer(ctx, cp.ServerConfig{})
+	ids := cp.NewIdentities()
+	srv, err := cp.StartServer(ctx, cp.ServerConfig{Identities: ids})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown(context.Background())
-	nc, err := cp.Connect(ctx, cp.Options{URL: srv.ClientURL()})
+	nc, err := cp.Connect(ctx, cp.Options{URL: srv.ClientURL(), Identity: cp.Find(ids, cp.PrincipalCoordinator)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	clientNC, err := cp.Connect(ctx, cp.Options{URL: srv.ClientURL(), Identity: cp.Find(ids, cp.PrincipalClient)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer clientNC.Close()
+	creds := filepath.Join(t.TempDir(), "worker.json")
+	if err := cp.SaveIdentity(creds, cp.Find(ids, cp.PrincipalWorker)); err != nil {
+		t.Fatal(err)
+	}
 	info, err := modelinfo.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +65,7 @@ func TestControlPlaneMode(t *testing.T) {
 	}()
 	<-co.Ready()
 
-	c := startCluster(t, dir, 2, nil, "--nats-url", srv.ClientURL(), "--registry-ttl", "2s")
+	c := startCluster(t, dir, 2, nil, "--nats-url", srv.ClientURL(), "--nats-credentials", creds, "--registry-ttl", "2s")
 	reg, err := cp.OpenRegistry(ctx, nc, cp.RegistryConfig{TTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +89,7 @@ func TestControlPlaneMode(t *testing.T) {
 	}
 
 	p := makePrompt(9, ref.Cfg.VocabSize, 7)
-	res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 6}}, client.Handlers{})
+	res, err := client.Run(ctx, clientNC, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 6}}, client.Handlers{})
 	if err != nil {
 		t.Fatal(err)
 	}

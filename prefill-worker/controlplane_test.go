@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -17,7 +18,9 @@ import (
 )
 
 // TestControlPlaneMode runs the binary's main path with --nats-url next to
-// a coordinator and a decode group: the worker registers, takes a remote
+// a coordinator and a decode group whose NATS admits only tandem's
+// identities: the worker finds its identity in this machine's credentials
+// directory without a flag, registers, takes a remote
 // job, streams its state to the decode ranks (whose tokens are the
 // monolithic model's), and deregisters when stopped.
 func TestControlPlaneMode(t *testing.T) {
@@ -36,16 +39,28 @@ func TestControlPlaneMode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The worker logs in with the deployment's worker identity, from a file.
-	creds := filepath.Join(t.TempDir(), "worker.json")
-	if err := cp.SaveIdentity(creds, cp.Find(c.Identities(), cp.PrincipalWorker)); err != nil {
+	// The worker logs in with the deployment's worker identity, which it
+	// finds without a flag in this machine's credentials directory (here
+	// a private one).
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
+	t.Setenv("AppData", filepath.Join(home, "AppData"))
+	credsDir, err := cp.DefaultCredentialsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(credsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.SaveIdentity(cp.IdentityFile(credsDir, cp.PrincipalWorker), cp.Find(c.Identities(), cp.PrincipalWorker)); err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	var stdout, stderr bytes.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, []string{"--model", dir, "--mem-budget", "128MiB", "--nats-url", c.URL, "--nats-credentials", creds, "--worker-id", "prefill-test",
+		done <- run(runCtx, []string{"--model", dir, "--mem-budget", "128MiB", "--nats-url", c.URL, "--worker-id", "prefill-test",
 			"--registry-ttl", "2s", "--log-level", "warn"}, &stdout, &stderr)
 	}()
 	nc, err := c.Connect(ctx, "test")

@@ -252,11 +252,13 @@ func TestClientsCannotReadOrForgeOthersJobs(t *testing.T) {
 			if got := mallory.received(); len(got) > 0 {
 				t.Fatalf("mallory received %d messages, e.g. on %s", len(got), got[0].Subject)
 			}
-			list, err := cp.ListJobs(ctx, mallory.nc, &cp.ListJobsRequest{})
+			lctx, lcancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer lcancel()
+			list, err := cp.ListJobs(lctx, mallory.nc, &cp.ListJobsRequest{})
 			if err != nil || len(list.Jobs) != 0 {
 				t.Fatalf("mallory's job list: %+v, %v; want empty", list, err)
 			}
-			mine, err := cp.ListJobs(ctx, victim, &cp.ListJobsRequest{})
+			mine, err := cp.ListJobs(lctx, victim, &cp.ListJobsRequest{})
 			if err != nil || len(mine.Jobs) != 1 || mine.Jobs[0].JobID != job {
 				t.Fatalf("the victim's job list: %+v, %v", mine, err)
 			}
