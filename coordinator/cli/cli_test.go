@@ -422,3 +422,50 @@ func TestServeBeyondLoopback(t *testing.T) {
 		})
 	}
 }
+
+// TestCredentialsCommand: `coordinator credentials` creates the identities
+// (0600 files), adds a client and a worker, keeps what exists, and writes a
+// nats-server authorization block that holds no password.
+func TestCredentialsCommand(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "creds")
+	conf := filepath.Join(t.TempDir(), "auth.conf")
+	out, errw, err := run(context.Background(), "credentials", "--dir", dir, "--add-client", "alice", "--add-worker", "gpu-0", "--nats-server-conf", conf)
+	if err != nil {
+		t.Fatalf("credentials: %v\n%s", err, errw)
+	}
+	for _, want := range []string{"added client alice", "added worker gpu-0", "tandem-coordinator", "tandem-worker", "tandem-client-local", "tandem-client-alice", "tandem-worker-gpu-0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	ids, err := cp.EnsureCredentials(dir)
+	if err != nil || len(ids) != 5 {
+		t.Fatalf("identities: %d, %v", len(ids), err)
+	}
+	block, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(conf); st.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v", conf, st.Mode().Perm())
+	}
+	if !strings.Contains(string(block), "authorization") || strings.Count(string(block), `"$2a$`) != 5 {
+		t.Errorf("authorization block without five bcrypt hashes:\n%s", block)
+	}
+	for _, id := range ids {
+		if strings.Contains(string(block), id.Password) {
+			t.Errorf("the block holds %s's password", id.User)
+		}
+	}
+	// A second run keeps every identity.
+	if _, _, err := run(context.Background(), "credentials", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	again, err := cp.EnsureCredentials(dir)
+	if err != nil || len(again) != 5 || again[0] != ids[0] || again[3] != ids[3] {
+		t.Fatalf("after a second run: %v, %v", again, err)
+	}
+	if _, _, err := run(context.Background(), "credentials", "--dir", dir, "--add-client", "alice"); err == nil {
+		t.Fatal("a client added twice")
+	}
+}
