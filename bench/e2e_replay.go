@@ -159,11 +159,12 @@ func runJob(ctx context.Context, nc *nats.Conn, j workload.Job, at time.Time, po
 // (sim.Summarize). Times are since start. A job's TTFT is the client's:
 // submission sent to first token received. Its parts: remote, queue (to
 // the start of its first weight pass), prefill (the pass), transfer tail
-// (the coordinator's marks), and first step (the rest: the decode group's
-// first step and the hops to the client); local, queue (to the decode
-// group's start on it) and prefill (the group's prefill and first step, one
-// figure in the coordinator's timing). Done is the first token plus the
-// decode group's own measure of its decoding.
+// (the coordinator's marks, as measured), and first step (the rest: the
+// decode group's first step and the hops to the client; 0 when the commit
+// was marked after the first token, see lateMark); local, queue (to the
+// decode group's start on it) and prefill (the group's prefill and first
+// step, one figure in the coordinator's timing). Done is the first token
+// plus the decode group's own measure of its decoding.
 func measuredResult(policy router.Policy, start time.Time, ms []measured, passes []passRecord) *sim.Result {
 	r := &sim.Result{Setup: "measured", Policy: policy}
 	perJob := map[string]int{}
@@ -210,23 +211,34 @@ func measuredResult(policy router.Policy, start time.Time, ms []measured, passes
 			}
 		}
 		if j.Target == router.TargetRemote {
-			// The parts are the coordinator's marks, TTFT the client's; the
-			// commit can reach the coordinator after rank 0 already sent
-			// the first token. Each part is cut to what the client's TTFT
-			// leaves, so that they add up to it.
-			j.Queue = min(j.Queue, j.TTFT)
-			j.Prefill = min(j.Prefill, j.TTFT-j.Queue)
-			j.TransferTail = min(j.TransferTail, j.TTFT-j.Queue-j.Prefill)
-			j.FirstStep = j.TTFT - j.Queue - j.Prefill - j.TransferTail
+			// The parts are the coordinator's marks as measured, TTFT the
+			// client's; first step is what the TTFT leaves after them. The
+			// reports of the prefill worker and of rank 0 reach the
+			// coordinator on their own connections, so the commit can be
+			// marked after the client already has the first token: then
+			// the parts add up to more than the TTFT, first step is 0 and
+			// lateMark says by how much.
+			j.FirstStep = max(0, j.TTFT-j.Queue-j.Prefill-j.TransferTail)
 		} else {
-			j.Prefill = min(j.Prefill, j.TTFT)
-			j.Queue = j.TTFT - j.Prefill
+			// One figure in the coordinator's timing covers the group's
+			// prefill and first step; queue is the rest of the TTFT, the
+			// control plane's hops included (0 when rank 0's report of
+			// the first token reached the coordinator late, see lateMark).
+			j.Queue = max(0, j.TTFT-j.Prefill)
 		}
 		r.End = max(r.End, j.Done)
 		r.LinkBytes += j.Bytes
 		r.Jobs = append(r.Jobs, j)
 	}
 	return r
+}
+
+// lateMark is how long after the client's first token the coordinator
+// marked the end of a job's last measured part (a remote job's commit, a
+// local job's first token): by how much its parts add up to more than its
+// TTFT. It is 0 for a job marked in time and for a simulated one.
+func lateMark(j sim.JobResult) time.Duration {
+	return max(0, j.Queue+j.Prefill+j.TransferTail+j.FirstStep-j.TTFT)
 }
 
 // mergeResults joins replays of the same jobs into one result, each after

@@ -58,14 +58,19 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 		"other load: the share of the machine's cores other processes used during the probes before the replays and during the replays; a prediction from a probe taken under another load than its replay's is off by as much."}
 
 	bt := &report.Table{Title: "Where a job's time goes, mean per completed job (measured / predicted)",
-		Header: []string{"policy", "queue", "prefill", "transfer tail", "first step", "TTFT mean"}}
+		Header: []string{"policy", "queue", "prefill", "transfer tail", "first step", "TTFT mean", "marked after the first token"}}
 	for _, r := range runs {
 		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
 		pair := func(a, b float64) string { return report.Duration(a) + " / " + report.Duration(b) }
+		late := "none"
+		if n, worst := lateMarks(r.measured); n > 0 {
+			late = fmt.Sprintf("%d of %d, by up to %s", n, x.Completed, report.Duration(worst.Seconds()))
+		}
 		bt.Add(string(r.policy), pair(x.QueueMean, p.QueueMean), pair(x.PrefillMean, p.PrefillMean),
-			pair(tailMean(r.measured), tailMean(r.predicted)), pair(x.FirstStepMean, p.FirstStepMean), pair(x.TTFTMean, p.TTFTMean))
+			pair(tailMean(r.measured), tailMean(r.predicted)), pair(x.FirstStepMean, p.FirstStepMean), pair(x.TTFTMean, p.TTFTMean), late)
 	}
-	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step."}
+	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step.",
+		"The parts are the coordinator's marks as measured, the TTFT the client's. Workers report to the coordinator on their own connections, so a remote job's commit (or a local job's first token) can be marked after the client already has its first token: such a job's parts add up to more than its TTFT by as much (the last column; late_mark_s in jobs.jsonl), and its first step counts 0."}
 	tables := []*report.Table{pt, ct, bt}
 	if len(out.Probes) > 0 {
 		t := &report.Table{Title: "Probes of the idle system before each replay",
@@ -90,6 +95,18 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 		tables = append(tables, pt)
 	}
 	return tables
+}
+
+// lateMarks counts the completed jobs whose last part the coordinator
+// marked after the client's first token, and the latest such mark.
+func lateMarks(r *sim.Result) (n int, worst time.Duration) {
+	for _, j := range r.Jobs {
+		if d := lateMark(j); j.Refused == "" && d > 0 {
+			n++
+			worst = max(worst, d)
+		}
+	}
+	return n, worst
 }
 
 // tailMean is the mean transfer tail over every completed job.
@@ -163,7 +180,8 @@ func e2eReport(dir string, out *e2eOutput, tables []*report.Table, runs []e2eRun
 }
 
 // breakdownChart stacks each completed job's measured TTFT parts, in
-// arrival order (none drawn when no job completed).
+// arrival order (none drawn when no job completed); a job whose parts run
+// past its TTFT (lateMark) says so in its label.
 func breakdownChart(r e2eRun, path string) (bool, error) {
 	sb := report.StackedBars{Title: fmt.Sprintf("Where each job's TTFT goes, policy %s (measured)", r.policy), YLabel: "seconds"}
 	names := []string{"queue", "prefill", "transfer tail", "first step"}
@@ -172,7 +190,11 @@ func breakdownChart(r e2eRun, path string) (bool, error) {
 		if j.Refused != "" {
 			continue
 		}
-		sb.Categories = append(sb.Categories, fmt.Sprintf("%s %s", report.Tokens(j.Prompt), j.Target))
+		label := fmt.Sprintf("%s %s", report.Tokens(j.Prompt), j.Target)
+		if d := lateMark(j); d > 0 {
+			label += " (" + report.Duration(d.Seconds()) + " past TTFT)"
+		}
+		sb.Categories = append(sb.Categories, label)
 		for i, v := range []time.Duration{j.Queue, j.Prefill, j.TransferTail, j.FirstStep} {
 			vals[i] = append(vals[i], v.Seconds())
 		}
@@ -203,7 +225,10 @@ type e2eJob struct {
 	PrefillS        float64 `json:"prefill_s"`
 	TailS           float64 `json:"transfer_tail_s"`
 	FirstStepS      float64 `json:"first_step_s"`
-	DecodeS         float64 `json:"decode_s"`
+	// LateMarkS is how long after the client's first token the
+	// coordinator marked the job's last part (lateMark; 0: in time).
+	LateMarkS float64 `json:"late_mark_s"`
+	DecodeS   float64 `json:"decode_s"`
 	// GroupDecodeS is the decode group's own measure of first to last
 	// token (the coordinator's timing).
 	GroupDecodeS float64 `json:"group_decode_s"`
@@ -235,7 +260,7 @@ func writeJobs(path string, runs []e2eRun) error {
 			}
 			x := e2eJob{Policy: string(r.policy), Round: 1 + i/max(r.perRound, 1), ID: j.ID, Session: j.Session, Prompt: j.Prompt, Output: j.Output, ArrivalS: j.Arrival.Seconds(),
 				Target: string(j.Target), PredictedTarget: string(p.Target), TTFTS: j.TTFT.Seconds(), PredictedTTFTS: p.TTFT.Seconds(),
-				QueueS: j.Queue.Seconds(), PrefillS: j.Prefill.Seconds(), TailS: j.TransferTail.Seconds(), FirstStepS: j.FirstStep.Seconds(),
+				QueueS: j.Queue.Seconds(), PrefillS: j.Prefill.Seconds(), TailS: j.TransferTail.Seconds(), FirstStepS: j.FirstStep.Seconds(), LateMarkS: lateMark(j).Seconds(),
 				DecodeS: (j.Done - j.FirstToken).Seconds(), Passes: j.Passes, Bytes: j.Bytes, Failed: j.Refused,
 				Events: ev, Reason: j.Decision.Reason, PredictedReason: p.Decision.Reason}
 			if t := r.jobs[i].Final.Timing; t != nil {

@@ -2,10 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/bench/report"
 	"github.com/tandem-inference/tandem/bench/sim"
 	"github.com/tandem-inference/tandem/bench/workload"
 	cp "github.com/tandem-inference/tandem/controlplane"
@@ -55,6 +60,11 @@ func TestMeasuredResultBreaksDownEachJob(t *testing.T) {
 	if fj.Refused == "" || fj.Arrival != time.Second {
 		t.Fatalf("failed job %+v", fj)
 	}
+	for _, j := range []sim.JobResult{rj, lj} {
+		if d := lateMark(j); d != 0 {
+			t.Fatalf("job %s marked in time: late by %v", j.ID, d)
+		}
+	}
 	if len(r.Passes) != 1 || r.Passes[0].Jobs != 1 || r.Passes[0].Start != 18*time.Millisecond || r.Passes[0].End != 48*time.Millisecond {
 		t.Fatalf("passes %+v", r.Passes)
 	}
@@ -69,6 +79,73 @@ func TestMeasuredResultBreaksDownEachJob(t *testing.T) {
 	}
 	if ms := sim.Summarize(m); ms.TTFTP50 != s.TTFTP50 || ms.Completed != 4 {
 		t.Fatalf("merged summary %+v against %+v", ms, s)
+	}
+}
+
+// TestMeasuredResultKeepsLateMarks: the coordinator marks a remote job's
+// commit, or a local job's first token, when the worker's report reaches
+// it, which can be after the client has the first token. The parts are
+// reported as measured, not cut to the TTFT: first step is 0, the excess
+// is the job's late mark, and the breakdown table and jobs.jsonl say so.
+func TestMeasuredResultKeepsLateMarks(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// Remote: 40 ms to the pass (2 + 3 ms), 30 ms of pass, a 10 ms tail:
+	// 45 ms of parts against the client's 42 ms TTFT.
+	remote := measured{Job: workload.Job{ID: "r", Prompt: 100, Output: 2}, JobID: "k-r", Submitted: at(0), FirstToken: at(42), LastToken: at(43), Tokens: 2,
+		Final: cp.JobEvent{State: cp.StateDone, Route: &cp.RouteDecision{Policy: cp.PolicyRemote, Target: cp.TargetRemote},
+			Timing: &cp.Timing{Queue: 2 * time.Millisecond, PassWait: 3 * time.Millisecond, Prefill: 30 * time.Millisecond, TransferTail: 10 * time.Millisecond}}}
+	// Local: the group's 15 ms against the client's 12 ms TTFT.
+	local := measured{Job: workload.Job{ID: "l", Prompt: 20, Output: 1}, JobID: "k-l", Submitted: at(0), FirstToken: at(12), LastToken: at(12), Tokens: 1,
+		Final: cp.JobEvent{State: cp.StateDone, Route: &cp.RouteDecision{Policy: cp.PolicyLocal, Target: cp.TargetLocal}, Timing: &cp.Timing{Prefill: 15 * time.Millisecond}}}
+	// In time: 20 ms of parts, 25 ms TTFT.
+	inTime := measured{Job: workload.Job{ID: "i", Prompt: 50, Output: 1}, JobID: "k-i", Submitted: at(0), FirstToken: at(25), LastToken: at(25), Tokens: 1,
+		Final: cp.JobEvent{State: cp.StateDone, Route: &cp.RouteDecision{Policy: cp.PolicyRemote, Target: cp.TargetRemote},
+			Timing: &cp.Timing{Queue: time.Millisecond, Prefill: 15 * time.Millisecond, TransferTail: 4 * time.Millisecond}}}
+	r := measuredResult(router.Remote, t0, []measured{remote, local, inTime}, nil)
+	rj, lj, ij := r.Jobs[0], r.Jobs[1], r.Jobs[2]
+	if rj.TTFT != 42*time.Millisecond || rj.Queue != 5*time.Millisecond || rj.Prefill != 30*time.Millisecond || rj.TransferTail != 10*time.Millisecond || rj.FirstStep != 0 {
+		t.Fatalf("remote job committed late: %+v, want its parts as measured and no first step", rj)
+	}
+	if d := lateMark(rj); d != 3*time.Millisecond {
+		t.Fatalf("remote job's commit marked %v after its first token, want 3ms", d)
+	}
+	if lj.TTFT != 12*time.Millisecond || lj.Prefill != 15*time.Millisecond || lj.Queue != 0 || lateMark(lj) != 3*time.Millisecond {
+		t.Fatalf("local job marked late: %+v (late by %v), want its 15 ms prefill kept and late by 3ms", lj, lateMark(lj))
+	}
+	if ij.FirstStep != 5*time.Millisecond || lateMark(ij) != 0 || ij.Queue+ij.Prefill+ij.TransferTail+ij.FirstStep != ij.TTFT {
+		t.Fatalf("job marked in time: %+v", ij)
+	}
+	if n, worst := lateMarks(r); n != 2 || worst != 3*time.Millisecond {
+		t.Fatalf("late marks: %d, worst %v; want 2 and 3ms", n, worst)
+	}
+
+	s := sim.Summarize(r)
+	out := &e2eOutput{Policies: map[string]e2ePolicy{string(router.Remote): {Summary: s}}, Predicted: map[string]sim.Summary{string(router.Remote): s}}
+	run := e2eRun{policy: router.Remote, jobs: []measured{remote, local, inTime}, measured: r, predicted: r}
+	tables := e2eTables(out, []e2eRun{run})
+	bt := tables[2]
+	if last := bt.Rows[0][len(bt.Rows[0])-1]; !strings.Contains(last, "2 of 3") || !strings.Contains(last, report.Duration(0.003)) {
+		t.Fatalf("breakdown %v: want the 2 late jobs of 3 and the 3 ms", bt.Rows[0])
+	}
+	path := filepath.Join(t.TempDir(), "jobs.jsonl")
+	if err := writeJobs(path, []e2eRun{run}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var late []float64
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var j e2eJob
+		if err := json.Unmarshal([]byte(line), &j); err != nil {
+			t.Fatal(err)
+		}
+		late = append(late, j.LateMarkS)
+	}
+	if len(late) != 3 || math.Abs(late[0]-0.003) > 1e-12 || math.Abs(late[1]-0.003) > 1e-12 || late[2] != 0 {
+		t.Fatalf("jobs.jsonl late marks %v, want [0.003 0.003 0]", late)
 	}
 }
 
@@ -116,8 +193,22 @@ func TestDeploymentReplaysThroughTheControlPlane(t *testing.T) {
 			if j.Refused != "" {
 				t.Fatalf("%s: job %s: %s", p, j.ID, j.Refused)
 			}
-			if string(j.Target) != string(p) || j.TTFT <= 0 || j.TTFT != j.Queue+j.Prefill+j.TransferTail+j.FirstStep || ms[i].Tokens != j.Output {
+			if string(j.Target) != string(p) || j.TTFT <= 0 || ms[i].Tokens != j.Output {
 				t.Fatalf("%s: job %+v (%d tokens)", p, j, ms[i].Tokens)
+			}
+			// The coordinator marked each part, and the breakdown has its
+			// figures uncut (they may add up to more than the client's
+			// TTFT: lateMark).
+			tm := ms[i].Final.Timing
+			if tm == nil || j.Prefill != tm.Prefill || j.Prefill <= 0 || tm.FirstToken <= 0 {
+				t.Fatalf("%s: job %s: prefill %v, the coordinator measured %+v", p, j.ID, j.Prefill, tm)
+			}
+			if p == router.Remote && (j.Queue != tm.Queue+tm.PassWait || j.Queue <= 0 || j.TransferTail != tm.TransferTail) {
+				t.Fatalf("remote job %s: queue %v, tail %v; the coordinator measured %+v", j.ID, j.Queue, j.TransferTail, tm)
+			}
+			if late := lateMark(j); late > 0 {
+				t.Logf("%s: job %s's last part marked %v after its first token (parts %v, TTFT %v)", p, j.ID, late,
+					j.Queue+j.Prefill+j.TransferTail, j.TTFT)
 			}
 			if p == router.Remote && (j.Bytes <= 0 || j.Passes != 1 || j.Bytes != m.StateBytes(j.Prompt-1)) {
 				t.Fatalf("remote job %s moved %d bytes in %d passes, want its state of %d bytes in one", j.ID, j.Bytes, j.Passes, m.StateBytes(j.Prompt-1))

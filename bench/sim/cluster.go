@@ -98,8 +98,10 @@ func (o Options) withDefaults() Options {
 
 // JobResult is how one job went. Times are since the workload's start
 // (Arrival, FirstToken, Done) or spans: Queue + Prefill + TransferTail +
-// FirstStep = TTFT. The control plane's latency and a remote job's wait
-// for the decode group's admission are part of Queue.
+// FirstStep = TTFT (a measured job's parts can add up to more: bench e2e
+// reports them as the coordinator marked them). The control plane's
+// latency and a remote job's wait for the decode group's admission are
+// part of Queue.
 type JobResult struct {
 	ID, Session string
 	Turn        int
