@@ -25,6 +25,19 @@ for target in darwin/arm64 linux/amd64 windows/amd64; do
 	CGO_ENABLED=0 GOOS="${target%/*}" GOARCH="${target#*/}" go build ./...
 done
 
+echo "== Taskfile (parses; its fuzz task names every fuzz target)"
+task() { go tool -modfile="$root/tools/go.mod" task "$@"; }
+task --list >/dev/null
+listed="$(grep -oE "'\^Fuzz[A-Za-z0-9_]+\\\$'" Taskfile.yml | tr -d "'^\$" | sort)"
+found="$(grep -rhoE --include='*_test.go' --exclude-dir=.cache --exclude-dir=.git '^func Fuzz[A-Za-z0-9_]+' . | sed 's/^func //' | sort)"
+if [ "$listed" != "$found" ]; then
+	echo "Taskfile.yml's fuzz task must run every fuzz target; listed:" >&2
+	echo "$listed" >&2
+	echo "found in the tests:" >&2
+	echo "$found" >&2
+	exit 1
+fi
+
 echo "== go test"
 # Synthetic test models are generated once into this cache and shared by
 # every package.
@@ -36,3 +49,6 @@ go test -race -short -timeout 20m $(go list ./... | grep -E '/(kvtransfer|contro
 
 echo "== go test -race: kvtransfer's suites and the mesh over the RDMA link on fake verbs"
 KVTRANSFER_TRANSPORT=rdma-fake go test -race -short -timeout 20m ./kvtransfer/ ./decode-worker/mesh/
+
+echo "== fuzz (every target, a few seconds each)"
+task fuzz FUZZTIME="${TANDEM_FUZZTIME:-2s}"
