@@ -15,6 +15,7 @@ type Bytes struct {
 	label    string
 	interval time.Duration
 	start    time.Time
+	now      func() time.Time // the clock; tests set their own
 
 	mu   sync.Mutex
 	last time.Time
@@ -23,7 +24,7 @@ type Bytes struct {
 // NewBytes starts a byte progress reporter.
 func NewBytes(w io.Writer, label string) *Bytes {
 	now := time.Now()
-	return &Bytes{w: w, label: label, interval: time.Second, start: now, last: now}
+	return &Bytes{w: w, label: label, interval: time.Second, start: now, last: now, now: time.Now}
 }
 
 // Update records progress; it prints when the interval has passed or the
@@ -31,7 +32,7 @@ func NewBytes(w io.Writer, label string) *Bytes {
 func (p *Bytes) Update(done, total int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
+	now := p.now()
 	if done < total && now.Sub(p.last) < p.interval {
 		return
 	}
