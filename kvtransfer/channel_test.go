@@ -26,15 +26,14 @@ func channelPair(t *testing.T, tr Transport, srv *Server, id string) (dialed, ac
 		errc <- err
 		got <- ch
 	}()
-	var d *Channel
-	var err error
-	for i := 0; i < 100; i++ { // the accept may not be registered yet
-		d, err = DialChannel(ctx, ChannelConfig{Transport: tr, Addr: srv.Addr(), ID: id, Secret: testSecret, Timeouts: fast})
-		if !errors.Is(err, ErrUnknownSession) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	// Dial once the accept is registered (a dial before it is refused as
+	// an unknown session).
+	waitFor(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.channels[id] != nil
+	})
+	d, err := DialChannel(ctx, ChannelConfig{Transport: tr, Addr: srv.Addr(), ID: id, Secret: testSecret, Timeouts: fast})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -206,10 +206,24 @@ func TestBackpressure(t *testing.T) {
 func TestKeepAlive(t *testing.T) {
 	to := Timeouts{Handshake: time.Second, IO: time.Second, Idle: 400 * time.Millisecond, KeepAlive: 40 * time.Millisecond}
 	r := newRig(t, "tiny", 1, ServerConfig{Timeouts: to})
-	ins := r.expect("ka", 3, model.BF16, 5*time.Second)
+	ins := r.expect("ka", 3, model.BF16, 20*time.Second)
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 3, model.BF16, 1)
-	s := newSender(t, r.client, "ka", r.place, func(c *SenderConfig) { c.Timeouts = to })
-	time.Sleep(3 * to.Idle)
+	s := newSender(t, r.client, "ka", r.place, func(c *SenderConfig) { c.Timeouts, c.Deadline = to, time.Now().Add(20*time.Second) })
+	// Both connections up, then idle until they have traded enough pings
+	// to span three idle timeouts: a connection pings at most once per
+	// keep-alive interval, so that many pongs took at least that long.
+	waitFor(t, func() bool { return s.Stats().Dials == 2 })
+	idle := time.Now()
+	enough := 2 * int64(3*to.Idle/to.KeepAlive)
+	for s.Stats().Pongs < enough {
+		if time.Since(idle) > 15*time.Second {
+			t.Fatalf("%d pongs in 15 s, waiting for %d: %+v", s.Stats().Pongs, enough, s.Stats())
+		}
+		time.Sleep(to.KeepAlive)
+	}
+	if st := s.Stats(); st.ConnErrors != 0 || st.ChunksSent != 0 {
+		t.Fatalf("idle connections: %+v", st)
+	}
 	if err := putAll(context.Background(), t, s, src, kvtest.AllLayers(9), 1, 1); err != nil {
 		t.Fatal(err)
 	}

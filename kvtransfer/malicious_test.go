@@ -182,7 +182,7 @@ func TestClaimedChunkBusy(t *testing.T) {
 	if _, err := a.c.(*tcpConn).c.Write(frame); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // let the server claim the chunk
+	waitFor(t, func() bool { return chunkIs(r.servers[0], "busy", 3, lat.Kind, 0, chunkClaimed) })
 
 	b := dialRaw(t, r.client, r.servers[0].Addr())
 	b.login("busy")
@@ -191,23 +191,38 @@ func TestClaimedChunkBusy(t *testing.T) {
 		t.Fatalf("chunk claimed elsewhere answered with %+v %v", ack, err)
 	}
 	a.c.Close()
-	deadline := time.Now().Add(3 * time.Second)
-	for seq := uint64(2); ; seq++ {
-		h.Seq = seq
-		b.write(h, chunk)
-		ack, err := b.read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ack.Busy) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("claim never released after its connection died")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// The claim is released once the server reads the dead connection's
+	// error; then the resend is accepted.
+	waitFor(t, func() bool { return chunkIs(r.servers[0], "busy", 3, lat.Kind, 0, chunkMissing) })
+	h.Seq = 2
+	b.write(h, chunk)
+	if ack, err := b.read(); err != nil || len(ack.Busy) != 0 {
+		t.Fatalf("chunk released by its dead connection answered with %+v %v", ack, err)
 	}
 	if got, _ := in.Progress(); got != 64 {
 		t.Errorf("%d bytes verified, want 64", got)
 	}
+}
+
+// chunkIs reports whether chunk idx of part kind of layer L in session sid
+// on srv is in state want (the receiver's own bookkeeping).
+func chunkIs(srv *Server, sid string, L int, kind model.PartKind, idx int, want chunkState) bool {
+	srv.mu.Lock()
+	s := srv.sessions[sid]
+	srv.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rl := s.byLayer[L]
+	if rl == nil {
+		return false
+	}
+	for _, rp := range rl.parts {
+		if rp.want.Kind == kind && idx < len(rp.chunks) {
+			return rp.chunks[idx] == want
+		}
+	}
+	return false
 }

@@ -72,6 +72,7 @@ type SenderStats struct {
 	BytesSent      int64 // their payload bytes
 	ChunksResent   int64 // chunks sent again after a checksum failure, busy answer or lost connection
 	ChecksumErrors int64 // chunks the receivers rejected for their CRC
+	Pongs          int64 // keep-alive answers received
 }
 
 var _ model.LayerSink = (*Sender)(nil)

@@ -475,6 +475,7 @@ func (s *Sender) readLoop(p *peer, cs *sconn) {
 			case frameAck:
 				err = s.onAckLocked(p, cs, &h)
 			case framePong:
+				s.stats.Pongs++
 			case frameCommit:
 				p.committed = true
 				s.checkCommittedLocked()

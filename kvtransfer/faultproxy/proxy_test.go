@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,10 +15,12 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // sink is a target that records everything each connection sends and
-// echoes a short greeting first.
+// echoes a short greeting first. received counts the bytes read so far,
+// over all connections.
 type sink struct {
-	ln  net.Listener
-	got chan []byte
+	ln       net.Listener
+	got      chan []byte
+	received atomic.Int64
 }
 
 func newSink(t *testing.T) *sink {
@@ -36,7 +39,16 @@ func newSink(t *testing.T) *sink {
 			go func() {
 				defer c.Close()
 				c.Write([]byte("hi"))
-				b, _ := io.ReadAll(c)
+				var b []byte
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := c.Read(buf)
+					b = append(b, buf[:n]...)
+					s.received.Add(int64(n))
+					if err != nil {
+						break
+					}
+				}
 				s.got <- b
 			}()
 		}
@@ -156,14 +168,22 @@ func TestStall(t *testing.T) {
 	p := start(t, s.ln.Addr().String(), Faults{StallEvery: 64 << 10, MaxFaults: 1})
 	data := random(1 << 20)
 	c := send(t, p.Addr(), data)
-	time.Sleep(100 * time.Millisecond)
+	// The stall happened and everything forwarded before it reached the
+	// target: the connection has settled, open and silent.
+	deadline := time.Now().Add(10 * time.Second)
+	for st := p.Stats(); st.Stalls != 1 || s.received.Load() != st.BytesUp; st = p.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no settled stall within 10 s: %+v, the target has %d bytes", st, s.received.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	select {
 	case got := <-s.got:
 		t.Fatalf("the target saw the end of a stalled connection (%d bytes)", len(got))
 	default:
 	}
-	if p.Stats().Stalls != 1 {
-		t.Fatalf("stats %+v", p.Stats())
+	if st := p.Stats(); st.BytesUp >= int64(len(data)) || st.Cuts != 0 {
+		t.Fatalf("stalled: %+v; want a prefix of the %d bytes forwarded and no cut", st, len(data))
 	}
 	c.Close()
 	p.CutAll()
