@@ -32,8 +32,10 @@ func pingPong(t *testing.T, nc *nats.Conn) {
 	}
 }
 
-// refused asserts that connecting with o fails, and that the error says why.
-func refused(t *testing.T, o Options, why string) {
+// refused asserts that connecting with o fails promptly for the reason
+// given: reason must accept the error. A timeout or a cancelled context is
+// never a refusal, whatever its text.
+func refused(t *testing.T, o Options, why string, reason func(error) bool) {
 	t.Helper()
 	o.MaxReconnects = -1
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -43,16 +45,39 @@ func refused(t *testing.T, o Options, why string) {
 		nc.Close()
 		t.Fatalf("connected with %s; want a refusal", why)
 	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, nats.ErrTimeout) || ctx.Err() != nil {
+		t.Fatalf("%s: %v; want a refusal, not a timeout", why, err)
+	}
+	if !reason(err) {
+		t.Fatalf("%s refused for another reason: %v", why, err)
+	}
 	t.Logf("%s refused: %v", why, err)
+}
+
+// notAuthorized: the server refused the credentials.
+func notAuthorized(err error) bool { return errors.Is(err, nats.ErrAuthorization) }
+
+// tlsRefused: the TLS handshake failed for one of the reasons named (the
+// wording of the side that noticed first: the client's verification, or
+// the server closing on a missing client certificate).
+func tlsRefused(reasons ...string) func(error) bool {
+	return func(err error) bool {
+		for _, r := range reasons {
+			if strings.Contains(err.Error(), r) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 func TestAuthUserPassword(t *testing.T) {
 	sec := security{User: "alice", Password: "s3cret-pw"}
 	serverKinds(t, sec, func(t *testing.T, srv testServer) {
 		pingPong(t, connect(t, clientOptions(srv.url, sec)))
-		refused(t, Options{URL: srv.url, User: "alice", Password: "wrong"}, "wrong password")
-		refused(t, Options{URL: srv.url}, "no credentials")
-		refused(t, Options{URL: srv.url, Token: "s3cret-pw"}, "a token instead of a user")
+		refused(t, Options{URL: srv.url, User: "alice", Password: "wrong"}, "wrong password", notAuthorized)
+		refused(t, Options{URL: srv.url}, "no credentials", notAuthorized)
+		refused(t, Options{URL: srv.url, Token: "s3cret-pw"}, "a token instead of a user", notAuthorized)
 	})
 }
 
@@ -60,8 +85,8 @@ func TestAuthToken(t *testing.T) {
 	sec := security{Token: "tok-0123456789"}
 	serverKinds(t, sec, func(t *testing.T, srv testServer) {
 		pingPong(t, connect(t, clientOptions(srv.url, sec)))
-		refused(t, Options{URL: srv.url, Token: "tok-wrong"}, "wrong token")
-		refused(t, Options{URL: srv.url}, "no token")
+		refused(t, Options{URL: srv.url, Token: "tok-wrong"}, "wrong token", notAuthorized)
+		refused(t, Options{URL: srv.url}, "no token", notAuthorized)
 	})
 }
 
@@ -85,8 +110,8 @@ func TestAuthNKey(t *testing.T) {
 	sec := security{NKeys: []string{goodPub}, ClientSeed: goodSeed}
 	serverKinds(t, sec, func(t *testing.T, srv testServer) {
 		pingPong(t, connect(t, clientOptions(srv.url, sec)))
-		refused(t, Options{URL: srv.url, NKeySeedFile: otherSeed}, "an unknown nkey")
-		refused(t, Options{URL: srv.url}, "no nkey")
+		refused(t, Options{URL: srv.url, NKeySeedFile: otherSeed}, "an unknown nkey", notAuthorized)
+		refused(t, Options{URL: srv.url}, "no nkey", notAuthorized)
 	})
 }
 
@@ -101,9 +126,19 @@ func TestTLS(t *testing.T) {
 			t.Errorf("client URL %s, want tls://", srv.url)
 		}
 		pingPong(t, connect(t, clientOptions(srv.url, sec)))
-		refused(t, Options{URL: srv.url, TLS: &TLSFiles{CA: pki.OtherCA, Cert: pki.ClientCert, Key: pki.ClientKey}}, "a client trusting another CA")
-		refused(t, Options{URL: srv.url, TLS: &TLSFiles{CA: pki.CA}}, "a client without a certificate")
-		refused(t, Options{URL: "nats://" + strings.TrimPrefix(srv.url, "tls://")}, "a plain-text client")
+		refused(t, Options{URL: srv.url, TLS: &TLSFiles{CA: pki.OtherCA, Cert: pki.ClientCert, Key: pki.ClientKey}}, "a client trusting another CA",
+			tlsRefused("certificate signed by unknown authority"))
+		// TLS 1.3: the server's refusal of the missing certificate reaches
+		// the client as an alert or as the connection closed after the
+		// handshake, depending on which read comes first.
+		refused(t, Options{URL: srv.url, TLS: &TLSFiles{CA: pki.CA}}, "a client without a certificate",
+			tlsRefused("certificate required", "closed by remote after TLS handshake"))
+		// The server demands TLS before anything else: the client must
+		// upgrade, and without the test CA it cannot trust the server.
+		refused(t, Options{URL: "nats://" + strings.TrimPrefix(srv.url, "tls://")}, "a plain-text client",
+			func(err error) bool {
+				return errors.Is(err, nats.ErrSecureConnRequired) || tlsRefused("certificate signed by unknown authority")(err)
+			})
 	})
 }
 
