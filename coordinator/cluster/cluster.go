@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/service"
 	decodecp "github.com/tandem-inference/tandem/decode-worker/cpadapter"
 	"github.com/tandem-inference/tandem/decode-worker/group"
+	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 	prefillcp "github.com/tandem-inference/tandem/prefill-worker/cpadapter"
@@ -61,6 +62,10 @@ type Options struct {
 	PrefillBudget int64
 	// Threads per compute backend (0: all cores).
 	Threads int
+	// PrefillBackend, if set, makes the prefill worker's compute backend
+	// at each start (default: the CPU backend with Threads threads); tests
+	// wrap the CPU backend to hold a pass at a layer of their choosing.
+	PrefillBackend func() kernels.Backend
 	// DecodeMemory is each decode rank's state budget (0: unlimited).
 	DecodeMemory int64
 	// Heartbeat is the workers' heartbeat interval (default: TTL/3).
@@ -315,7 +320,11 @@ func (c *Cluster) StartPrefill(ctx context.Context) error {
 		nc.Close()
 		return err
 	}
-	w, err := worker.New(worker.Config{Model: c.opt.ModelDir, Budget: c.opt.PrefillBudget, Depth: -1, Threads: c.opt.Threads,
+	var be kernels.Backend
+	if c.opt.PrefillBackend != nil {
+		be = c.opt.PrefillBackend()
+	}
+	w, err := worker.New(worker.Config{Model: c.opt.ModelDir, Budget: c.opt.PrefillBudget, Depth: -1, Backend: be, Threads: c.opt.Threads,
 		Log: c.log.Named("prefill")})
 	if err != nil {
 		nc.Close()

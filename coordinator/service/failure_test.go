@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,9 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/model"
 )
 
 // follow runs a job in the background and calls on for each event.
@@ -56,6 +60,54 @@ func onceWhen(cond func(cp.JobEvent) bool, do func()) func(cp.JobEvent) {
 	}
 }
 
+// heldBackend is the prefill worker's CPU backend, holding a pass before
+// it binds the weights of one layer while a hold is on: the pass reports
+// its earlier layers and then waits, so that a test's kill or cancel lands
+// during the prefill whatever the machine's speed.
+type heldBackend struct {
+	kernels.Backend
+	prefix string
+	mu     sync.Mutex
+	gate   chan struct{} // closed: no hold
+}
+
+// holdPrefillAt makes opt's prefill worker hold its passes at layer
+// (from now on, until Resume).
+func holdPrefillAt(opt *cluster.Options, layer int) *heldBackend {
+	h := &heldBackend{Backend: cpu.New(max(opt.Threads, 1)), prefix: model.LayerPrefix(layer)}
+	h.Hold()
+	opt.PrefillBackend = func() kernels.Backend { return h }
+	return h
+}
+
+func (h *heldBackend) Bind(m *kernels.Matrix) error {
+	if strings.HasPrefix(m.Name, h.prefix) {
+		h.mu.Lock()
+		gate := h.gate
+		h.mu.Unlock()
+		<-gate
+	}
+	return h.Backend.Bind(m)
+}
+
+// Hold holds the passes that reach the layer from now on.
+func (h *heldBackend) Hold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gate = make(chan struct{})
+}
+
+// Resume lets the held passes go on, and the next ones pass.
+func (h *heldBackend) Resume() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.gate:
+	default:
+		close(h.gate)
+	}
+}
+
 // checkFreed waits until the decode group and the prefill worker hold no
 // sequence and no state.
 func checkFreed(t *testing.T, c *cluster.Cluster) {
@@ -96,21 +148,28 @@ func checkFreed(t *testing.T, c *cluster.Cluster) {
 // (locally, or on a restarted prefill worker).
 func TestKillPrefillWorkerMidJob(t *testing.T) {
 	opt := testOptions(t)
+	// The pass reports layer 0 and waits before layer 1 until the job has
+	// failed: the kill always lands mid-prefill.
+	held := holdPrefillAt(&opt, 1)
+	defer held.Resume()
 	c := startCluster(t, opt)
 	nc := connect(t, c)
 	p := prompt(2000, c.Model.VocabSize, 3)
 	var killed time.Time
 	var mu sync.Mutex
+	gone := make(chan struct{})
 	f := follow(nc, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote},
 		client.Handlers{Event: onceWhen(func(ev cp.JobEvent) bool {
 			return ev.State == cp.StatePrefilling && ev.Progress != nil && ev.Progress.Done >= 1
 		}, func() {
+			defer close(gone)
 			mu.Lock()
 			killed = time.Now()
 			mu.Unlock()
-			c.KillPrefill()
+			c.KillPrefill() // returns once the held pass is released
 		})})
 	res := f.wait(t, 30*time.Second)
+	held.Resume()
 	mu.Lock()
 	took := res.Final.Time.Sub(killed)
 	mu.Unlock()
@@ -125,6 +184,7 @@ func TestKillPrefillWorkerMidJob(t *testing.T) {
 		t.Fatalf("the job failed %v after the kill, want within %v (registry TTL + slack)", took, bound)
 	}
 	t.Logf("failed %v after the kill: %v", took.Round(time.Millisecond), e)
+	<-gone
 	checkFreed(t, c)
 
 	// New jobs still run: locally at once, remotely on a new prefill worker.
@@ -153,14 +213,22 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 	for _, victim := range []int{1, 0} {
 		var killed time.Time
 		var mu sync.Mutex
+		// Killed once the client has a few tokens: mid-decode.
+		var kill sync.Once
 		f := follow(nc, cp.SubmitRequest{TokenIDs: prompt(20, c.Model.VocabSize, 5), Sampling: cp.Sampling{MaxTokens: 30000}},
-			client.Handlers{Event: onceWhen(func(ev cp.JobEvent) bool { return ev.State == cp.StateDecoding }, func() {
-				time.Sleep(100 * time.Millisecond)
-				mu.Lock()
-				killed = time.Now()
-				mu.Unlock()
-				c.KillRank(victim)
-			})})
+			client.Handlers{Token: func(tm cp.TokenMsg) {
+				if tm.Index < 5 {
+					return
+				}
+				kill.Do(func() {
+					go func() {
+						mu.Lock()
+						killed = time.Now()
+						mu.Unlock()
+						c.KillRank(victim)
+					}()
+				})
+			}})
 		res := f.wait(t, 30*time.Second)
 		mu.Lock()
 		took := res.Final.Time.Sub(killed)
@@ -197,14 +265,19 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 // TestCancelReachesEveryWorker: cancelling a decoding job and a job in its
 // remote prefill ends them cancelled and frees the memory on every worker.
 func TestCancelReachesEveryWorker(t *testing.T) {
-	c := startCluster(t, testOptions(t))
+	opt := testOptions(t)
+	// A remote pass waits before layer 1 until the job is cancelled: the
+	// cancellation always lands mid-prefill.
+	held := holdPrefillAt(&opt, 1)
+	defer held.Resume()
+	c := startCluster(t, opt)
 	nc := connect(t, c)
 	for _, tc := range []struct {
 		name   string
 		req    cp.SubmitRequest
 		cancel func(cp.JobEvent) bool
 	}{
-		{"decoding", cp.SubmitRequest{TokenIDs: prompt(10, c.Model.VocabSize, 7), Sampling: cp.Sampling{MaxTokens: 30000}},
+		{"decoding", cp.SubmitRequest{TokenIDs: prompt(10, c.Model.VocabSize, 7), Sampling: cp.Sampling{MaxTokens: 30000}, Policy: cp.PolicyLocal},
 			func(ev cp.JobEvent) bool { return ev.State == cp.StateDecoding }},
 		{"prefilling", cp.SubmitRequest{TokenIDs: prompt(2000, c.Model.VocabSize, 8), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote},
 			func(ev cp.JobEvent) bool {
@@ -212,6 +285,8 @@ func TestCancelReachesEveryWorker(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			held.Hold()
+			defer held.Resume()
 			tc.req.IdempotencyKey = "cancel-" + cp.NewJobID()
 			var rep *cp.CancelReply
 			var repErr error
@@ -223,6 +298,7 @@ func TestCancelReachesEveryWorker(t *testing.T) {
 				rep, repErr = cp.Cancel(ctx, nc, cp.JobIDForKey(cp.ClientName(nc), tc.req.IdempotencyKey), "test cancels")
 			})})
 			res := f.wait(t, 30*time.Second)
+			held.Resume()
 			select {
 			case <-cancelled:
 			case <-time.After(20 * time.Second):

@@ -193,7 +193,9 @@ func TestThousandJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	time.Sleep(200 * time.Millisecond) // a duplicate run would show now
+	// Nothing can run again once every delivery is acknowledged, and by
+	// then every event and token of what ran has reached nc.
+	waitSettled(ctx, t, nc)
 	tr.mu.Lock()
 	for _, id := range ids {
 		if f := tr.final[id]; f.State != cp.StateDone || tr.finals[id] != 1 {

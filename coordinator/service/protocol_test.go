@@ -189,7 +189,9 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 		return ids
 	}
 	ids := submit(4)
-	time.Sleep(300 * time.Millisecond) // delivered, waiting for a decode group
+	// Delivered to the coordinator, which holds them waiting for a decode
+	// group.
+	waitQueue(ctx, t, nc, queueCounts{InFlight: 4})
 	if err := c.StopCoordinator(); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +199,9 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids = append(ids, submit(4)...)
-	time.Sleep(300 * time.Millisecond)
+	// The four handed back by the clean stop and the four new ones, all
+	// held by the new coordinator.
+	waitQueue(ctx, t, nc, queueCounts{InFlight: 8})
 	c.KillCoordinator()
 	if err := c.StartCoordinator(ctx); err != nil {
 		t.Fatal(err)
@@ -227,7 +231,9 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // anything run twice would show by now
+	// Nothing can run again once every delivery is acknowledged, and by
+	// then every event and token of what ran has reached nc.
+	waitSettled(ctx, t, nc)
 	mu.Lock()
 	defer mu.Unlock()
 	for _, id := range ids {
