@@ -141,16 +141,10 @@ func TestServeAndClientCommands(t *testing.T) {
 	}
 
 	// Workers join the coordinator's NATS, as other machines would.
-	var c *cluster.Cluster
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		c, err = cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, Threads: 1,
-			Registry: cp.RegistryConfig{TTL: 2 * time.Second}, Identities: ids})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// Once the coordinator serves, its job queue and worker registry exist.
+	logged(t, serveLog, "coordinator serving", "model")
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, Threads: 1,
+		Registry: cp.RegistryConfig{TTL: 2 * time.Second}, Identities: ids})
 	if err != nil {
 		t.Fatalf("workers: %v", err)
 	}

@@ -195,16 +195,22 @@ func TestQueueSinkFailureAndAbort(t *testing.T) {
 	}
 	q := sink.NewQueue(g, 1)
 	ctx := context.Background()
-	var err error
-	for L := 0; L < len(s.Layers) && err == nil; L++ {
-		err = q.Put(ctx, s.Layers[L])
-		time.Sleep(time.Millisecond)
+	for L := 0; L < 2; L++ {
+		if err := q.Put(ctx, s.Layers[L]); err != nil {
+			t.Fatalf("layer %d: %v", L, err)
+		}
 	}
-	if err == nil {
-		err = q.Close(ctx, s.Tokens)
+	// The sink refuses layer 1: once the queue has seen it, every later
+	// Put and the Close report it.
+	for deadline := time.Now().Add(5 * time.Second); q.Err() == nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sink's refusal of layer 1 never reached the queue")
+		}
 	}
-	if err == nil || !strings.Contains(err.Error(), "sink refused layer 1: link reset") {
-		t.Fatalf("failing sink: %v", err)
+	for what, err := range map[string]error{"put": q.Put(ctx, s.Layers[2]), "close": q.Close(ctx, s.Tokens)} {
+		if err == nil || !strings.Contains(err.Error(), "sink refused layer 1: link reset") {
+			t.Fatalf("%s after the sink failed: %v", what, err)
+		}
 	}
 
 	// Abort interrupts a PutLayer blocked on a stalled link.
