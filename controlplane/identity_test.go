@@ -191,8 +191,8 @@ func TestIdentityConnections(t *testing.T) {
 			if rep, err := Cancel(ctx, client, "j-1", ""); err != nil || rep.State != StateCancelled {
 				t.Fatalf("a client's request: %+v, %v", rep, err)
 			}
-			refused(t, Options{URL: url}, "no credentials")
-			refused(t, Options{URL: url, User: ids[2].User, Password: ids[1].Password}, "another identity's password")
+			refused(t, Options{URL: url}, "no credentials", notAuthorized)
+			refused(t, Options{URL: url, User: ids[2].User, Password: ids[1].Password}, "another identity's password", notAuthorized)
 		})
 	}
 }

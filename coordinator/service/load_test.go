@@ -195,7 +195,7 @@ func TestThousandJobs(t *testing.T) {
 	took := time.Since(start)
 	// Nothing can run again once every delivery is acknowledged, and by
 	// then every event and token of what ran has reached nc.
-	waitSettled(ctx, t, nc)
+	waitSettled(ctx, t, c, nc)
 	tr.mu.Lock()
 	for _, id := range ids {
 		if f := tr.final[id]; f.State != cp.StateDone || tr.finals[id] != 1 {

@@ -191,7 +191,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 	ids := submit(4)
 	// Delivered to the coordinator, which holds them waiting for a decode
 	// group.
-	waitQueue(ctx, t, nc, queueCounts{InFlight: 4})
+	waitQueue(ctx, t, c, queueCounts{InFlight: 4})
 	if err := c.StopCoordinator(); err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 	ids = append(ids, submit(4)...)
 	// The four handed back by the clean stop and the four new ones, all
 	// held by the new coordinator.
-	waitQueue(ctx, t, nc, queueCounts{InFlight: 8})
+	waitQueue(ctx, t, c, queueCounts{InFlight: 8})
 	c.KillCoordinator()
 	if err := c.StartCoordinator(ctx); err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 	}
 	// Nothing can run again once every delivery is acknowledged, and by
 	// then every event and token of what ran has reached nc.
-	waitSettled(ctx, t, nc)
+	waitSettled(ctx, t, c, nc)
 	mu.Lock()
 	defer mu.Unlock()
 	for _, id := range ids {

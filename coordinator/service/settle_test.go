@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
 )
 
 // queueCounts is the job queue as its consumer sees it: jobs stored and not
@@ -19,7 +20,8 @@ type queueCounts struct {
 }
 
 // readQueue reads the job queue's counters from the server (the default
-// stream and consumer, as testOptions configure them).
+// stream and consumer, as testOptions configure them); nc must be allowed
+// the JetStream API (the coordinator's identity).
 func readQueue(ctx context.Context, nc *nats.Conn) (queueCounts, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -36,12 +38,17 @@ func readQueue(ctx context.Context, nc *nats.Conn) (queueCounts, error) {
 	return queueCounts{Waiting: ci.NumPending, InFlight: ci.NumAckPending}, nil
 }
 
-// waitQueue polls the job queue until it holds exactly want (within ctx).
-func waitQueue(ctx context.Context, t *testing.T, nc *nats.Conn, want queueCounts) {
+// waitQueue polls the job queue of c until it holds exactly want (within
+// ctx), reading it as the coordinator.
+func waitQueue(ctx context.Context, t *testing.T, c *cluster.Cluster, want queueCounts) {
 	t.Helper()
+	nc, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "test-queue-reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
 	var got queueCounts
 	for {
-		var err error
 		if got, err = readQueue(ctx, nc); err == nil && got == want {
 			return
 		}
@@ -53,16 +60,17 @@ func waitQueue(ctx context.Context, t *testing.T, nc *nats.Conn, want queueCount
 	}
 }
 
-// waitSettled waits for the sign that no job can run again and that every
-// message of the jobs that ran has reached nc: the queue holds no job,
-// waiting or delivered (each delivery acknowledged, so none can come back),
-// then a round trip to the server. A coordinator acknowledges a job only
-// after publishing its final event, and rank 0 publishes a job's tokens
-// before reporting it done, so the server had every such message before
-// the acknowledgement; it sends them to nc before the answer to nc's ping.
-func waitSettled(ctx context.Context, t *testing.T, nc *nats.Conn) {
+// waitSettled waits for the sign that no job of c can run again and that
+// every message of the jobs that ran has reached nc: the queue holds no
+// job, waiting or delivered (each delivery acknowledged, so none can come
+// back), then a round trip from nc to the server. A coordinator
+// acknowledges a job only after publishing its final event, and rank 0
+// publishes a job's tokens before reporting it done, so the server had
+// every such message before the acknowledgement; it sends them to nc
+// before the answer to nc's ping.
+func waitSettled(ctx context.Context, t *testing.T, c *cluster.Cluster, nc *nats.Conn) {
 	t.Helper()
-	waitQueue(ctx, t, nc, queueCounts{})
+	waitQueue(ctx, t, c, queueCounts{})
 	if err := nc.FlushWithContext(ctx); err != nil {
 		t.Fatal(err)
 	}
