@@ -18,12 +18,12 @@ import (
 	"github.com/tandem-inference/tandem/bench/sim"
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
-	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
+	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
@@ -121,8 +121,8 @@ then predicts bench e2e on this machine.
 	start := time.Now()
 	dir := f.model
 	if dir == "" {
-		say("calibrate: synthetic %s model (cache %s)", f.preset, testmodel.CacheDir())
-		if dir, err = testmodel.Ensure(ctx, testmodel.CacheDir(), f.preset, 1, 0); err != nil {
+		say("calibrate: synthetic %s model (cache %s)", f.preset, synth.CacheDir())
+		if dir, err = synth.Ensure(ctx, synth.CacheDir(), f.preset, 1, 0); err != nil {
 			return err
 		}
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/tandem-inference/tandem/bench/workload"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/router"
-	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 )
 
@@ -246,8 +246,8 @@ the profile alone is reported next to it.
 
 	dir := f.model
 	if dir == "" {
-		say("e2e: synthetic %s model (cache %s)", f.preset, testmodel.CacheDir())
-		if dir, err = testmodel.Ensure(ctx, testmodel.CacheDir(), f.preset, 1, 0); err != nil {
+		say("e2e: synthetic %s model (cache %s)", f.preset, synth.CacheDir())
+		if dir, err = synth.Ensure(ctx, synth.CacheDir(), f.preset, 1, 0); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // TensorSource resolves checkpoint tensor names: an mmapped checkpoint, a

@@ -4,7 +4,7 @@ import (
 	"math"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // mlaForward is gated NoPE MLA (spec §3.4) over normed input x. Each

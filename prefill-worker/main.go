@@ -37,7 +37,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/tandem-inference/tandem/controlplane"
-	"github.com/tandem-inference/tandem/coordinator/membership"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/prefill-worker/cpadapter"
@@ -97,7 +96,7 @@ func controlPlane(ctx context.Context, cfg *config, wc worker.Config, log *zap.L
 	if id == "" {
 		host, _ := os.Hostname()
 		var err error
-		if id, err = membership.ID("prefill", host); err != nil {
+		if id, err = controlplane.WorkerIDFrom("prefill", host); err != nil {
 			return fmt.Errorf("worker id from the host name: %w (give --worker-id)", err)
 		}
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
-	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -73,7 +73,7 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 		}
 		t := time.Now()
 		var err error
-		if dir, err = testmodel.Ensure(ctx, cache, Preset, 1, 2); err != nil {
+		if dir, err = synth.Ensure(ctx, cache, Preset, 1, 2); err != nil {
 			return fmt.Errorf("demo model: %w", err)
 		}
 		p("model: the synthetic %q preset (K3's structure at a small size, random weights: its text is noise)\n  %s (%s)\n",

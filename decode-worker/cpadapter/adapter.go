@@ -22,7 +22,6 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
-	"github.com/tandem-inference/tandem/coordinator/membership"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
@@ -75,7 +74,7 @@ type Adapter struct {
 	lo, hi  int
 	started time.Time
 	log     *zap.Logger
-	hb      *membership.Heartbeat
+	hb      *cp.Heartbeat
 	cancel  context.CancelFunc
 	maxSeq  int
 
@@ -123,7 +122,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
-	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	hb, err := cp.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
 	if err != nil {
 		return nil, fmt.Errorf("decode adapter: %w", err)
 	}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // decodeRowMX decodes one row of an F16 or MX-format weight. MX rows are

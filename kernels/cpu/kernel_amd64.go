@@ -6,7 +6,7 @@ import (
 	"golang.org/x/sys/cpu"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // AVX2+FMA kernels, in kernel_amd64.s. Their contracts are those of the

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // The GEMM contract (matmul.go): out[t][o] = round(fma chain over k of

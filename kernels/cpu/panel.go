@@ -6,7 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // gemmScratch is one worker's packing buffers, reused across calls through

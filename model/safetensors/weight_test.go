@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tandem-inference/tandem/model/mxfp"
+	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // t2 is a WriteTensor with zero data of the right size.

@@ -48,8 +48,8 @@ import (
 
 	"github.com/tandem-inference/tandem/internal/diskfree"
 	"github.com/tandem-inference/tandem/model"
-	"github.com/tandem-inference/tandem/model/mxfp"
 	"github.com/tandem-inference/tandem/model/safetensors"
+	"github.com/tandem-inference/tandem/mxfp"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 

@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
-	"github.com/tandem-inference/tandem/coordinator/membership"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
@@ -56,7 +55,7 @@ type Adapter struct {
 	cfg     Config
 	started time.Time
 	log     *zap.Logger
-	hb      *membership.Heartbeat
+	hb      *cp.Heartbeat
 	cancel  context.CancelFunc
 
 	mu      sync.Mutex
@@ -106,7 +105,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
-	hb, err := membership.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	hb, err := cp.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
 	if err != nil {
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}

@@ -1,8 +1,9 @@
-// Package membership is what a worker needs to take part in the control
-// plane, whatever it serves: a heartbeat that keeps its WorkerInfo in the
-// registry, and ids that fit the protocol. The prefill and decode workers'
-// control-plane adapters use it.
-package membership
+package controlplane
+
+// The worker side of the registry: what a worker of any kind needs to take
+// part in the control plane, a heartbeat that keeps its WorkerInfo in the
+// registry and an id that fits the protocol. The prefill and decode
+// workers' control-plane adapters use it.
 
 import (
 	"context"
@@ -13,17 +14,15 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	cp "github.com/tandem-inference/tandem/controlplane"
 )
 
 // Heartbeat keeps a worker registered: it puts the worker's current
 // WorkerInfo into the registry every interval until Stop.
 type Heartbeat struct {
-	reg   *cp.Registry
+	reg   *Registry
 	id    string
 	every time.Duration
-	info  func() cp.WorkerInfo
+	info  func() WorkerInfo
 	log   *zap.Logger
 
 	cancel context.CancelFunc
@@ -37,7 +36,7 @@ type Heartbeat struct {
 // interval; 0 means a third of the registry's TTL, the protocol's slowest.
 // info is called for each beat and must be safe to call from another
 // goroutine.
-func StartHeartbeat(ctx context.Context, reg *cp.Registry, every time.Duration, info func() cp.WorkerInfo, log *zap.Logger) (*Heartbeat, error) {
+func StartHeartbeat(ctx context.Context, reg *Registry, every time.Duration, info func() WorkerInfo, log *zap.Logger) (*Heartbeat, error) {
 	if every <= 0 {
 		every = reg.TTL() / 3
 	}
@@ -112,10 +111,10 @@ func (h *Heartbeat) Stop(ctx context.Context) error {
 	return err
 }
 
-// ID turns a free-form name (a host name, a group name) into a valid
+// WorkerIDFrom turns a free-form name (a host name, a group name) into a valid
 // worker id: characters outside [A-Za-z0-9_-] become '-', and it is cut to
 // the protocol's length limit.
-func ID(parts ...string) (string, error) {
+func WorkerIDFrom(parts ...string) (string, error) {
 	s := strings.Join(parts, "-")
 	b := []byte(s)
 	for i, c := range b {
@@ -124,10 +123,10 @@ func ID(parts ...string) (string, error) {
 		}
 	}
 	s = strings.Trim(string(b), "-")
-	if len(s) > cp.MaxIDLen {
-		s = s[:cp.MaxIDLen]
+	if len(s) > MaxIDLen {
+		s = s[:MaxIDLen]
 	}
-	if err := cp.CheckID(s); err != nil {
+	if err := CheckID(s); err != nil {
 		return "", errors.Join(fmt.Errorf("worker id from %q", parts), err)
 	}
 	return s, nil
