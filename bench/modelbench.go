@@ -48,8 +48,8 @@ func runModelBench(ctx context.Context, args []string) error {
 
 Times the CPU reference backend on a checkpoint: prefill of one prompt and single-sequence
 decode steps, per thread count. Next to each figure it measures this machine's limit in
-the same run: the fp64 fused multiply-add peak of the cores used (AVX2 vector FMAs when the
-assembly kernels are active, scalar FMAs otherwise), which bounds the prefill GEMMs, and the
+the same run: the fp64 fused multiply-add peak of the cores used (AVX2 vector FMAs on amd64,
+NEON FMLAs on arm64, scalar FMAs elsewhere, as the report names it), which bounds the prefill GEMMs, and the
 sequential memory read bandwidth, which bounds decode (every active weight is read once per
 token).
 

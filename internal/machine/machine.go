@@ -10,13 +10,14 @@ import (
 
 // FMAGFLOPS is the fp64 fused multiply-add rate (2 FLOP each) this machine
 // reaches on threads goroutines with register-resident operands: the
-// ceiling of the GEMM tile kernels. Where the CPU backend runs its
-// assembly (amd64 with AVX2 and FMA, see FMAKind) it is the peak of
-// independent 4-wide vector FMAs; elsewhere it is the rate of scalar Go
-// math.FMA chains, the instruction mix of the portable kernels.
+// ceiling of the GEMM tile kernels. On amd64 with AVX2 and FMA (where the
+// CPU backend runs its assembly, see FMAKind) it is the peak of independent
+// 4-wide vector FMAs, on arm64 that of 2-wide NEON FMLAs; elsewhere no
+// vector loop is measured and it is the rate of scalar Go math.FMA chains,
+// which FMAKind says plainly.
 func FMAGFLOPS(threads int) float64 {
 	if hasSIMDFMA() {
-		return rate(threads, 1<<22, simdFlopsPerIter, simdFMALoop)
+		return rate(threads, 1<<22, simdChains*simdLanes*2, simdFMALoop)
 	}
 	return rate(threads, 1<<22, 16*2, func(n int) float64 { return fmaKernel(1, n) })
 }
@@ -26,7 +27,7 @@ func FMAKind() string {
 	if hasSIMDFMA() {
 		return simdFMAName
 	}
-	return "scalar Go math.FMA"
+	return "scalar Go math.FMA (no vector FMA peak measured on this CPU)"
 }
 
 // rate runs loop(iters) on threads goroutines and returns the best of

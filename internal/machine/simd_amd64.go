@@ -14,8 +14,9 @@ func sumAVX2(p *uint64, n int) uint64
 
 const (
 	simdFMAName = "AVX2 4-wide fp64 FMA"
-	// 12 independent accumulators of 4 lanes, 2 FLOP per lane.
-	simdFlopsPerIter = 12 * 4 * 2
+	// 12 independent accumulators of 4 lanes.
+	simdChains = 12
+	simdLanes  = 4
 )
 
 func hasSIMDFMA() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }

@@ -1,10 +1,14 @@
-//go:build !amd64
+//go:build !amd64 && !arm64
 
 package machine
 
+// No vector FMA loop is written for this architecture: FMAKind says so
+// and FMAGFLOPS reports the scalar rate.
+
 const (
-	simdFMAName      = ""
-	simdFlopsPerIter = 0
+	simdFMAName = ""
+	simdChains  = 0
+	simdLanes   = 0
 )
 
 func hasSIMDFMA() bool { return false }
