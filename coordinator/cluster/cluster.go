@@ -196,12 +196,22 @@ func (c *Cluster) Connect(ctx context.Context, name string) (*nats.Conn, error) 
 }
 
 // ConnectAs opens a connection to the cluster's NATS as the deployment's
-// identity of principal p; name is the connection's name (a worker's id,
+// identity of principal p (for a worker, the one named name if there is
+// one, else the shared one); name is the connection's name (a worker's id,
 // which also names its reply inbox).
 func (c *Cluster) ConnectAs(ctx context.Context, p cp.Principal, name string) (*nats.Conn, error) {
 	o := cp.Options{URL: c.URL, Name: name, MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond}
 	if ids := c.opt.Identities; ids != nil {
 		id := cp.Find(ids, p)
+		if p == cp.PrincipalWorker {
+			// The worker's own identity when it has one, else the shared one.
+			id = nil
+			for i := range ids {
+				if ids[i].Principal == p && (ids[i].Name == name || ids[i].Name == "" && id == nil) {
+					id = &ids[i]
+				}
+			}
+		}
 		if id == nil {
 			return nil, fmt.Errorf("cluster: no %s identity among the cluster's identities", p)
 		}

@@ -95,14 +95,19 @@ func (in *intruder) received() []*nats.Msg {
 // (mallory) and a rogue worker identity attack a running remote job of the
 // client "local": mallory snoops on every subject, forges the job's
 // progress, tokens and cancellation; the rogue worker forges progress in
-// the names of the job's workers. The server refuses what the permissions
-// forbid, the coordinator ignores (and logs) the rest, and the victim's job
-// ends done with the monolithic model's tokens. Mallory receives nothing:
-// no event, no token, no assignment with its transfer secret.
+// the names of the job's workers. The prefill worker logs in with its own
+// named identity, the decode ranks with the shared one. The server refuses
+// what the permissions forbid, the coordinator ignores (and logs) the
+// rest, and the victim's job ends done with the monolithic model's tokens.
+// Mallory receives nothing: no event, no token, no assignment with its
+// transfer secret.
 func TestClientsCannotReadOrForgeOthersJobs(t *testing.T) {
 	for _, kind := range []string{"embedded", "process"} {
 		t.Run(kind, func(t *testing.T) {
-			ids := append(cp.NewIdentities(), cp.NewIdentity(cp.PrincipalClient, "mallory"), cp.NewIdentity(cp.PrincipalWorker, "rogue"))
+			// The prefill worker has its own identity, limited to its
+			// worker id; the decode ranks share the worker identity.
+			ids := append(cp.NewIdentities(), cp.NewIdentity(cp.PrincipalClient, "mallory"), cp.NewIdentity(cp.PrincipalWorker, "rogue"),
+				cp.NewIdentity(cp.PrincipalWorker, "prefill-0"))
 			opt := testOptions(t)
 			opt.Identities = ids
 			if kind == "process" {
@@ -199,6 +204,7 @@ func TestClientsCannotReadOrForgeOthersJobs(t *testing.T) {
 				{mallory, cp.ClientJobTokens(cp.DefaultClient, job), token},
 				{mallory, cp.ClientJobEvents(cp.DefaultClient, job), token},
 				{rogue, cp.WorkerProgress(c.RankID(0), job), forged(done)},
+				{rogue, cp.ClientJobEvents(cp.DefaultClient, job), token},
 				{rogue, cp.ClientCancel(cp.DefaultClient), []byte{0x80}},
 			} {
 				if err := f.in.nc.Publish(f.subject, f.data); err != nil {
