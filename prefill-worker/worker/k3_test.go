@@ -32,6 +32,9 @@ const (
 // the least work, cuts a long prompt into super-chunks, and rejects a prompt
 // whose state alone cannot fit.
 func TestK3AtRealSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens the 497,220-tensor checkpoint: about 10 s of CPU, far more under -race")
+	}
 	dir := testmodel.Sparse(t, "k3")
 	info, err := worker.Inspect(worker.Config{Model: dir, Budget: 20 << 30, Depth: -1, Threads: 2})
 	if err != nil {
