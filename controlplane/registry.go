@@ -71,6 +71,28 @@ func OpenRegistry(ctx context.Context, nc *nats.Conn, cfg RegistryConfig) (*Regi
 	return &Registry{kv: kv, ttl: cfg.TTL}, nil
 }
 
+// BindRegistry opens an existing registry bucket (default WorkersBucket)
+// without configuring it, for readers that must not change what the
+// coordinators set up (an HTTP front door watching for workers).
+func BindRegistry(ctx context.Context, nc *nats.Conn, bucket string) (*Registry, error) {
+	if bucket == "" {
+		bucket = WorkersBucket
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("worker registry: %w", err)
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("worker registry: bucket %s: %w", bucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("worker registry: bucket %s: %w", bucket, err)
+	}
+	return &Registry{kv: kv, ttl: st.TTL()}, nil
+}
+
 // TTL is how long a worker stays registered after its last heartbeat.
 func (r *Registry) TTL() time.Duration { return r.ttl }
 

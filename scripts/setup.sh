@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything tandem's tests need on a fresh machine, pinned, from
 # the Go module proxy and the npm registry: Go modules, nats-server and the
-# nats CLI (into ./bin), and the npm tiktoken package the tokenizer's golden
-# check compares against. Idempotent; quiet when everything is present.
+# nats CLI (into ./bin), the npm tiktoken package the tokenizer's golden
+# check compares against, the npm openai package and curl that the HTTP API's
+# tests drive it with. Idempotent; quiet when everything is present.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -10,8 +11,16 @@ cd "$root"
 command -v go >/dev/null || { echo "setup: Go 1.26 is required (https://go.dev/dl)" >&2; exit 1; }
 go mod download
 "$root/scripts/install-nats.sh"
+if ! command -v curl >/dev/null; then
+	if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+		apt-get update -qq >/dev/null && apt-get install -y -qq curl >/dev/null
+	else
+		echo "setup: curl not found; the HTTP API's raw event-stream checks will be skipped" >&2
+	fi
+fi
 if command -v npm >/dev/null; then
 	"$root/tokenizer/testdata/golden/setup.sh"
+	"$root/coordinator/openai/testdata/client/setup.sh"
 else
 	echo "setup: npm not found; the tokenizer's live comparison with npm tiktoken will be skipped (the committed goldens are still checked)" >&2
 fi

@@ -104,7 +104,7 @@ func TestServeAndClientCommands(t *testing.T) {
 		defer wg.Done()
 		root := New(io.Discard, serveLog)
 		root.SetArgs([]string{"serve", "--model", dir, "--embedded-port", "0", "--embedded-data-dir", t.TempDir(),
-			"--metrics-listen", "127.0.0.1:0", "--registry-ttl", "2s", "--timeouts-shutdown-grace", "2s", "--log-format", "json"})
+			"--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--registry-ttl", "2s", "--timeouts-shutdown-grace", "2s", "--log-format", "json"})
 		serveErr = root.ExecuteContext(serveCtx)
 	}()
 	defer func() {
@@ -139,6 +139,7 @@ func TestServeAndClientCommands(t *testing.T) {
 		nc.Close()
 		t.Fatal("the embedded server admitted a connection without credentials")
 	}
+	apiURL := logged(t, serveLog, "OpenAI-compatible API", "url")
 
 	// Workers join the coordinator's NATS, as other machines would.
 	// Once the coordinator serves, its job queue and worker registry exist.
@@ -219,6 +220,56 @@ func TestServeAndClientCommands(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+
+	// The OpenAI-compatible API that serve runs, and the same API alone
+	// (coordinator api) on the deployment's NATS.
+	apiCtx, stopAPI := context.WithCancel(ctx)
+	apiLog := &syncBuffer{}
+	apiDone := make(chan error, 1)
+	go func() {
+		root := New(io.Discard, apiLog)
+		root.SetArgs(append([]string{"api", "--model", dir, "--http-listen", "127.0.0.1:0", "--log-format", "json"}, nats...))
+		apiDone <- root.ExecuteContext(apiCtx)
+	}()
+	aloneURL := logged(t, apiLog, "OpenAI-compatible API", "url")
+	for _, base := range []string{apiURL, aloneURL} {
+		var got struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		// The front door learns of the workers from the registry: it
+		// answers 503 until it has.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			resp, err := http.Post(base+"/completions", "application/json", strings.NewReader(
+				`{"model": "`+filepath.Base(dir)+`", "prompt": [5, 17, 200, 31], "max_tokens": 3, "temperature": 0}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
+				continue
+			}
+			if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &got) != nil {
+				t.Fatalf("%s: %d %s", base, resp.StatusCode, b)
+			}
+			break
+		}
+		if got.Object != "text_completion" || len(got.Choices) != 1 || got.Choices[0].FinishReason != "length" ||
+			got.Usage.PromptTokens != 4 || got.Usage.CompletionTokens != 3 {
+			t.Errorf("%s: %+v", base, got)
+		}
+	}
+	stopAPI()
+	if err := <-apiDone; err != nil {
+		t.Errorf("api: %v\n%s", err, apiLog.String())
 	}
 }
 
@@ -461,5 +512,22 @@ func TestCredentialsCommand(t *testing.T) {
 	}
 	if _, _, err := run(context.Background(), "credentials", "--dir", dir, "--add-client", "alice"); err == nil {
 		t.Fatal("a client added twice")
+	}
+}
+
+// TestAPIRefusesOpenListen: serve and api refuse, before starting
+// anything, to serve the HTTP API beyond loopback without API keys.
+func TestAPIRefusesOpenListen(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--model", t.TempDir(), "--http-listen", "0.0.0.0:8000"},
+		{"api", "--model", t.TempDir(), "--http-listen", ":8000"},
+	} {
+		_, _, err := run(context.Background(), args...)
+		if err == nil || !strings.Contains(err.Error(), "http.api_keys") {
+			t.Errorf("%v: %v, want a refusal naming http.api_keys", args, err)
+		}
+	}
+	if out, _, err := run(context.Background(), "api", "--help"); err != nil || !strings.Contains(out, "--http-api-keys") {
+		t.Errorf("api --help: %v\n%s", err, out)
 	}
 }

@@ -19,7 +19,11 @@ It measures the rates both ways on a warm-up prompt, then submits a short and
 a long text prompt, streams their tokens as text and shows for each how it
 was routed (both predicted times to first token) and where its time went. On
 one CPU machine the router may keep both prompts local; the long one then
-runs again with policy remote to show the disaggregated path.`,
+runs again with policy remote to show the disaggregated path.
+
+Then it serves the OpenAI-compatible API on --http-listen (default
+127.0.0.1:8000), prints a ready-to-paste curl line for it and keeps serving
+until interrupted; --http-listen "" ends the demo after its story.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
@@ -38,6 +42,8 @@ runs again with policy remote to show the disaggregated path.`,
 			opt.MaxTokens, _ = f.GetInt("max-tokens")
 			opt.LongTokens, _ = f.GetInt("long-tokens")
 			opt.Threads, _ = f.GetInt("threads")
+			opt.HTTPListen, _ = f.GetString("http-listen")
+			opt.Stay = opt.HTTPListen != ""
 			opt.Log = log
 			if opt.CacheDir == "" {
 				opt.CacheDir = cacheDir("models")
@@ -51,6 +57,7 @@ runs again with policy remote to show the disaggregated path.`,
 	f.Int("max-tokens", 32, "tokens to generate per prompt")
 	f.Int("long-tokens", 1200, "length of the long prompt in tokens")
 	f.Int("threads", 0, "compute threads per worker (0: every core)")
+	f.String("http-listen", "127.0.0.1:8000", "serve the OpenAI-compatible API here after the story (loopback only; empty: exit after the story)")
 	addFlags(f, demoSettings)
 	return cmd
 }

@@ -31,7 +31,9 @@ first token, drives it through prefill, state transfer and decode, and
 streams its tokens and events back.
 
   coordinator demo                 everything on this machine, one command
-  coordinator serve --model DIR    a coordinator (embedded NATS unless --nats-url)
+  coordinator serve --model DIR    a coordinator (embedded NATS unless --nats-url) and its
+                                   OpenAI-compatible API on 127.0.0.1:8000
+  coordinator api --model DIR      the OpenAI-compatible API alone, for a deployment's NATS
   coordinator submit "prompt"      run a job and stream its tokens
   coordinator jobs | workers       what is queued, running, registered
   coordinator cancel JOB
@@ -54,7 +56,7 @@ func New(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().String("config", "", "YAML config file with any of the keys below (nested by their dots)")
-	root.AddCommand(serveCmd(), submitCmd(), jobsCmd(), workersCmd(), cancelCmd(), demoCmd(), credentialsCmd())
+	root.AddCommand(serveCmd(), apiCmd(), submitCmd(), jobsCmd(), workersCmd(), cancelCmd(), demoCmd(), credentialsCmd())
 	return root
 }
 

@@ -9,6 +9,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/coordinator/openai"
 	"github.com/tandem-inference/tandem/coordinator/service"
 )
 
@@ -31,19 +32,32 @@ when the coordinator restarts.
 On SIGINT/SIGTERM it stops taking jobs, hands the ones not yet assigned back
 to the queue, and lets running ones finish for timeouts.shutdown_grace.
 
-` + settingsHelp(natsSettings, serveSettings),
+It also serves the OpenAI-compatible HTTP API on http.listen (default
+127.0.0.1:8000; empty: off), each request an ordinary job; an address
+beyond loopback requires http.api_keys. ` + "`coordinator api`" + ` serves the
+same API alone, for more front doors.
+
+` + settingsHelp(natsSettings, serveSettings, httpSettings),
 		Args: cobra.NoArgs,
 		RunE: runServe,
 	}
 	addFlags(cmd.Flags(), natsSettings)
 	addFlags(cmd.Flags(), serveSettings)
+	addFlags(cmd.Flags(), httpSettings)
 	return cmd
 }
 
 func runServe(cmd *cobra.Command, _ []string) error {
-	v, err := resolve(cmd, natsSettings, serveSettings)
+	v, err := resolve(cmd, natsSettings, serveSettings, httpSettings)
 	if err != nil {
 		return err
+	}
+	listen := v.GetString("http.listen")
+	if listen != "" {
+		// Refused before anything starts: no open API without keys.
+		if err := openai.CheckListen(listen, v.GetStringSlice("http.api_keys")); err != nil {
+			return err
+		}
 	}
 	log, err := newLogger(v, cmd.ErrOrStderr())
 	if err != nil {
@@ -63,6 +77,7 @@ func runServe(cmd *cobra.Command, _ []string) error {
 
 	url := ""
 	var self *cp.Identity // the coordinator's identity on the embedded server
+	var api *cp.Identity  // the API's (a client's) there
 	if v.GetString("nats.url") == "" {
 		sc, creds, err := serverConfig(v, log)
 		if err != nil {
@@ -84,6 +99,7 @@ func runServe(cmd *cobra.Command, _ []string) error {
 		}()
 		url = srv.ClientURL()
 		self = cp.Find(sc.Identities, cp.PrincipalCoordinator)
+		api = cp.Find(sc.Identities, cp.PrincipalClient)
 		log.Info("embedded NATS server", zap.String("url", url), zap.String("data_dir", srv.StoreDir()))
 	}
 	o := natsOptions(v, "tandem-coordinator", url, log)
@@ -109,5 +125,39 @@ func runServe(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
-	return co.Run(ctx)
+	if listen == "" {
+		return co.Run(ctx)
+	}
+	// The API has its own connection, as a separate front door would.
+	// The API submits as a client would, with a client's identity.
+	ao := natsOptions(v, "tandem-api", url, log)
+	if api != nil {
+		ao.Identity = api
+	} else if err := apiIdentity(v, &ao); err != nil {
+		return err
+	}
+	ao.MaxReconnects = -1
+	anc, err := cp.Connect(ctx, ao)
+	if err != nil {
+		return err
+	}
+	defer anc.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var apiErr error
+	apiDone := make(chan struct{})
+	go func() {
+		defer close(apiDone)
+		if err := serveAPI(runCtx, v, anc, nc, v.GetString("model"), cfg.Model, cfg.Tokenizer, log, nil); err != nil && runCtx.Err() == nil {
+			apiErr = err
+			stop() // the coordinator does not run on without its API
+		}
+	}()
+	err = co.Run(runCtx)
+	stop()
+	<-apiDone
+	if apiErr != nil {
+		return apiErr
+	}
+	return err
 }

@@ -21,6 +21,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/coordinator/openai"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/model/synth"
@@ -38,7 +39,12 @@ type Options struct {
 	MaxTokens, LongTokens int
 	// Threads per compute backend (0: every core).
 	Threads int
-	Log     *zap.Logger
+	// HTTPListen, when set, serves the OpenAI-compatible API there once
+	// the story is told, and prints a curl line for it; Stay then keeps
+	// serving until ctx ends.
+	HTTPListen string
+	Stay       bool
+	Log        *zap.Logger
 }
 
 // Preset is the synthetic model the demo generates.
@@ -144,7 +150,42 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 		p("same %d tokens as the local run: the transferred state is the state the decode group computes itself\n", len(again.Tokens))
 	}
 	p("\ndemo finished in %s\n", client.Duration(time.Since(start)))
-	return nil
+	if opt.HTTPListen == "" {
+		return nil
+	}
+	return serveAPI(ctx, c, dir, opt, p)
+}
+
+// serveAPI serves the OpenAI-compatible API for the demo's cluster and
+// prints a curl line for it.
+func serveAPI(ctx context.Context, c *cluster.Cluster, dir string, opt Options, p func(string, ...any)) error {
+	nc, err := c.Connect(ctx, "demo-api")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	name := openai.ModelName(dir, c.Model)
+	srv, err := openai.New(openai.Config{Conn: nc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: name, Log: opt.Log.Named("api")})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, opt.HTTPListen, func(addr string) { ready <- addr }) }()
+	select {
+	case err := <-done:
+		return err
+	case addr := <-ready:
+		p("\nOpenAI-compatible API at http://%s/v1 (model %q); try:\n  %s\n", addr, name, openai.CurlLine(addr, name, ""))
+	}
+	if !opt.Stay {
+		cancel()
+		return <-done
+	}
+	p("serving it until interrupted (Ctrl-C)\n")
+	return <-done
 }
 
 // longPrompt is n tokens of the tokenizer's corpus, as text.

@@ -3,29 +3,67 @@ package demo
 import (
 	"bytes"
 	"context"
+	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 )
 
+// syncBuffer is a buffer the demo writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // TestDemo runs the demo end to end (the synthetic model is generated into
-// a fresh cache) with shorter prompts and outputs, and checks its story.
+// a fresh cache) with shorter prompts and outputs, and checks its story;
+// then the curl line it prints streams a chat completion from the API it
+// keeps serving.
 func TestDemo(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var out bytes.Buffer
+	out := &syncBuffer{}
 	start := time.Now()
-	err := Run(ctx, Options{CacheDir: t.TempDir(), MaxTokens: 8, LongTokens: 400, Log: zaptest.NewLogger(t)}, &out)
-	t.Logf("demo output (%v):\n%s", time.Since(start).Round(time.Millisecond), out.String())
-	if err != nil {
-		t.Fatal(err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(runCtx, Options{CacheDir: t.TempDir(), MaxTokens: 8, LongTokens: 400, HTTPListen: "127.0.0.1:0", Stay: true,
+			Log: zaptest.NewLogger(t)}, out)
+	}()
+	var curl string
+	for curl == "" {
+		select {
+		case err := <-done:
+			stop()
+			t.Fatalf("the demo ended before serving the API: %v\n%s", err, out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		for _, line := range strings.Split(out.String(), "\n") {
+			if l := strings.TrimSpace(line); strings.HasPrefix(l, "curl -N ") {
+				curl = l
+			}
+		}
 	}
 	s := out.String()
+	t.Logf("demo output (%v):\n%s", time.Since(start).Round(time.Millisecond), s)
 	for _, want := range []string{
 		"== short prompt", "== long prompt", "routed local", "predicted time to first token: local",
-		"time to first token", "prefill (remote)", "transfer tail", "demo finished",
+		"time to first token", "prefill (remote)", "transfer tail", "demo finished", "OpenAI-compatible API at http://127.0.0.1:",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the demo does not say %q", want)
@@ -33,5 +71,17 @@ func TestDemo(t *testing.T) {
 	}
 	if strings.Count(s, "text: ") < 2 {
 		t.Errorf("fewer than two jobs streamed text")
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Logf("curl not installed (scripts/setup.sh installs it): the printed line is not run")
+	} else {
+		b, err := exec.CommandContext(ctx, "sh", "-c", curl).CombinedOutput()
+		if err != nil || !strings.Contains(string(b), `"role":"assistant"`) || !strings.Contains(string(b), "data: [DONE]") {
+			t.Errorf("%s: %v\n%s", curl, err, b)
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

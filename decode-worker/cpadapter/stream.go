@@ -25,7 +25,7 @@ type stream struct {
 	local    bool
 	stopIDs  map[int32]bool
 	dec      *tokenizer.StreamDecoder
-	text     stopText
+	text     tokenizer.StopText
 	reserved uint64
 	log      *zap.Logger
 
@@ -58,7 +58,7 @@ const progressEvery = 2 * time.Second
 
 func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
 	s := &stream{a: a, id: as.JobID, tokens: cp.ClientJobTokens(as.Client, as.JobID), prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
-		stopIDs: map[int32]bool{}, text: stopText{stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
+		stopIDs: map[int32]bool{}, text: tokenizer.StopText{Stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
 		log: a.log.With(zap.String("job", as.JobID))}
 	s.reserved = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, s.prompt+req.MaxTokens, a.cfg.LatentDType))
 	for _, id := range req.Stop {
@@ -159,7 +159,7 @@ func (s *stream) token(index int, id int32) {
 		if err != nil {
 			s.log.Warn("token does not decode", zap.Int32("token", id), zap.Error(err))
 		}
-		out, s.stopped = s.text.push(piece)
+		out, s.stopped = s.text.Push(piece)
 	}
 	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id, Text: out})
 	s.count = index + 1
@@ -181,9 +181,9 @@ func (s *stream) end(r pipeline.Result) {
 	var rest string
 	if s.dec != nil && !s.stopped {
 		var stop bool
-		rest, stop = s.text.push(s.dec.Flush())
+		rest, stop = s.text.Push(s.dec.Flush())
 		if !stop {
-			rest += s.text.flush()
+			rest += s.text.Flush()
 		}
 	}
 	reason := cp.FinishReason(r.Reason)

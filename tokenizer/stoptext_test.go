@@ -1,4 +1,4 @@
-package cpadapter
+package tokenizer
 
 import (
 	"strings"
@@ -21,11 +21,11 @@ func TestStopTextAcrossPieces(t *testing.T) {
 		{[]string{"été"}, []string{"l'é", "t", "é!"}, "l'", true},
 		{[]string{"stop"}, []string{"st"}, "st", false}, // flushed at the end
 	} {
-		s := &stopText{stops: c.stops}
+		s := &StopText{Stops: c.stops}
 		var b strings.Builder
 		stopped := false
 		for _, p := range c.pieces {
-			out, st := s.push(p)
+			out, st := s.Push(p)
 			b.WriteString(out)
 			if st {
 				stopped = true
@@ -33,7 +33,7 @@ func TestStopTextAcrossPieces(t *testing.T) {
 			}
 		}
 		if !stopped {
-			b.WriteString(s.flush())
+			b.WriteString(s.Flush())
 		}
 		if b.String() != c.out || stopped != c.stop {
 			t.Errorf("stops %q pieces %q: got %q stopped %v, want %q %v", c.stops, c.pieces, b.String(), stopped, c.out, c.stop)

@@ -1,0 +1,151 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/openai"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// httpSettings configure the OpenAI-compatible front door (serve and api).
+var httpSettings = []setting{
+	{"http.listen", "127.0.0.1:8000", "OpenAI-compatible API address (empty: off); beyond loopback it requires http.api_keys"},
+	{"http.api_keys", []string{}, "bearer keys the API accepts (Authorization: Bearer KEY); none: no authentication, loopback only"},
+	{"http.model_name", "", "the model's name in the API (default: the model directory's name)"},
+	{"http.max_body_bytes", "16MiB", "largest request body"},
+	{"http.max_prompt_tokens", 0, "longest prompt the API accepts, in tokens (0: the model's context length)"},
+	{"http.max_concurrent_per_key", openai.DefaultMaxConcurrentPerKey, "requests one API key may have in flight (without keys: all requests)"},
+	{"http.policy", "", "routing of the API's jobs: auto, local or remote (empty: the coordinator's router.policy)"},
+}
+
+func apiCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "api",
+		Short: "run the OpenAI-compatible HTTP API alone, in front of a deployment's NATS",
+		Long: `Serve the OpenAI-compatible HTTP API (POST /v1/chat/completions,
+POST /v1/completions, GET /v1/models, GET /health) for the deployment on
+--nats-url. It keeps no job state: each request is an ordinary job, so
+several can run behind a load balancer. It reads the model's config.json and
+tokenizer (--model, the coordinator's model directory) to frame chats and
+read replies. ` + "`coordinator serve`" + ` serves the same API itself.
+
+` + settingsHelp(natsSettings, apiSettings, httpSettings),
+		Args: cobra.NoArgs,
+		RunE: runAPI,
+	}
+	addFlags(cmd.Flags(), natsSettings)
+	addFlags(cmd.Flags(), apiSettings)
+	addFlags(cmd.Flags(), httpSettings)
+	return cmd
+}
+
+// apiSettings are the api command's own.
+var apiSettings = []setting{
+	{"model", "", "model directory: its config.json and tokenizer files (the weights are not read)"},
+}
+
+func runAPI(cmd *cobra.Command, _ []string) error {
+	v, err := resolve(cmd, natsSettings, apiSettings, httpSettings)
+	if err != nil {
+		return err
+	}
+	if v.GetString("http.listen") == "" {
+		return fmt.Errorf("http.listen is empty: give the address to serve the API on")
+	}
+	if err := openai.CheckListen(v.GetString("http.listen"), v.GetStringSlice("http.api_keys")); err != nil {
+		return err
+	}
+	log, err := newLogger(v, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	info, tok, err := loadModel(v.GetString("model"))
+	if err != nil {
+		return err
+	}
+	o := natsOptions(v, "tandem-api", "", log)
+	if o.URL == "" {
+		o.URL = nats.DefaultURL
+	}
+	if err := apiIdentity(v, &o); err != nil {
+		return err
+	}
+	o.MaxReconnects = -1 // a front door rides out NATS restarts
+	nc, err := cp.Connect(cmd.Context(), o)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	return serveAPI(cmd.Context(), v, nc, nil, v.GetString("model"), info, tok, log, nil)
+}
+
+// apiIdentity gives the API's connection a client's identity: the
+// credentials in the settings, else this machine's client identity (as
+// the client commands use), else the client name nats.client.
+func apiIdentity(v *viper.Viper, o *cp.Options) error {
+	o.UseLocalIdentity(cp.PrincipalClient)
+	if o.HasAuth() {
+		return nil
+	}
+	client := v.GetString("nats.client")
+	if client == "" {
+		client = cp.DefaultClient
+	}
+	if err := cp.CheckID(client); err != nil {
+		return fmt.Errorf("nats.client: %w", err)
+	}
+	o.InboxPrefix = cp.InboxPrefix(cp.PrincipalClient, client)
+	return nil
+}
+
+// apiConfig is the front door's configuration from the settings.
+func apiConfig(v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.Info, tok *tokenizer.Tokenizer, log *zap.Logger) (openai.Config, error) {
+	body, err := parseBytes("http.max_body_bytes", v.GetString("http.max_body_bytes"))
+	if err != nil {
+		return openai.Config{}, err
+	}
+	policy := cp.Policy(v.GetString("http.policy"))
+	switch policy {
+	case "", cp.PolicyAuto, cp.PolicyLocal, cp.PolicyRemote:
+	default:
+		return openai.Config{}, fmt.Errorf("http.policy %q: want auto, local or remote (or empty)", policy)
+	}
+	name := v.GetString("http.model_name")
+	if name == "" {
+		name = openai.ModelName(modelDir, info)
+	}
+	return openai.Config{Conn: nc, Model: info, Tokenizer: tok, ModelName: name, APIKeys: v.GetStringSlice("http.api_keys"),
+		MaxBodyBytes: body, MaxPromptTokens: v.GetInt("http.max_prompt_tokens"),
+		MaxConcurrentPerKey: v.GetInt("http.max_concurrent_per_key"), Policy: policy, Log: log.Named("api")}, nil
+}
+
+// serveAPI serves the front door until ctx ends; ready gets its address.
+// registry (nil: nc) is the connection it watches the workers on.
+func serveAPI(ctx context.Context, v *viper.Viper, nc, registry *nats.Conn, modelDir string, info *modelinfo.Info, tok *tokenizer.Tokenizer,
+	log *zap.Logger, ready func(string)) error {
+	cfg, err := apiConfig(v, nc, modelDir, info, tok, log)
+	if err != nil {
+		return err
+	}
+	cfg.RegistryConn = registry
+	srv, err := openai.New(cfg)
+	if err != nil {
+		return err
+	}
+	return srv.Serve(ctx, v.GetString("http.listen"), func(addr string) {
+		log.Info("OpenAI-compatible API", zap.String("url", "http://"+addr+"/v1"), zap.String("model", cfg.ModelName),
+			zap.Bool("api_keys", len(cfg.APIKeys) > 0))
+		if ready != nil {
+			ready(addr)
+		}
+	})
+}

@@ -1,0 +1,399 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"regexp"
+	"strings"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// plan is a request made into a job: the prompt as token ids (framed by
+// the front door, so that tools and tool turns use the model's syntax and
+// the prompt's length is known before anything is queued), the sampling,
+// and how to read the reply.
+type plan struct {
+	chat         bool
+	prompt       []int32
+	sampling     cp.Sampling
+	opts         tokenizer.ChatOptions // chat: how the prompt ends
+	tools        bool                  // chat: report tool calls
+	stops        []string              // stop texts, applied to the text here too
+	stream       bool
+	includeUsage bool
+	user         string
+}
+
+// planner turns requests into plans: pure, with the model and the limits.
+type planner struct {
+	name      string // the served model's name
+	info      *modelinfo.Info
+	tok       *tokenizer.Tokenizer
+	maxPrompt int // longest prompt in tokens
+}
+
+// OpenAI's limits: function names, stop strings.
+var funcName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+const maxStopTexts = 4
+
+// Defaults OpenAI documents for parameters a request leaves out.
+const (
+	defaultTemperature         = 1.0
+	defaultCompletionMaxTokens = 16
+	maxTemperature             = 2.0
+)
+
+func (p *planner) checkModel(model string) *apiError {
+	if model == "" {
+		return badRequest("model", "model is required (this server serves %q)", p.name)
+	}
+	if model != p.name && model != p.info.ID {
+		return newErr(404, "invalid_request_error", "model_not_found", "model",
+			"the model %q does not exist here; this server serves %q", model, p.name)
+	}
+	return nil
+}
+
+// sampling checks the parameters both endpoints share.
+func sampling(maxTokens *int, temperature, topP *float64, seed *int64, n *int, stop stopField) (cp.Sampling, *apiError) {
+	var s cp.Sampling
+	if n != nil && *n != 1 {
+		return s, badRequest("n", "n is %d: this server generates one choice per request (n = 1)", *n)
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 || *maxTokens > cp.MaxOutputTokens {
+			return s, badRequest("max_tokens", "max_tokens is %d, must be in [1, %d]", *maxTokens, cp.MaxOutputTokens)
+		}
+		s.MaxTokens = *maxTokens
+	}
+	s.Temperature = defaultTemperature
+	if temperature != nil {
+		t := *temperature
+		if math.IsNaN(t) || t < 0 || t > maxTemperature {
+			return s, badRequest("temperature", "temperature is %v, must be in [0, 2]", t)
+		}
+		s.Temperature = t
+	}
+	if topP != nil {
+		t := *topP
+		if math.IsNaN(t) || t <= 0 || t > 1 {
+			return s, badRequest("top_p", "top_p is %v, must be in (0, 1]", t)
+		}
+		s.TopP = t
+	}
+	if seed != nil {
+		s.Seed = uint64(*seed) // any 64-bit seed; its bits seed the sampler
+	}
+	if len(stop) > maxStopTexts {
+		return s, badRequest("stop", "stop has %d strings, at most %d allowed", len(stop), maxStopTexts)
+	}
+	for i, st := range stop {
+		if st == "" || len(st) > cp.MaxStopTextBytes {
+			return s, badRequest("stop", "stop[%d] must be 1 to %d bytes", i, cp.MaxStopTextBytes)
+		}
+	}
+	s.Stop.Texts = stop
+	return s, nil
+}
+
+// chat plans a chat completion.
+func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
+	if err := p.checkModel(req.Model); err != nil {
+		return nil, err
+	}
+	if p.tok == nil {
+		return nil, badRequest("messages", "model %s has no tokenizer: use /v1/completions with token ids", p.name)
+	}
+	if req.Logprobs {
+		return nil, badRequest("logprobs", "logprobs are not supported")
+	}
+	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
+		return nil, badRequest("response_format", "response_format %q is not supported (only text)", rf.Type)
+	}
+	limit := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		limit = req.MaxCompletionTokens
+	}
+	s, aerr := sampling(limit, req.Temperature, req.TopP, req.Seed, req.N, req.Stop)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if len(req.Messages) == 0 {
+		return nil, badRequest("messages", "messages is empty")
+	}
+	if len(req.Messages) > cp.MaxChatMessages {
+		return nil, badRequest("messages", "messages has %d turns, at most %d allowed", len(req.Messages), cp.MaxChatMessages)
+	}
+	pl := &plan{chat: true, sampling: s, stops: req.Stop, stream: req.Stream, user: req.User,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
+	msgs := make([]tokenizer.Message, len(req.Messages))
+	for i, m := range req.Messages {
+		var err *apiError
+		if msgs[i], err = message(i, &m); err != nil {
+			return nil, err
+		}
+	}
+	pl.opts = tokenizer.ChatOptions{OpenAssistant: true}
+	names := map[string]bool{}
+	var decls []function
+	for i, t := range req.Tools {
+		param := fmt.Sprintf("tools[%d]", i)
+		if t.Type != "function" {
+			return nil, badRequest(param+".type", "tool type %q is not supported (only function)", t.Type)
+		}
+		if !funcName.MatchString(t.Function.Name) {
+			return nil, badRequest(param+".function.name", "function name %q must be 1 to 64 of a-z, A-Z, 0-9, _ and -", t.Function.Name)
+		}
+		if names[t.Function.Name] {
+			return nil, badRequest(param+".function.name", "function %q is declared twice", t.Function.Name)
+		}
+		names[t.Function.Name] = true
+		decls = append(decls, function{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	}
+	if len(decls) > 0 {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(decls); err != nil {
+			return nil, badRequest("tools", "tools: %v", err)
+		}
+		pl.opts.Tools = strings.TrimSpace(b.String())
+		pl.tools = true
+	}
+	if err := toolChoice(req.ToolChoice, names, pl); err != nil {
+		return nil, err
+	}
+	ids, err := p.tok.EncodeChat(msgs, pl.opts)
+	if err != nil {
+		return nil, badRequest("messages", "%v", err)
+	}
+	// The turn ends at <|end_of_msg|>.
+	if eom := p.tok.EndOfMessageID(); eom >= 0 {
+		pl.sampling.Stop.TokenIDs = []int32{int32(eom)}
+	}
+	if aerr := p.fit(ids, pl.sampling.MaxTokens, "messages"); aerr != nil {
+		return nil, aerr
+	}
+	pl.prompt = toInt32(ids)
+	return pl, nil
+}
+
+// message converts one chat turn.
+func message(i int, m *chatMessage) (tokenizer.Message, *apiError) {
+	param := fmt.Sprintf("messages[%d]", i)
+	role := m.Role
+	if role == "developer" {
+		role = "system" // OpenAI's newer name for the system turn
+	}
+	content, err := contentText(m.Content)
+	if err != nil {
+		return tokenizer.Message{}, badRequest(param+".content", "%s", err)
+	}
+	out := tokenizer.Message{Role: role, Content: content}
+	switch role {
+	case "system", "user":
+	case "assistant":
+		for j, c := range m.ToolCalls {
+			cparam := fmt.Sprintf("%s.tool_calls[%d]", param, j)
+			if c.Type != "" && c.Type != "function" {
+				return out, badRequest(cparam+".type", "tool call type %q is not supported (only function)", c.Type)
+			}
+			if !funcName.MatchString(c.Function.Name) {
+				return out, badRequest(cparam+".function.name", "function name %q must be 1 to 64 of a-z, A-Z, 0-9, _ and -", c.Function.Name)
+			}
+			if c.ID == "" {
+				return out, badRequest(cparam+".id", "a tool call needs its id")
+			}
+			out.ToolCalls = append(out.ToolCalls, tokenizer.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+		}
+	case "tool":
+		if m.ToolCallID == "" {
+			return out, badRequest(param+".tool_call_id", "a tool message needs the tool_call_id it answers")
+		}
+		out.ToolCallID = m.ToolCallID
+	default:
+		return out, badRequest(param+".role", "role %q: want system, developer, user, assistant or tool", m.Role)
+	}
+	if role != "assistant" && len(m.ToolCalls) > 0 {
+		return out, badRequest(param+".tool_calls", "only assistant messages carry tool calls")
+	}
+	return out, nil
+}
+
+// contentText reads a message's content: a string, null, or an array of
+// text parts.
+func contentText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", nil
+	}
+	if raw[0] == '"' {
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err
+	}
+	var parts []contentPart
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", fmt.Errorf("content must be a string or an array of text parts")
+	}
+	var b strings.Builder
+	for j, part := range parts {
+		if part.Type != "text" {
+			return "", fmt.Errorf("content[%d] is of type %q: this model reads text only", j, part.Type)
+		}
+		b.WriteString(part.Text)
+	}
+	return b.String(), nil
+}
+
+// toolChoice applies tool_choice: "none", "auto", "required" or a named
+// function.
+func toolChoice(raw json.RawMessage, names map[string]bool, pl *plan) *apiError {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil
+	}
+	var mode string
+	if raw[0] == '"' {
+		if err := json.Unmarshal(raw, &mode); err != nil {
+			return badRequest("tool_choice", "tool_choice: %v", err)
+		}
+		switch mode {
+		case "none":
+			pl.tools = false // the declarations stay in the prompt; calls are not made
+			return nil
+		case "auto":
+		case "required":
+			pl.opts.CallAny = true
+		default:
+			return badRequest("tool_choice", "tool_choice %q: want none, auto, required or a function", mode)
+		}
+		if len(names) == 0 {
+			return badRequest("tool_choice", "tool_choice %q needs tools", mode)
+		}
+		return nil
+	}
+	var named struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil || named.Type != "function" {
+		return badRequest("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`)
+	}
+	if !names[named.Function.Name] {
+		return badRequest("tool_choice", "tool_choice names function %q, which tools does not declare", named.Function.Name)
+	}
+	pl.opts.CallName = named.Function.Name
+	return nil
+}
+
+// completion plans a text completion.
+func (p *planner) completion(req *completionRequest) (*plan, *apiError) {
+	if err := p.checkModel(req.Model); err != nil {
+		return nil, err
+	}
+	switch {
+	case req.Echo:
+		return nil, badRequest("echo", "echo is not supported")
+	case req.Suffix != nil && *req.Suffix != "":
+		return nil, badRequest("suffix", "suffix is not supported")
+	case req.Logprobs != nil:
+		return nil, badRequest("logprobs", "logprobs are not supported")
+	case req.BestOf != nil && *req.BestOf != 1:
+		return nil, badRequest("best_of", "best_of must be 1")
+	}
+	limit := req.MaxTokens
+	if limit == nil {
+		d := defaultCompletionMaxTokens
+		limit = &d
+	}
+	s, aerr := sampling(limit, req.Temperature, req.TopP, req.Seed, req.N, req.Stop)
+	if aerr != nil {
+		return nil, aerr
+	}
+	ids, aerr := p.promptIDs(req.Prompt)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if len(s.Stop.Texts) > 0 && p.tok == nil {
+		return nil, badRequest("stop", "model %s has no tokenizer: stop strings cannot be matched", p.name)
+	}
+	if aerr := p.fit(ids, s.MaxTokens, "prompt"); aerr != nil {
+		return nil, aerr
+	}
+	return &plan{prompt: toInt32(ids), sampling: s, stops: req.Stop, stream: req.Stream, user: req.User,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}, nil
+}
+
+// promptIDs reads a completion prompt: a string, an array of one string,
+// an array of token ids, or an array of one such array.
+func (p *planner) promptIDs(raw json.RawMessage) ([]int, *apiError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, badRequest("prompt", "prompt is required")
+	}
+	var text string
+	var ids []int
+	var texts []string
+	var batches [][]int
+	switch {
+	case json.Unmarshal(raw, &text) == nil:
+	case json.Unmarshal(raw, &ids) == nil:
+	case json.Unmarshal(raw, &texts) == nil:
+		if len(texts) != 1 {
+			return nil, badRequest("prompt", "prompt holds %d prompts: this server takes one per request", len(texts))
+		}
+		text = texts[0]
+	case json.Unmarshal(raw, &batches) == nil:
+		if len(batches) != 1 {
+			return nil, badRequest("prompt", "prompt holds %d prompts: this server takes one per request", len(batches))
+		}
+		ids = batches[0]
+	default:
+		return nil, badRequest("prompt", "prompt must be a string, token ids, or an array of one of them")
+	}
+	if ids == nil {
+		if p.tok == nil {
+			return nil, badRequest("prompt", "model %s has no tokenizer: give the prompt as token ids", p.name)
+		}
+		ids = p.tok.Encode(text)
+	}
+	if len(ids) == 0 {
+		return nil, badRequest("prompt", "empty prompt")
+	}
+	for i, id := range ids {
+		if id < 0 || id >= p.info.VocabSize {
+			return nil, badRequest("prompt", "prompt[%d] is token %d, outside the model's vocabulary [0, %d)", i, id, p.info.VocabSize)
+		}
+	}
+	return ids, nil
+}
+
+// fit checks the prompt against the limits: the configured longest
+// prompt, and prompt + output against the model's positions.
+func (p *planner) fit(ids []int, maxTokens int, param string) *apiError {
+	n := len(ids)
+	if p.maxPrompt > 0 && n > p.maxPrompt {
+		return tooLong(param, "the prompt has %d tokens, at most %d allowed", n, p.maxPrompt)
+	}
+	if m := p.info.MaxPositions; m > 0 && n+maxTokens > m {
+		return tooLong(param, "the prompt (%d tokens) and max_tokens (%d) exceed the model's context length of %d tokens", n, maxTokens, m)
+	}
+	return nil
+}
+
+func toInt32(ids []int) []int32 {
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out
+}

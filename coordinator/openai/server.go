@@ -1,0 +1,338 @@
+// Package openai is tandem's OpenAI-compatible HTTP front door: chat and
+// text completions (streamed as server-sent events or not), the model list
+// and a health check. Each request becomes an ordinary job submitted with
+// coordinator/client, so routing, cancellation, limits and metrics are the
+// coordinator's; the front door keeps no job state and several can serve
+// one deployment. Chat prompts are framed here in the model's XTML chat
+// format (tokenizer.EncodeChat), tools included, and the reply is read
+// back token by token (tokenizer.ReplyParser) into content and tool calls.
+package openai
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+// Config configures a front door. Zero values take the defaults named.
+type Config struct {
+	// Conn is the NATS connection jobs are submitted on.
+	Conn *nats.Conn
+	// Model and Tokenizer are the served model's (the coordinator's).
+	Model     *modelinfo.Info
+	Tokenizer *tokenizer.Tokenizer
+	// ModelName is the name clients use (default: Model.ID); requests may
+	// also name Model.ID.
+	ModelName string
+	// APIKeys are the accepted bearer keys; none: no authentication (only
+	// allowed on loopback, see CheckListen).
+	APIKeys []string
+	// MaxBodyBytes bounds a request body (default 16 MiB).
+	MaxBodyBytes int64
+	// MaxPromptTokens bounds a prompt (0: the model's context length; the
+	// coordinator applies its own limit too).
+	MaxPromptTokens int
+	// MaxConcurrentPerKey bounds the requests one key has in flight
+	// (default 64); without keys it bounds all requests together.
+	MaxConcurrentPerKey int
+	// Policy routes the jobs (empty: the coordinator's default).
+	Policy cp.Policy
+	// RegistryBucket is the worker registry's bucket (default:
+	// controlplane's), watched on RegistryConn (default Conn) to answer 503
+	// at once when no decode rank serves the model. A client identity may
+	// not read it; serve gives the coordinator's connection.
+	RegistryBucket string
+	RegistryConn   *nats.Conn
+	Log            *zap.Logger
+}
+
+// Defaults.
+const (
+	DefaultMaxBodyBytes        = 16 << 20
+	DefaultMaxConcurrentPerKey = 64
+)
+
+// Server is a front door. Its handler is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	plan    planner
+	keys    [][32]byte // SHA-256 of each key: compared in constant time
+	workers *workerView
+	log     *zap.Logger
+	created int64
+
+	mu       sync.Mutex
+	inFlight map[string]int // per key
+}
+
+// New returns a front door; Run starts its registry watch.
+func New(cfg Config) (*Server, error) {
+	if cfg.Conn == nil || cfg.Model == nil {
+		return nil, errors.New("openai: Conn and Model are required")
+	}
+	if cfg.ModelName == "" {
+		cfg.ModelName = cfg.Model.ID
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxConcurrentPerKey <= 0 {
+		cfg.MaxConcurrentPerKey = DefaultMaxConcurrentPerKey
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, created: time.Now().Unix(), inFlight: map[string]int{},
+		plan:    planner{name: cfg.ModelName, info: cfg.Model, tok: cfg.Tokenizer, maxPrompt: cfg.MaxPromptTokens},
+		workers: newWorkerView(cmp.Or(cfg.RegistryConn, cfg.Conn), cfg.RegistryBucket, cfg.Model.ID, cfg.Log)}
+	for i, k := range cfg.APIKeys {
+		if strings.TrimSpace(k) == "" || strings.ContainsAny(k, " \t\r\n") {
+			return nil, fmt.Errorf("openai: API key %d is empty or has whitespace", i)
+		}
+		s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+	}
+	return s, nil
+}
+
+// CheckListen refuses an address beyond loopback without API keys: a
+// front door open to the network must ask for credentials.
+func CheckListen(addr string, keys []string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("http.listen %q: %w", addr, err)
+	}
+	if len(keys) > 0 || isLoopback(host) {
+		return nil
+	}
+	return fmt.Errorf("http.listen %q is not a loopback address: give http.api_keys (bearer keys clients must send), or listen on 127.0.0.1", addr)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Serve listens on addr and serves until ctx ends; ready (if not nil)
+// receives the bound address once it listens.
+func (s *Server) Serve(ctx context.Context, addr string, ready func(string)) error {
+	if err := CheckListen(addr, s.cfg.APIKeys); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("http.listen: %w", err)
+	}
+	return s.ServeListener(ctx, ln, ready)
+}
+
+// ServeListener serves on ln until ctx ends.
+func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready func(string)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.workers.run(ctx)
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http: %w", err)
+	case <-ctx.Done():
+	}
+	// Requests in flight end with the context (their jobs are cancelled).
+	sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_ = hs.Shutdown(sctx)
+	return nil
+}
+
+// Handler routes the API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.guard(s.chatCompletions))
+	mux.HandleFunc("POST /v1/completions", s.guard(s.completions))
+	mux.HandleFunc("GET /v1/models", s.guard(s.models))
+	mux.HandleFunc("GET /v1/models/{model}", s.guard(s.model))
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, newErr(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+			"no route %s %s (this server serves /v1/chat/completions, /v1/completions, /v1/models, /health)", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// guard authenticates a request and holds one of its key's request slots
+// while it runs.
+func (s *Server) guard(h func(http.ResponseWriter, *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := s.authenticate(r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if !s.acquire(key) {
+			writeError(w, newErr(http.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "",
+				"too many requests in flight for this key (at most %d at once)", s.cfg.MaxConcurrentPerKey))
+			return
+		}
+		defer s.release(key)
+		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		h(w, r)
+	}
+}
+
+// authenticate returns the key's slot name ("" without keys).
+func (s *Server) authenticate(r *http.Request) (string, *apiError) {
+	if len(s.keys) == 0 {
+		return "", nil
+	}
+	auth := r.Header.Get("Authorization")
+	token, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok || token == "" {
+		return "", newErr(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
+			"missing API key: send it as Authorization: Bearer KEY")
+	}
+	sum := sha256.Sum256([]byte(token))
+	for i, k := range s.keys {
+		if subtle.ConstantTimeCompare(sum[:], k[:]) == 1 {
+			return fmt.Sprintf("key-%d", i), nil
+		}
+	}
+	return "", newErr(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "", "incorrect API key")
+}
+
+func (s *Server) acquire(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight[key] >= s.cfg.MaxConcurrentPerKey {
+		return false
+	}
+	s.inFlight[key]++
+	return true
+}
+
+func (s *Server) release(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight[key]--; s.inFlight[key] <= 0 {
+		delete(s.inFlight, key)
+	}
+}
+
+func (s *Server) card() modelCard {
+	return modelCard{ID: s.cfg.ModelName, Object: "model", Created: s.created, OwnedBy: "tandem",
+		ContextLength: s.cfg.Model.MaxPositions, MaxModelLen: s.cfg.Model.MaxPositions}
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{s.card()}})
+}
+
+func (s *Server) model(w http.ResponseWriter, r *http.Request) {
+	if err := s.plan.checkModel(r.PathValue("model")); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.card())
+}
+
+// health answers 200 when NATS is connected and a decode group serves the
+// model (or the registry cannot be read here), 503 otherwise; it needs no
+// key (load balancers probe it).
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	type status struct {
+		Status  string `json:"status"`
+		Model   string `json:"model"`
+		NATS    bool   `json:"nats"`
+		Workers *int   `json:"decode_workers"` // null: the registry is not readable here
+	}
+	st := status{Status: "ok", Model: s.cfg.ModelName, NATS: s.cfg.Conn.IsConnected()}
+	n, known := s.workers.count()
+	if known {
+		st.Workers = &n
+	}
+	code := http.StatusOK
+	if !st.NATS || (known && n == 0) {
+		st.Status, code = "unavailable", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, st)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":{"message":"encoding the response failed","type":"server_error","param":null,"code":null}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	writeJSON(w, e.Status, errorBody{Error: e})
+}
+
+// decodeBody reads a JSON body into v, answering 413 past the body limit
+// and 400 for anything that is not the expected JSON.
+func decodeBody(r *http.Request, v any) *apiError {
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return newErr(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+				"the request body exceeds %d bytes", mbe.Limit)
+		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return badRequest(te.Field, "%s: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+		}
+		return badRequest("", "the body is not a valid JSON request: %v", err)
+	}
+	if dec.More() {
+		return badRequest("", "the body holds more than one JSON value")
+	}
+	return nil
+}
+
+// ModelName is the name a model is served under by default: its
+// directory's name, or its configuration's id.
+func ModelName(dir string, info *modelinfo.Info) string {
+	if b := filepath.Base(filepath.Clean(dir)); dir != "" && b != "." && b != string(filepath.Separator) {
+		return b
+	}
+	return info.ID
+}
+
+// CurlLine is a ready-to-paste command that streams a chat completion from
+// the API at addr.
+func CurlLine(addr, model, key string) string {
+	auth := ""
+	if key != "" {
+		auth = ` -H "Authorization: Bearer ` + key + `"`
+	}
+	return `curl -N http://` + addr + `/v1/chat/completions -H "Content-Type: application/json"` + auth +
+		` -d '{"model": "` + model + `", "stream": true, "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello"}]}'`
+}
