@@ -1,0 +1,382 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/coordinator/demo"
+	"github.com/tandem-inference/tandem/coordinator/openai"
+	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/model/synth"
+	"github.com/tandem-inference/tandem/tokenizer"
+)
+
+func init() {
+	register(command{"api", "the OpenAI-compatible API: its overhead over a direct NATS submission to the first token, and concurrent streams", runAPIBench})
+}
+
+// apiReport is bench api's result.
+type apiReport struct {
+	Pairs           int     `json:"pairs"`
+	DirectP50Ms     float64 `json:"direct_ttft_p50_ms"`
+	DirectP99Ms     float64 `json:"direct_ttft_p99_ms"`
+	HTTPP50Ms       float64 `json:"http_ttft_p50_ms"`
+	HTTPP99Ms       float64 `json:"http_ttft_p99_ms"`
+	OverheadP50Ms   float64 `json:"overhead_p50_ms"`
+	OverheadP99Ms   float64 `json:"overhead_p99_ms"`
+	LimitP50Ms      float64 `json:"limit_p50_ms"`
+	LimitP99Ms      float64 `json:"limit_p99_ms"`
+	Concurrent      int     `json:"concurrent"`
+	Completed       int     `json:"completed"`
+	ConcurrentSecs  float64 `json:"concurrent_s"`
+	HeapPeakDeltaMB float64 `json:"heap_peak_delta_mib"`
+	Pass            bool    `json:"pass"`
+}
+
+func runAPIBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("api", flag.ContinueOnError)
+	modelDir := fs.String("model", "", "checkpoint directory with a tokenizer (default: the synthetic demo preset, generated into the test-model cache if needed)")
+	pairs := fs.Int("pairs", 200, "first-token measurements each way, interleaved")
+	concurrent := fs.Int("concurrent", 200, "streamed requests at once in the second part (0: skip it)")
+	limitP50 := fs.Duration("max-p50", 2*time.Millisecond, "limit on the API's overhead at p50")
+	limitP99 := fs.Duration("max-p99", 10*time.Millisecond, "limit on the API's overhead at p99")
+	asJSON := fs.Bool("json", false, "print one JSON object as the last line")
+	verbose := fs.Bool("v", false, "log the services (to stderr)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: bench api [flags]
+
+Starts a deployment in this process (embedded NATS, coordinator, prefill
+worker, 2-rank decode group, each on its own NATS connection) and the
+OpenAI-compatible front door on loopback, then measures the time to the
+first token of the same one-token greedy chat, interleaved: submitted
+directly over NATS with coordinator/client (to its first token message),
+and as a streamed POST /v1/chat/completions (to the first chunk carrying
+text, read from the socket). The API's overhead at p50 and p99 is the
+difference, checked against the limits. Then it sends --concurrent streamed
+requests at once and counts those that end with [DONE] and their usage, with
+the process's peak heap growth meanwhile (an upper bound on the front
+door's: the workers' per-job state is in it too).
+
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if *pairs < 10 {
+		return fmt.Errorf("--pairs %d: want at least 10", *pairs)
+	}
+	log := zap.NewNop()
+	if *verbose {
+		log, _ = zap.NewDevelopment()
+	}
+	dir := *modelDir
+	if dir == "" {
+		var err error
+		if dir, err = synth.Ensure(ctx, synth.CacheDir(), demo.Preset, 1, 2); err != nil {
+			return err
+		}
+	}
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, Log: log, Queue: cp.QueueConfig{Memory: true},
+		Registry:    cp.RegistryConfig{Memory: true, TTL: 3 * time.Second},
+		Coordinator: service.Config{AssignTimeout: time.Minute}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if c.Tokenizer == nil {
+		return fmt.Errorf("model %s has no tokenizer", dir)
+	}
+	if err := c.WaitReady(ctx); err != nil {
+		return err
+	}
+	nc, err := c.Connect(ctx, "bench-direct")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	anc, err := c.Connect(ctx, "bench-api")
+	if err != nil {
+		return err
+	}
+	defer anc.Close()
+	const name = "bench"
+	srv, err := openai.New(openai.Config{Conn: anc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: name,
+		MaxConcurrentPerKey: max(*concurrent, 1), Log: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = srv.ServeListener(sctx, ln, nil) }()
+	url := "http://" + ln.Addr().String() + "/v1/chat/completions"
+	if err := waitHealthy(ctx, "http://"+ln.Addr().String()+"/health"); err != nil {
+		return err
+	}
+
+	msgs, ids, err := visiblePrompt(ctx, nc, c.Tokenizer)
+	if err != nil {
+		return err
+	}
+	eom := int32(c.Tokenizer.EndOfMessageID())
+	direct := func() (time.Duration, error) {
+		start := time.Now()
+		var first time.Duration
+		res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: ids, Sampling: cp.Sampling{MaxTokens: 1, Stop: cp.Stop{TokenIDs: []int32{eom}}}},
+			client.Handlers{Token: func(t cp.TokenMsg) {
+				if first == 0 && t.TokenID >= 0 {
+					first = time.Since(start)
+				}
+			}})
+		if err == nil {
+			err = res.Err()
+		}
+		if err == nil && first == 0 {
+			err = errors.New("no token")
+		}
+		return first, err
+	}
+	body, _ := json.Marshal(map[string]any{"model": name, "messages": msgs, "max_tokens": 1, "temperature": 0, "stream": true})
+	hc := &http.Client{}
+	viaHTTP := func() (time.Duration, error) {
+		start := time.Now()
+		d, _, err := streamChat(ctx, hc, url, body, start)
+		return d, err
+	}
+	for range 10 { // warm both paths
+		if _, err := direct(); err != nil {
+			return fmt.Errorf("warm-up, direct: %w", err)
+		}
+		if _, err := viaHTTP(); err != nil {
+			return fmt.Errorf("warm-up, HTTP: %w", err)
+		}
+	}
+	var ds, hs []time.Duration
+	for i := range *pairs {
+		for k := range 2 {
+			if (k == 0) == (i%2 == 0) {
+				d, err := direct()
+				if err != nil {
+					return fmt.Errorf("pair %d, direct: %w", i, err)
+				}
+				ds = append(ds, d)
+			} else {
+				d, err := viaHTTP()
+				if err != nil {
+					return fmt.Errorf("pair %d, HTTP: %w", i, err)
+				}
+				hs = append(hs, d)
+			}
+		}
+	}
+	rep := apiReport{Pairs: *pairs, LimitP50Ms: msOf(*limitP50), LimitP99Ms: msOf(*limitP99)}
+	rep.DirectP50Ms, rep.DirectP99Ms = msOf(quantile(ds, 0.5)), msOf(quantile(ds, 0.99))
+	rep.HTTPP50Ms, rep.HTTPP99Ms = msOf(quantile(hs, 0.5)), msOf(quantile(hs, 0.99))
+	rep.OverheadP50Ms, rep.OverheadP99Ms = rep.HTTPP50Ms-rep.DirectP50Ms, rep.HTTPP99Ms-rep.DirectP99Ms
+	rep.Pass = rep.OverheadP50Ms <= rep.LimitP50Ms && rep.OverheadP99Ms <= rep.LimitP99Ms
+
+	if n := *concurrent; n > 0 {
+		rep.Concurrent = n
+		var before runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		peak := before.HeapInuse
+		done := make(chan struct{})
+		go func() { // sample the heap while the streams run
+			var m runtime.MemStats
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				runtime.ReadMemStats(&m)
+				peak = max(peak, m.HeapInuse)
+			}
+		}()
+		start := time.Now()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []error
+		for i := range n {
+			wg.Go(func() {
+				b, _ := json.Marshal(map[string]any{"model": name, "max_tokens": 8, "stream": true, "seed": i,
+					"stream_options": map[string]any{"include_usage": true},
+					"messages":       []map[string]any{{"role": "user", "content": fmt.Sprintf("Request %d.", i)}}})
+				_, tokens, err := streamChat(ctx, hc, url, b, time.Now())
+				if err == nil && tokens < 1 {
+					err = errors.New("no usage")
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					rep.Completed++
+				}
+			})
+		}
+		wg.Wait()
+		close(done)
+		rep.ConcurrentSecs = time.Since(start).Seconds()
+		rep.HeapPeakDeltaMB = float64(peak-before.HeapInuse) / (1 << 20)
+		if len(errs) > 0 {
+			fmt.Fprintf(os.Stderr, "%d streams failed, the first: %v\n", len(errs), errs[0])
+		}
+		rep.Pass = rep.Pass && rep.Completed == n
+	}
+
+	fmt.Printf("time to first token, %d pairs interleaved (one-token greedy chat, %d prompt tokens):\n", rep.Pairs, len(ids))
+	fmt.Printf("  direct NATS (coordinator/client)   p50 %8.3f ms   p99 %8.3f ms\n", rep.DirectP50Ms, rep.DirectP99Ms)
+	fmt.Printf("  HTTP API (streamed chat, loopback) p50 %8.3f ms   p99 %8.3f ms\n", rep.HTTPP50Ms, rep.HTTPP99Ms)
+	fmt.Printf("  API overhead                       p50 %8.3f ms   p99 %8.3f ms   (limits %.0f / %.0f ms: %.2fx / %.2fx)\n",
+		rep.OverheadP50Ms, rep.OverheadP99Ms, rep.LimitP50Ms, rep.LimitP99Ms, rep.OverheadP50Ms/rep.LimitP50Ms, rep.OverheadP99Ms/rep.LimitP99Ms)
+	if rep.Concurrent > 0 {
+		fmt.Printf("%d concurrent streams: %d completed with usage and [DONE] in %.1f s; process heap peak +%.1f MiB (%.0f KiB a stream, workers included)\n",
+			rep.Concurrent, rep.Completed, rep.ConcurrentSecs, rep.HeapPeakDeltaMB, rep.HeapPeakDeltaMB*1024/float64(rep.Concurrent))
+	}
+	if *asJSON {
+		b, _ := json.Marshal(rep)
+		fmt.Println(string(b))
+	}
+	if !rep.Pass {
+		return errors.New("over a limit")
+	}
+	return nil
+}
+
+// visiblePrompt finds a short chat whose greedy first token is text (not a
+// special token or part of a character), so that the first token reaches
+// an HTTP client as soon as it is generated.
+func visiblePrompt(ctx context.Context, nc *nats.Conn, tok *tokenizer.Tokenizer) ([]map[string]any, []int32, error) {
+	eom := int32(tok.EndOfMessageID())
+	for i := range 50 {
+		content := fmt.Sprintf("Question %d: why split prefill and decode?", i)
+		ids, err := tok.EncodeChat([]tokenizer.Message{{Role: "user", Content: content}}, tokenizer.ChatOptions{OpenAssistant: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		prompt := make([]int32, len(ids))
+		for j, id := range ids {
+			prompt[j] = int32(id)
+		}
+		res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: prompt, Sampling: cp.Sampling{MaxTokens: 1, Stop: cp.Stop{TokenIDs: []int32{eom}}}}, client.Handlers{})
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(res.Tokens) == 1 && !tok.IsSpecial(int(res.Tokens[0])) {
+			if text, _ := tokenizer.NewStreamDecoder(tok).Push(int(res.Tokens[0])); text != "" {
+				return []map[string]any{{"role": "user", "content": content}}, prompt, nil
+			}
+		}
+	}
+	return nil, nil, errors.New("no prompt of 50 begins its reply with a visible token")
+}
+
+// streamChat posts a streamed chat and reads it to its end; it returns the
+// time from start to the first chunk with text, and the completion tokens
+// of the usage chunk (0 without one).
+func streamChat(ctx context.Context, hc *http.Client, url string, body []byte, start time.Time) (time.Duration, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var first time.Duration
+	tokens, done := 0, false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		if first == 0 && strings.Contains(data, `"content":"`) && !strings.Contains(data, `"content":""`) {
+			first = time.Since(start)
+		}
+		var ch struct {
+			Usage *struct {
+				Completion int `json:"completion_tokens"`
+			} `json:"usage"`
+			Error any `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil || ch.Error != nil {
+			return 0, 0, fmt.Errorf("chunk %s: %v", data, err)
+		}
+		if ch.Usage != nil {
+			tokens = ch.Usage.Completion
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, 0, err
+	}
+	if !done {
+		return 0, 0, errors.New("the stream ended without [DONE]")
+	}
+	return first, tokens, nil
+}
+
+func waitHealthy(ctx context.Context, url string) error {
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not healthy in 30s", url)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
+}
+
+func msOf(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
