@@ -173,6 +173,9 @@ func (r *AssignReply) Validate() error {
 	if r.Accepted == (r.Error != "") {
 		return fieldErr(msg, "error", "accepted is %v with error %q: a refusal, and only it, says why", r.Accepted, r.Error)
 	}
+	if r.Error != "" && r.JobID == "" && r.WorkerID == "" {
+		return nil // the refusal of a request too malformed to name its job
+	}
 	if err := CheckID(r.JobID); err != nil {
 		return fieldErr(msg, "job_id", "%v", err)
 	}

@@ -395,3 +395,16 @@ func TestSubjects(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalOfAnUnnamedRequestIsValid: a worker refusing a request too
+// malformed to name its job can still answer.
+func TestRefusalOfAnUnnamedRequestIsValid(t *testing.T) {
+	var r AssignReply
+	r.SetError(CodeBadRequest, "invalid message: Assignment (msgpack): malformed")
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&AssignReply{Accepted: true}).Validate(); err == nil {
+		t.Fatal("an acceptance without ids validates")
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -85,6 +86,13 @@ func TestControlPlaneMode(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("the ranks did not register ready: %v", ws)
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	// Malformed requests on rank 0's subjects are answered, not dropped.
+	for _, subject := range []string{cp.WorkerAssign("ptest-r0"), cp.WorkerCancel("ptest-r0")} {
+		if err := natstest.MalformedAnswered(ctx, nc, subject); err != nil {
+			t.Error(err)
 		}
 	}
 

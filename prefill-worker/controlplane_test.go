@@ -12,6 +12,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -88,6 +89,14 @@ func TestControlPlaneMode(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("the worker did not register")
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	// Malformed requests on the worker's own subjects are answered, not
+	// dropped: the sender learns at once what was wrong.
+	for _, subject := range []string{cp.WorkerAssign("prefill-test"), cp.WorkerCancel("prefill-test")} {
+		if err := natstest.MalformedAnswered(ctx, nc, subject); err != nil {
+			t.Error(err)
 		}
 	}
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Tool finds a pinned NATS tool in <repo>/bin, then on PATH, or skips the
@@ -170,4 +171,28 @@ func CLI(ctx context.Context, tb testing.TB, url string, args ...string) (string
 	cmd.Env = append(os.Environ(), "HOME="+tb.TempDir()) // no user contexts
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// MalformedAnswered sends bytes that are no message at all to a request
+// subject and checks that the server behind it answers with a bad_request
+// error reply (msgpack, with "code" and "error"), rather than leaving the
+// sender to time out.
+func MalformedAnswered(ctx context.Context, nc *nats.Conn, subject string) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := nc.RequestWithContext(rctx, subject, []byte{0xc1, 0xff, 0x00})
+	if err != nil {
+		return fmt.Errorf("malformed request on %s: no answer: %w", subject, err)
+	}
+	var rep struct {
+		Code  string `msgpack:"code"`
+		Error string `msgpack:"error"`
+	}
+	if err := msgpack.Unmarshal(m.Data, &rep); err != nil {
+		return fmt.Errorf("malformed request on %s: the answer does not decode: %w", subject, err)
+	}
+	if rep.Code != "bad_request" || rep.Error == "" {
+		return fmt.Errorf("malformed request on %s: answered %+v, want a bad_request error", subject, rep)
+	}
+	return nil
 }
