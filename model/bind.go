@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 
@@ -276,8 +277,23 @@ func (b *binder) conv(name string) *kernels.Tensor {
 	return &kernels.Tensor{Rows: P, Cols: K, Data: f}
 }
 
-// floats converts n elements of a BF16/F16/F32 tensor to a new fp32 slice.
+// floats converts n elements of a BF16/F16/F32 tensor to a new fp32 slice,
+// refusing a NaN or an infinity: these small tensors (norms, biases, conv
+// kernels, A_log) are read here anyway, and one bad value would silently
+// turn every output into NaN. (Quantized matrices' block scales are checked
+// in checkScales; the elements of dense matrices are not read at load.)
 func (b *binder) floats(name string, meta TensorMeta, n int) []float32 {
+	out := b.convert(name, meta, n)
+	for i, v := range out {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			b.fail("tensor %s: element %d of %d is %v", name, i, n, v)
+			return nil
+		}
+	}
+	return out
+}
+
+func (b *binder) convert(name string, meta TensorMeta, n int) []float32 {
 	d := b.data(name)
 	if b.err != nil {
 		return nil
