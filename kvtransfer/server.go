@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,11 @@ type ServerConfig struct {
 	Linger time.Duration
 	// MaxHandshakes bounds connections not yet authenticated (default 64).
 	MaxHandshakes int
+	// MaxHandshakesPerSource bounds those from one source address (default
+	// MaxHandshakes/4, at least 1), so that one peer holding connections
+	// open without authenticating cannot take every slot and starve the
+	// senders of real jobs. Each is bounded by Timeouts.Handshake too.
+	MaxHandshakesPerSource int
 }
 
 // Server receives sessions' state on one address for one decode rank, and
@@ -38,7 +44,7 @@ type Server struct {
 	chunk  int
 	window int
 	linger time.Duration
-	hs     chan struct{} // handshake slots
+	slots  preAuthSlots // connections not yet authenticated
 
 	mu       sync.Mutex
 	closed   bool
@@ -98,7 +104,11 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	if n <= 0 {
 		n = 64
 	}
-	srv.hs = make(chan struct{}, n)
+	per := cfg.MaxHandshakesPerSource
+	if per <= 0 {
+		per = max(n/4, 1)
+	}
+	srv.slots = preAuthSlots{max: n, perSource: min(per, n), bySource: map[string]int{}}
 	ln, err := srv.tr.Listen(cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("kvtransfer: listen on %q: %w", cfg.Addr, err)
@@ -220,16 +230,56 @@ func (srv *Server) serve() {
 			c.Close()
 			return
 		}
-		select {
-		case srv.hs <- struct{}{}:
-		default: // too many unauthenticated connections
+		src := sourceOf(c.RemoteAddr())
+		if !srv.slots.take(src) { // too many unauthenticated connections, from there or at all
 			srv.untrack(c)
 			c.Close()
 			continue
 		}
 		srv.wg.Add(1)
-		go srv.serveConn(c)
+		go srv.serveConn(c, src)
 	}
+}
+
+// preAuthSlots counts connections not yet authenticated, in all and per
+// source address.
+type preAuthSlots struct {
+	max, perSource int
+
+	mu       sync.Mutex
+	total    int
+	bySource map[string]int
+}
+
+// take reserves a slot for a connection from src, unless the server or
+// that source is at its limit.
+func (p *preAuthSlots) take(src string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.total >= p.max || p.bySource[src] >= p.perSource {
+		return false
+	}
+	p.total++
+	p.bySource[src]++
+	return true
+}
+
+func (p *preAuthSlots) give(src string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total--
+	if p.bySource[src]--; p.bySource[src] <= 0 {
+		delete(p.bySource, src)
+	}
+}
+
+// sourceOf is the host part of a remote address: the peer, whatever port
+// it dials from.
+func sourceOf(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }
 
 func (srv *Server) track(c Conn) bool {
@@ -248,13 +298,13 @@ func (srv *Server) untrack(c Conn) {
 	srv.mu.Unlock()
 }
 
-func (srv *Server) serveConn(c Conn) {
+func (srv *Server) serveConn(c Conn, src string) {
 	defer srv.wg.Done()
 	slot := true
 	release := func() {
 		if slot {
 			slot = false
-			<-srv.hs
+			srv.slots.give(src)
 		}
 	}
 	defer release()
