@@ -36,12 +36,8 @@ func (r *AssignReply) SetError(code ErrorCode, text string) {
 
 // Serve answers requests on subject (in queue group queue, none when empty)
 // with handle until ctx is done, then drains the subscription. Each request
-// is decoded strictly in the encoding its Content-Type names and answered in
-// the same encoding. A request that does not decode or validate is answered
-// with CodeBadRequest and never reaches handle; an error from handle is
-// answered with its *RemoteError code, CodeBadRequest for ErrInvalid, or
-// CodeInternal. Requests are handled one at a time on the subscription's
-// goroutine: handle must not block for long.
+// is answered as Answer does. Requests are handled one at a time on the
+// subscription's goroutine: handle must not block for long.
 func Serve[Req, Rep any, PReq interface {
 	*Req
 	Message
@@ -49,31 +45,62 @@ func Serve[Req, Rep any, PReq interface {
 	*Rep
 	Reply
 }](ctx context.Context, nc *nats.Conn, subject, queue string, handle func(context.Context, PReq) (PRep, error)) (*nats.Subscription, error) {
-	cb := func(m *nats.Msg) {
-		if m.Reply == "" {
-			return // a publish, not a request: nobody to answer
-		}
-		var rep PRep
-		req := PReq(new(Req))
-		enc, err := DecodeMsg(m, req)
-		if err == nil {
-			rep, err = handle(context.WithValue(ctx, subjectKey{}, m.Subject), req)
-			if err == nil && rep == nil {
-				err = fmt.Errorf("handler for %s returned no reply", subject)
-			}
-		}
-		if err != nil {
-			rep = PRep(new(Rep))
-			rep.SetError(errorCode(err), err.Error())
-		}
-		if err := Respond(m, enc, rep); err != nil {
-			// The reply itself is invalid (a handler bug): say so to the
-			// requester rather than leave it waiting for a timeout.
-			rep = PRep(new(Rep))
-			rep.SetError(CodeInternal, err.Error())
-			_ = Respond(m, enc, rep)
+	return Subscribe(nc, subject, queue, ctx.Done(), func(m *nats.Msg) { Answer(ctx, m, handle) })
+}
+
+// Answer answers one request with handle. The request is decoded strictly
+// in the encoding its Content-Type names and answered in the same encoding.
+// A request that does not decode or validate is answered with
+// CodeBadRequest and never reaches handle; an error from handle is answered
+// with its *RemoteError code, CodeBadRequest for ErrInvalid, or
+// CodeInternal. A message without a reply subject is ignored.
+func Answer[Req, Rep any, PReq interface {
+	*Req
+	Message
+}, PRep interface {
+	*Rep
+	Reply
+}](ctx context.Context, m *nats.Msg, handle func(context.Context, PReq) (PRep, error)) {
+	if m.Reply == "" {
+		return // a publish, not a request: nobody to answer
+	}
+	var rep PRep
+	req := PReq(new(Req))
+	enc, err := DecodeMsg(m, req)
+	if err == nil {
+		rep, err = handle(context.WithValue(ctx, subjectKey{}, m.Subject), req)
+		if err == nil && rep == nil {
+			err = fmt.Errorf("handler for %s returned no reply", m.Subject)
 		}
 	}
+	if err != nil {
+		rep = PRep(new(Rep))
+		rep.SetError(errorCode(err), err.Error())
+	}
+	if err := Respond(m, enc, rep); err != nil {
+		// The reply itself is invalid (a handler bug): say so to the
+		// requester rather than leave it waiting for a timeout.
+		rep = PRep(new(Rep))
+		rep.SetError(CodeInternal, err.Error())
+		_ = Respond(m, enc, rep)
+	}
+}
+
+// Refuse answers a request, without decoding it, with an error reply of
+// rep's type in the request's encoding.
+func Refuse(m *nats.Msg, rep Reply, code ErrorCode, text string) error {
+	if m.Reply == "" {
+		return nil
+	}
+	enc, _ := EncodingOf(m) // msgpack when the header is unusable
+	rep.SetError(code, text)
+	return Respond(m, enc, rep)
+}
+
+// Subscribe subscribes cb to subject (in queue group queue, none when
+// empty), makes sure the server knows the subscription before it returns,
+// and drains the subscription when done is closed.
+func Subscribe(nc *nats.Conn, subject, queue string, done <-chan struct{}, cb nats.MsgHandler) (*nats.Subscription, error) {
 	var sub *nats.Subscription
 	var err error
 	if queue != "" {
@@ -90,7 +117,7 @@ func Serve[Req, Rep any, PReq interface {
 		return nil, fmt.Errorf("serve %s: %w", subject, err)
 	}
 	go func() {
-		<-ctx.Done()
+		<-done
 		_ = sub.Drain()
 	}()
 	return sub, nil

@@ -16,6 +16,14 @@ import (
 // million-token prompt in one submission (NATS's own default is 1 MiB).
 const DefaultMaxPayload = 8 << 20
 
+// DefaultMaxPending is the embedded server's max_pending: what it buffers
+// for one connection before it drops it as a slow consumer. NATS's own 64
+// MiB is nine large prompts: a burst of them sent at once to a coordinator
+// that reads as fast as it can (and answers those over its byte budget at
+// once) must not take it off NATS. It bounds what a client that stops
+// reading can make the server hold, too.
+const DefaultMaxPending = 512 << 20
+
 // TLSFiles names PEM files for TLS. For a server: Cert and Key are its
 // certificate; CA, when set, verifies client certificates. For a client: CA
 // verifies the server; Cert and Key, when set, are its client certificate.
@@ -83,6 +91,7 @@ func (c *ServerConfig) options() (*server.Options, error) {
 		Host:                   c.Host,
 		Port:                   c.Port,
 		MaxPayload:             c.MaxPayload,
+		MaxPending:             DefaultMaxPending,
 		JetStream:              true,
 		StoreDir:               c.DataDir,
 		JetStreamMaxMemory:     c.JetStreamMaxMemory,

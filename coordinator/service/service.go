@@ -57,9 +57,17 @@ type Config struct {
 	// MaxRunning bounds the jobs this coordinator drives at once (default
 	// 1024); the others wait in the queue.
 	MaxRunning int
-	// SubmitHandlers is the number of parallel submission handlers
-	// (default 4): a submission waits for the queue's store.
+	// SubmitHandlers is the number of parallel handlers of small
+	// submissions (default 4; large ones are handled one at a time): a
+	// submission waits for the queue's store.
 	SubmitHandlers int
+	// SubmitBytes bounds the bytes of large submissions (over 64 KiB) the
+	// coordinator holds at once, read and not yet answered (default 64
+	// MiB, at least the largest message); one that does not fit is
+	// answered unavailable at once, so that a burst of large prompts
+	// neither exhausts memory nor keeps the coordinator from reading its
+	// connection.
+	SubmitBytes int64
 	// AssignTimeout bounds a worker's answer to an assignment or a
 	// cancellation (default 10 s).
 	AssignTimeout time.Duration
@@ -127,6 +135,10 @@ func (c *Config) withDefaults() (Config, error) {
 	if d.SubmitHandlers <= 0 {
 		d.SubmitHandlers = 4
 	}
+	if d.SubmitBytes <= 0 {
+		d.SubmitBytes = 64 << 20
+	}
+	d.SubmitBytes = max(d.SubmitBytes, cp.MaxMessageSize)
 	if d.KeepFinished <= 0 {
 		d.KeepFinished = 10000
 	}
@@ -223,11 +235,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 
 	serveCtx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
-	for range c.cfg.SubmitHandlers {
-		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, c.submit); err != nil {
-			return fmt.Errorf("coordinator: %w", err)
-		}
+	waitSubmits, err := c.serveSubmits(serveCtx)
+	if err != nil {
+		return fmt.Errorf("coordinator: %w", err)
 	}
+	defer func() { stopServing(); waitSubmits() }()
 	for range 2 {
 		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllCancel, cp.QueueGroupCoordinators, c.cancelJob); err != nil {
 			return fmt.Errorf("coordinator: %w", err)

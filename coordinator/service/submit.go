@@ -5,14 +5,145 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/jobs"
+	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
+
+// smallSubmit is the size up to which a submission is not held to the
+// byte budget: ordinary prompts are answered even while large ones fill it.
+const smallSubmit = 64 << 10
+
+// maxHeldSubmits bounds the submissions read and not yet answered.
+const maxHeldSubmits = 4096
+
+// submitLoad is what the coordinator holds of submissions read and not yet
+// answered.
+type submitLoad struct {
+	Bytes int64
+	Count int
+}
+
+// admitSubmission decides from a submission's size alone, before it is
+// decoded, whether the coordinator takes it on now (nil) or answers it at
+// once with a refusal: held is what it holds already, budget the bytes of
+// large submissions it may hold.
+func admitSubmission(held submitLoad, size, budget int64) error {
+	switch {
+	case held.Count >= maxHeldSubmits:
+		return refuse(cp.CodeUnavailable, "the coordinator holds %d submissions not yet answered; retry later", held.Count)
+	case size <= smallSubmit:
+		return nil
+	case size > budget:
+		return refuse(cp.CodeTooLarge, "the submission is %s, more than the %s this coordinator reads at once (submit_bytes)",
+			progress.HumanBytes(size), progress.HumanBytes(budget))
+	case held.Bytes+size > budget:
+		return refuse(cp.CodeUnavailable, "the coordinator is reading %s of submissions, at most %s at once (submit_bytes); retry later",
+			progress.HumanBytes(held.Bytes), progress.HumanBytes(budget))
+	}
+	return nil
+}
+
+// serveSubmits answers submissions until ctx ends. The subscriptions'
+// callback only weighs each one (admitSubmission) and hands it to a handler
+// or refuses it, so that the connections are read as fast as clients
+// write: a burst of large prompts that a slow reader let pile up in the
+// server would have the server drop the connection. Small and large
+// submissions have their own handlers (SubmitHandlers, and one for large
+// ones), so large ones never delay small ones. The returned function waits
+// for the handlers and closes the connections.
+func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error) {
+	var (
+		mu    sync.Mutex
+		held  submitLoad
+		wg    sync.WaitGroup
+		small = make(chan struct{}, c.cfg.SubmitHandlers)
+		// Large ones decode (and tokenize) for long: one at a time keeps
+		// the CPU for reading the connections and for the small ones.
+		large = make(chan struct{}, 1)
+	)
+	intake := func(m *nats.Msg) {
+		if m.Reply == "" {
+			return // a publish, not a request: nobody to answer
+		}
+		size := int64(len(m.Data))
+		mu.Lock()
+		err := admitSubmission(held, size, c.cfg.SubmitBytes)
+		if err == nil {
+			held.Bytes += size
+			held.Count++
+		}
+		mu.Unlock()
+		if err != nil {
+			c.m.Submission(string(codeOf(err)))
+			if rerr := cp.Refuse(m, &cp.SubmitReply{}, codeOf(err), err.Error()); rerr != nil {
+				c.log.Warn("refuse submission", zap.Error(rerr))
+			}
+			return
+		}
+		lane := large
+		if size <= smallSubmit {
+			lane = small
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				mu.Lock()
+				held.Bytes -= size
+				held.Count--
+				mu.Unlock()
+			}()
+			select {
+			case lane <- struct{}{}:
+			case <-ctx.Done():
+				_ = cp.Refuse(m, &cp.SubmitReply{}, cp.CodeUnavailable, "the coordinator is stopping; retry")
+				return
+			}
+			defer func() { <-lane }()
+			cp.Answer(ctx, m, c.submit)
+		}()
+	}
+
+	// Submissions arrive on connections of their own: the server queues a
+	// burst of large prompts for them, and the replies the coordinator
+	// waits for on its main connection (the queue's store, the registry)
+	// must not wait behind them. Several connections, each read by its own
+	// goroutine, share a burst (the server spreads a queue group's
+	// messages over them), so that a small submission waits behind a
+	// fraction of it.
+	var conns []*nats.Conn
+	closeAll := func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}
+	opts := c.nc.Opts
+	opts.Name += " (submissions)"
+	for range submitConns {
+		snc, err := opts.Connect()
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("connect for submissions: %w", err)
+		}
+		conns = append(conns, snc)
+		if _, err := cp.Subscribe(snc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, ctx.Done(), intake); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	return func() { wg.Wait(); closeAll() }, nil
+}
+
+// submitConns is the number of connections submissions arrive on.
+const submitConns = 4
 
 // submit accepts a job: it tokenizes the prompt, applies admission
 // control, announces the job as queued and stores it in the job queue.
