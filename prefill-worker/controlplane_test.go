@@ -92,10 +92,11 @@ func TestControlPlaneMode(t *testing.T) {
 		}
 	}
 
-	// Malformed requests on the worker's own subjects are answered, not
-	// dropped: the sender learns at once what was wrong.
+	// Malformed requests on the worker's own subjects (which only the
+	// coordinator may send to) are answered, not dropped: the sender
+	// learns at once what was wrong.
 	for _, subject := range []string{cp.WorkerAssign("prefill-test"), cp.WorkerCancel("prefill-test")} {
-		if err := natstest.MalformedAnswered(ctx, nc, subject); err != nil {
+		if err := natstest.MalformedAnswered(ctx, coord, subject); err != nil {
 			t.Error(err)
 		}
 	}
