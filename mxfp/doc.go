@@ -9,8 +9,8 @@
 // quantized row by a float32 vector without materializing the row; they apply
 // each block's scale once to the block's partial sum, which is exact in the
 // normal range because the scale is a power of two. Their summation order is
-// fixed, but Go may fuse multiply-adds on arm64, so dot products can differ
-// in the last bits between architectures; decoded values never do.
+// fixed and every product is rounded before it is added (Go would fuse them
+// on arm64), so they give the same bits on every architecture.
 //
 // Row functions panic when the slice lengths disagree (len(dst) = 2 x
 // len(packed) = 32 x len(scales)): that is a caller bug, not bad data.

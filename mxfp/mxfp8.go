@@ -42,39 +42,39 @@ func DotMXFP8(elems, scales []byte, x []float32, e5m2 bool) float32 {
 		// Unrolled with constant offsets and eight independent accumulators,
 		// as in DotMXFP4.
 		var a0, a1, a2, a3, a4, a5, a6, a7 float32
-		a0 += t[e[0]] * v[0]
-		a1 += t[e[1]] * v[1]
-		a2 += t[e[2]] * v[2]
-		a3 += t[e[3]] * v[3]
-		a4 += t[e[4]] * v[4]
-		a5 += t[e[5]] * v[5]
-		a6 += t[e[6]] * v[6]
-		a7 += t[e[7]] * v[7]
-		a0 += t[e[8]] * v[8]
-		a1 += t[e[9]] * v[9]
-		a2 += t[e[10]] * v[10]
-		a3 += t[e[11]] * v[11]
-		a4 += t[e[12]] * v[12]
-		a5 += t[e[13]] * v[13]
-		a6 += t[e[14]] * v[14]
-		a7 += t[e[15]] * v[15]
-		a0 += t[e[16]] * v[16]
-		a1 += t[e[17]] * v[17]
-		a2 += t[e[18]] * v[18]
-		a3 += t[e[19]] * v[19]
-		a4 += t[e[20]] * v[20]
-		a5 += t[e[21]] * v[21]
-		a6 += t[e[22]] * v[22]
-		a7 += t[e[23]] * v[23]
-		a0 += t[e[24]] * v[24]
-		a1 += t[e[25]] * v[25]
-		a2 += t[e[26]] * v[26]
-		a3 += t[e[27]] * v[27]
-		a4 += t[e[28]] * v[28]
-		a5 += t[e[29]] * v[29]
-		a6 += t[e[30]] * v[30]
-		a7 += t[e[31]] * v[31]
-		sum += ((a0 + a1) + (a2 + a3) + ((a4 + a5) + (a6 + a7))) * e8m0[s]
+		a0 += float32(t[e[0]] * v[0])
+		a1 += float32(t[e[1]] * v[1])
+		a2 += float32(t[e[2]] * v[2])
+		a3 += float32(t[e[3]] * v[3])
+		a4 += float32(t[e[4]] * v[4])
+		a5 += float32(t[e[5]] * v[5])
+		a6 += float32(t[e[6]] * v[6])
+		a7 += float32(t[e[7]] * v[7])
+		a0 += float32(t[e[8]] * v[8])
+		a1 += float32(t[e[9]] * v[9])
+		a2 += float32(t[e[10]] * v[10])
+		a3 += float32(t[e[11]] * v[11])
+		a4 += float32(t[e[12]] * v[12])
+		a5 += float32(t[e[13]] * v[13])
+		a6 += float32(t[e[14]] * v[14])
+		a7 += float32(t[e[15]] * v[15])
+		a0 += float32(t[e[16]] * v[16])
+		a1 += float32(t[e[17]] * v[17])
+		a2 += float32(t[e[18]] * v[18])
+		a3 += float32(t[e[19]] * v[19])
+		a4 += float32(t[e[20]] * v[20])
+		a5 += float32(t[e[21]] * v[21])
+		a6 += float32(t[e[22]] * v[22])
+		a7 += float32(t[e[23]] * v[23])
+		a0 += float32(t[e[24]] * v[24])
+		a1 += float32(t[e[25]] * v[25])
+		a2 += float32(t[e[26]] * v[26])
+		a3 += float32(t[e[27]] * v[27])
+		a4 += float32(t[e[28]] * v[28])
+		a5 += float32(t[e[29]] * v[29])
+		a6 += float32(t[e[30]] * v[30])
+		a7 += float32(t[e[31]] * v[31])
+		sum += float32(((a0 + a1) + (a2 + a3) + ((a4 + a5) + (a6 + a7))) * e8m0[s])
 	}
 	return sum
 }

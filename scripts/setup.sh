@@ -24,3 +24,12 @@ if command -v npm >/dev/null; then
 else
 	echo "setup: npm not found; the tokenizer's live comparison with npm tiktoken will be skipped (the committed goldens are still checked)" >&2
 fi
+# qemu-user runs the arm64 (decode worker) tests on an amd64 machine; from
+# Debian's qemu-user-static, through apt-get when it is there.
+if ! command -v qemu-aarch64-static >/dev/null; then
+	if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user-static >/dev/null
+	else
+		echo "setup: qemu-aarch64-static not found and apt-get is unavailable (or not root): the arm64 tests will be skipped" >&2
+	fi
+fi

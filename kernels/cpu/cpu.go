@@ -8,8 +8,11 @@
 // amd64 CPUs that have it, portable Go elsewhere (and with
 // GODEBUG=cpu.avx2=off). Every set computes the same bits: the assembly
 // vectorises across independent outputs only, never reorders a sum, and
-// reproduces the scalar code's roundings (including math.Exp and
-// math.Tanh); tests compare them on random inputs.
+// reproduces the scalar code's roundings (including exp and tanh,
+// expmath.go); tests compare them on random inputs. The portable code gives
+// the same bits on amd64 and arm64: it calls math.FMA where it fuses and
+// rounds every other product (float64()) before the sum it feeds, since Go
+// fuses a*b+c on arm64 and not on amd64, and it uses its own exp and tanh.
 package cpu
 
 import (

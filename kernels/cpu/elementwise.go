@@ -13,7 +13,7 @@ func sameShape(op string, a, b *kernels.Tensor) {
 	}
 }
 
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+func sigmoid(x float32) float32 { return float32(1 / (1 + exp(-float64(x)))) }
 
 // sigmoidGo sets dst[i] = sigmoid(src[i]); dst may be src.
 func sigmoidGo(dst, src []float32) {
@@ -55,7 +55,7 @@ func (b *Backend) RMSNorm(dst, x *kernels.Tensor, w []float32, group int, eps fl
 			ds := dst.Data[g*group : (g+1)*group]
 			var ss float64
 			for _, v := range xs {
-				ss += float64(v) * float64(v)
+				ss += float64(float64(v) * float64(v))
 			}
 			inv := float32(1 / math.Sqrt(ss/float64(group)+float64(eps)))
 			if w == nil {
@@ -82,7 +82,7 @@ func (b *Backend) L2NormGroups(x *kernels.Tensor, group int, eps, scale float32)
 			xs := x.Data[g*group : (g+1)*group]
 			var ss float64
 			for _, v := range xs {
-				ss += float64(v) * float64(v)
+				ss += float64(float64(v) * float64(v))
 			}
 			inv := float32(1/math.Sqrt(ss+float64(eps))) * scale
 			for i := range xs {
@@ -133,7 +133,7 @@ func (b *Backend) MulSigmoid(x, gate *kernels.Tensor) {
 // situ is SiTU-GLU of one (gate, up) pair (spec §3.5): the sigmoid takes the
 // uncapped gate.
 func situ(g, u, beta1, beta2 float64) float64 {
-	return beta1 * math.Tanh(g/beta1) * (1 / (1 + math.Exp(-g))) * beta2 * math.Tanh(u/beta2)
+	return beta1 * tanh(g/beta1) * (1 / (1 + exp(-g))) * beta2 * tanh(u/beta2)
 }
 
 // AttnResMix is Block Attention Residuals' depth mix (spec §3.2).
@@ -153,15 +153,15 @@ func (b *Backend) AttnResMix(dst *kernels.Tensor, sources []*kernels.Tensor, pro
 				v := s.Row(r)
 				var ss, sp float64
 				for i, x := range v {
-					ss += float64(x) * float64(x)
-					sp += float64(x) * float64(proj[i])
+					ss += float64(float64(x) * float64(x))
+					sp += float64(float64(x) * float64(proj[i]))
 				}
 				scores[j] = sp / math.Sqrt(ss/float64(len(v))+float64(eps))
 				maxs = math.Max(maxs, scores[j])
 			}
 			var sum float64
 			for j := range scores {
-				scores[j] = math.Exp(scores[j] - maxs)
+				scores[j] = exp(scores[j] - maxs)
 				sum += scores[j]
 			}
 			out := dst.Row(r)
@@ -169,7 +169,7 @@ func (b *Backend) AttnResMix(dst *kernels.Tensor, sources []*kernels.Tensor, pro
 			for j, s := range sources {
 				wj := float32(scores[j] / sum)
 				for i, x := range s.Row(r) {
-					out[i] += wj * x
+					out[i] += float32(wj * x)
 				}
 			}
 		}

@@ -1,8 +1,6 @@
 package cpu
 
 import (
-	"math"
-
 	"github.com/tandem-inference/tandem/kernels"
 )
 
@@ -35,12 +33,12 @@ func refKDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower float32) {
 	heads := z.Cols / headDim
 	a := make([]float64, heads)
 	for h := range a {
-		a[h] = math.Exp(float64(aLog[h]))
+		a[h] = exp(float64(aLog[h]))
 	}
 	for r := 0; r < z.Rows; r++ {
 		row := z.Row(r)
 		for i, v := range row {
-			row[i] = lower * float32(1/(1+math.Exp(-a[i/headDim]*float64(v))))
+			row[i] = lower * float32(1/(1+exp(-a[i/headDim]*float64(v))))
 		}
 	}
 }

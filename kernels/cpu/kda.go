@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 	"sync"
 
 	"github.com/tandem-inference/tandem/kernels"
@@ -36,7 +35,7 @@ func (b *Backend) ShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *ke
 			for j := 0; j < K; j++ {
 				h := row(i + j)
 				for c := range y {
-					y[c] += w.Data[(lo+c)*K+j] * h[c]
+					y[c] += float32(w.Data[(lo+c)*K+j] * h[c])
 				}
 			}
 			kernelsInUse.sigmoid(sg, y)
@@ -61,7 +60,7 @@ func (b *Backend) KDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower 
 	}
 	negA := make([]float64, heads)
 	for h := range negA {
-		negA[h] = -math.Exp(float64(aLog[h]))
+		negA[h] = -exp(float64(aLog[h]))
 	}
 	for r := 0; r < z.Rows; r++ {
 		row := z.Row(r)
@@ -74,7 +73,7 @@ func (b *Backend) KDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower 
 // gateGo sets x[i] = lower·σ(−negA·x[i]) as KDAGate defines it.
 func gateGo(x []float32, negA float64, lower float32) {
 	for i, v := range x {
-		x[i] = lower * float32(1/(1+math.Exp(negA*float64(v))))
+		x[i] = lower * float32(1/(1+exp(negA*float64(v))))
 	}
 }
 
@@ -171,7 +170,7 @@ func (hv *kdaHead) recurrent(span kernels.Span, w *kdaWork) {
 		beta := hv.betaAt(t)
 		clear(r)
 		for c := 0; c < dk; c++ {
-			w.ks.decayRead(S[c*dv:(c+1)*dv], r, math.Exp(float64(g[c])), float64(k[c]))
+			w.ks.decayRead(S[c*dv:(c+1)*dv], r, exp(float64(g[c])), float64(k[c]))
 		}
 		for j := range r {
 			r[j] = beta * (float64(v[j]) - r[j])
@@ -212,7 +211,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 					G += gam[(i-1)*dk+c]
 				}
 				gam[i*dk+c] = G
-				e, ei := math.Exp(G), math.Exp(-G)
+				e, ei := exp(G), exp(-G)
 				kp[i*dk+c] = float64(k[c]) * e
 				kn[i*dk+c] = float64(k[c]) * ei
 				qp[i*dk+c] = float64(q[c]) * e
@@ -246,8 +245,8 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 				knj := kn[j*dk : (j+1)*dk]
 				var sl, sa float64
 				for c, x := range knj {
-					sl += kpi[c] * x
-					sa += qpi[c] * x
+					sl += float64(kpi[c] * x)
+					sa += float64(qpi[c] * x)
 				}
 				L[i*cp+j] = bi * sl
 				A[i*cp+j] = sa
@@ -284,7 +283,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 		// S ← e^{Γ_C} ⊙rows S + Σ_i (k_i ⊙ e^{Γ_C−Γ_i}) Ṽ_iᵀ.
 		last := (n - 1) * dk
 		for c := 0; c < dk; c++ {
-			eC := math.Exp(gam[last+c])
+			eC := exp(gam[last+c])
 			w.decayC[c] = eC
 			w.ks.scal(S[c*dv:(c+1)*dv], eC)
 		}

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/tandem-inference/tandem/kernels"
 )
@@ -84,7 +83,7 @@ func (hv *refKDAHead) recurrent(span kernels.Span, w *refKDAWork) {
 		beta := hv.betaAt(t)
 		clear(r)
 		for c := 0; c < dk; c++ {
-			a := math.Exp(float64(g[c]))
+			a := exp(float64(g[c]))
 			row := S[c*dv : (c+1)*dv]
 			kc := float64(k[c])
 			for j := range row {
@@ -135,7 +134,7 @@ func (hv *refKDAHead) chunked(span kernels.Span, C int, w *refKDAWork) {
 					G += gam[(i-1)*dk+c]
 				}
 				gam[i*dk+c] = G
-				e, ei := math.Exp(G), math.Exp(-G)
+				e, ei := exp(G), exp(-G)
 				kp[i*dk+c] = float64(k[c]) * e
 				kn[i*dk+c] = float64(k[c]) * ei
 				qp[i*dk+c] = float64(q[c]) * e
@@ -226,7 +225,7 @@ func (hv *refKDAHead) chunked(span kernels.Span, C int, w *refKDAWork) {
 		// S ← e^{Γ_C} ⊙rows S + Σ_i (k_i ⊙ e^{Γ_C−Γ_i}) Ṽ_iᵀ.
 		last := (n - 1) * dk
 		for c := 0; c < dk; c++ {
-			eC := math.Exp(gam[last+c])
+			eC := exp(gam[last+c])
 			w.decayC[c] = eC
 			row := S[c*dv : (c+1)*dv]
 			for j := range row {

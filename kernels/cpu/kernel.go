@@ -49,10 +49,10 @@ type kernelSet struct {
 	kdaDots func(l, a, kp, qp, knT []float64, ld, nj int)
 
 	// situ sets g[i] = situ(g[i], u[i], b1, b2) (elementwise.go), with
-	// exactly math.Exp's and math.Tanh's bits.
+	// exactly exp's and tanh's bits (expmath.go).
 	situ func(g, u []float64, b1, b2 float64)
 	// sigmoid sets dst[i] = sigmoid(src[i]) (dst may be src); gate is
-	// KDAGate's map of one head (kda.go). Both with math.Exp's bits.
+	// KDAGate's map of one head (kda.go). Both with exp's bits.
 	sigmoid func(dst, src []float32)
 	gate    func(x []float32, negA float64, lower float32)
 }

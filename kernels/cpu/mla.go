@@ -81,11 +81,11 @@ func (b *Backend) mlaExpanded(o, q *kernels.Tensor, span kernels.Span, cache ker
 					kr := kv.Data[s*kv.Cols+h*hw:][:nope]
 					var d float32
 					for j, x := range kr {
-						d += qr[j] * x
+						d += float32(qr[j] * x)
 					}
 					pe := kpe[s*rope : (s+1)*rope]
 					for j, x := range pe {
-						d += qr[nope+j] * x
+						d += float32(qr[nope+j] * x)
 					}
 					sc[s] = float64(d) * float64(scale)
 					m = math.Max(m, sc[s])
@@ -93,7 +93,7 @@ func (b *Backend) mlaExpanded(o, q *kernels.Tensor, span kernels.Span, cache ker
 				a := acc[(i*heads+h)*vdim:][:vdim]
 				old := mx[i*heads+h]
 				if m > old && !math.IsInf(old, -1) {
-					f := math.Exp(old - m)
+					f := exp(old - m)
 					sum[i*heads+h] *= f
 					for j := range a {
 						a[j] *= f
@@ -101,11 +101,11 @@ func (b *Backend) mlaExpanded(o, q *kernels.Tensor, span kernels.Span, cache ker
 				}
 				mx[i*heads+h] = m
 				for s := 0; s < last; s++ {
-					e := math.Exp(sc[s] - m)
+					e := exp(sc[s] - m)
 					sum[i*heads+h] += e
 					vr := kv.Data[s*kv.Cols+h*hw+nope:][:vdim]
 					for j, x := range vr {
-						a[j] += e * float64(x)
+						a[j] += float64(e * float64(x))
 					}
 				}
 			}
@@ -151,7 +151,7 @@ func (b *Backend) mlaAbsorbed(o, q *kernels.Tensor, span kernels.Span, cache ker
 				decodeRow(wrow, kvb, h*hw+d)
 				qd := float64(qr[d])
 				for l, x := range wrow {
-					qlat[l] += qd * float64(x)
+					qlat[l] += float64(qd * float64(x))
 				}
 			}
 			m := math.Inf(-1)
@@ -159,10 +159,10 @@ func (b *Backend) mlaAbsorbed(o, q *kernels.Tensor, span kernels.Span, cache ker
 				r := lat[s*cache.Cols:][:cache.Cols]
 				var d float64
 				for l := 0; l < lora; l++ {
-					d += qlat[l] * float64(r[l])
+					d += float64(qlat[l] * float64(r[l]))
 				}
 				for j := 0; j < rope; j++ {
-					d += float64(qr[nope+j]) * float64(r[lora+j])
+					d += float64(float64(qr[nope+j]) * float64(r[lora+j]))
 				}
 				sc[s] = d * float64(scale)
 				m = math.Max(m, sc[s])
@@ -170,11 +170,11 @@ func (b *Backend) mlaAbsorbed(o, q *kernels.Tensor, span kernels.Span, cache ker
 			var sum float64
 			clear(olat)
 			for s := 0; s <= p; s++ {
-				e := math.Exp(sc[s] - m)
+				e := exp(sc[s] - m)
 				sum += e
 				r := lat[s*cache.Cols:][:lora]
 				for l, x := range r {
-					olat[l] += e * float64(x)
+					olat[l] += float64(e * float64(x))
 				}
 			}
 			out := o.Data[(span.Lo+i)*o.Cols+h*vdim:][:vdim]
@@ -182,7 +182,7 @@ func (b *Backend) mlaAbsorbed(o, q *kernels.Tensor, span kernels.Span, cache ker
 				decodeRow(wrow, kvb, h*hw+nope+j)
 				var d float64
 				for l, x := range wrow {
-					d += float64(x) * olat[l]
+					d += float64(float64(x) * olat[l])
 				}
 				out[j] = float32(d / sum)
 			}

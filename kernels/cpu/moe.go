@@ -125,7 +125,7 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 				w := float64(weights[r*k+j])
 				src := out[(r*k+j)*lat : (r*k+j+1)*lat]
 				for i, v := range src {
-					acc[i] += w * v
+					acc[i] += float64(w * v)
 				}
 			}
 			dst := u.Row(r)

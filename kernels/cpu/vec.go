@@ -1,23 +1,22 @@
 package cpu
 
-// Portable vector steps of the KDA recurrences. They are the loops kda.go
-// had inline, statement for statement, so that each compiler keeps its
-// rounding (one multiply then one add on amd64, which Go never fuses there;
-// a fused multiply-add where it does fuse, as on arm64). The amd64
-// assembly does one VMULPD then one VADDPD/VSUBPD per element: the amd64
-// bits.
+// Portable vector steps of the KDA recurrences. Each element is one
+// multiply then one add, each rounded: the product is converted explicitly
+// (float64()) so that no compiler fuses the two (Go fuses a*b+c on arm64,
+// never on amd64). The amd64 assembly does one VMULPD then one
+// VADDPD/VSUBPD per element: the same bits.
 
 func axpyGo(y, x []float64, a float64) {
 	x = x[:len(y)]
 	for j := range y {
-		y[j] += a * x[j]
+		y[j] += float64(a * x[j])
 	}
 }
 
 func axmyGo(y, x []float64, a float64) {
 	x = x[:len(y)]
 	for j := range y {
-		y[j] -= a * x[j]
+		y[j] -= float64(a * x[j])
 	}
 }
 
@@ -31,15 +30,15 @@ func decayReadGo(row, r []float64, a, kc float64) {
 	r = r[:len(row)]
 	for j := range row {
 		row[j] *= a
-		r[j] += kc * row[j]
+		r[j] += float64(kc * row[j])
 	}
 }
 
 func writeReadGo(row, r, acc []float64, kc, qc float64) {
 	r, acc = r[:len(row)], acc[:len(row)]
 	for j := range row {
-		row[j] += kc * r[j]
-		acc[j] += qc * row[j]
+		row[j] += float64(kc * r[j])
+		acc[j] += float64(qc * row[j])
 	}
 }
 

@@ -364,7 +364,47 @@ func (t Tensor) value(r *rand.Rand, i int64) float32 {
 		if i >= int64(t.Heads) {
 			return 0 // the release pads A_log to head_dim with zeros
 		}
-		return float32(math.Log(1 + 15*r.Float64())) // exp(A_log) in [1, 16], as fla initialises it
+		return float32(logPortable(1 + float64(15*float64(r.Float64())))) // exp(A_log) in [1, 16], as fla initialises it
 	}
-	return float32(t.Mean + t.Std*math.Sqrt(3)*(2*r.Float64()-1))
+	// The product is rounded before the sum it feeds (float64()): Go fuses
+	// them on arm64, and a checkpoint's bytes must not depend on the
+	// machine that wrote it. 2(u-0.5) is 2u-1, exactly, with nothing to fuse.
+	return float32(t.Mean + float64(t.Std*math.Sqrt(3)*(2*(float64(r.Float64())-0.5))))
+}
+
+// logPortable is math.Log for normal positive x with the bits of Go's
+// amd64 routine on every architecture: the same reduction and polynomial,
+// every product rounded before the sum it feeds (math.Log's portable code
+// has its multiply-adds fused on arm64).
+func logPortable(x float64) float64 {
+	const (
+		ln2Hi = 6.93147180369123816490e-01
+		ln2Lo = 1.90821492927058770002e-10
+		l1    = 6.666666666666735130e-01
+		l2    = 3.999999999940941908e-01
+		l3    = 2.857142874366239149e-01
+		l4    = 2.222219843214978396e-01
+		l5    = 1.818357216161805012e-01
+		l6    = 1.531383769920937332e-01
+		l7    = 1.479819860511658591e-01
+	)
+	f1, ki := math.Frexp(x)
+	if f1 <= math.Sqrt2/2 {
+		f1 *= 2
+		ki--
+	}
+	f := float64(f1) - 1
+	k := float64(ki)
+	s := f / (2 + f)
+	s2 := s * s
+	s4 := s2 * s2
+	a := float64(l7*s4) + l5
+	a = float64(a*s4) + l3
+	a = float64(a*s4) + l1
+	b := float64(l6*s4) + l4
+	b = float64(b*s4) + l2
+	rr := float64(s2*a) + float64(s4*b)
+	hfsq := float64(0.5 * f * f)
+	u := float64(s*(hfsq+rr)) + float64(k*ln2Lo)
+	return float64(k*ln2Hi) - ((hfsq - u) - f)
 }

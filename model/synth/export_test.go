@@ -1,0 +1,3 @@
+package synth
+
+var LogPortable = logPortable
