@@ -156,12 +156,18 @@ func (a *Assignment) ForWorker(workerID string) Assignment {
 // AssignReply answers an Assignment: accepted (memory reserved), or refused
 // with a reason.
 type AssignReply struct {
-	JobID         string    `msgpack:"job_id" json:"job_id"`
-	WorkerID      string    `msgpack:"worker_id" json:"worker_id"`
-	Accepted      bool      `msgpack:"accepted" json:"accepted"`
-	ReservedBytes uint64    `msgpack:"reserved_bytes,omitempty" json:"reserved_bytes,omitempty"`
-	Error         string    `msgpack:"error,omitempty" json:"error,omitempty"`
-	Code          ErrorCode `msgpack:"code,omitempty" json:"code,omitempty"`
+	JobID         string `msgpack:"job_id" json:"job_id"`
+	WorkerID      string `msgpack:"worker_id" json:"worker_id"`
+	Accepted      bool   `msgpack:"accepted" json:"accepted"`
+	ReservedBytes uint64 `msgpack:"reserved_bytes,omitempty" json:"reserved_bytes,omitempty"`
+	// Resumed: the worker already holds the job (or ended it recently)
+	// from an earlier assignment under the same job id; nothing new was
+	// started, and Progress is the job's latest report there (its final
+	// one when it ended). A job id is admitted once per worker.
+	Resumed  bool      `msgpack:"resumed,omitempty" json:"resumed,omitempty"`
+	Progress *Progress `msgpack:"progress,omitempty" json:"progress,omitempty"`
+	Error    string    `msgpack:"error,omitempty" json:"error,omitempty"`
+	Code     ErrorCode `msgpack:"code,omitempty" json:"code,omitempty"`
 }
 
 // Validate checks that a refusal says why.
@@ -181,6 +187,14 @@ func (r *AssignReply) Validate() error {
 	}
 	if err := CheckID(r.WorkerID); err != nil {
 		return fieldErr(msg, "worker_id", "%v", err)
+	}
+	if r.Resumed && !r.Accepted {
+		return fieldErr(msg, "resumed", "is true on a refusal")
+	}
+	if r.Progress != nil {
+		if err := r.Progress.Validate(); err != nil {
+			return fmt.Errorf("%s.progress: %w", msg, err)
+		}
 	}
 	return nil
 }
@@ -204,6 +218,9 @@ type Progress struct {
 	Elapsed  time.Duration `msgpack:"elapsed_ns,omitempty" json:"elapsed_ns,omitempty"`
 	Measured *Rates        `msgpack:"measured,omitempty" json:"measured,omitempty"`
 	Error    *JobError     `msgpack:"error,omitempty" json:"error,omitempty"` // stage failed
+	// Output: the decode group's final report carries everything the job
+	// generated.
+	Output *Output `msgpack:"output,omitempty" json:"output,omitempty"`
 }
 
 // Validate checks the report and that a failure says why.
@@ -237,6 +254,14 @@ func (p *Progress) Validate() error {
 	}
 	if p.Measured != nil {
 		if err := p.Measured.validate(msg, "measured"); err != nil {
+			return err
+		}
+	}
+	if p.Output != nil {
+		if !p.Stage.Final() {
+			return fieldErr(msg, "output", "is set on a %s report: only a final report carries the output", p.Stage)
+		}
+		if err := p.Output.validate(msg, "output"); err != nil {
 			return err
 		}
 	}

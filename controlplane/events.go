@@ -173,6 +173,9 @@ type JobEvent struct {
 	Route     *RouteDecision `msgpack:"route,omitempty" json:"route,omitempty"`       // routed and later
 	Timing    *Timing        `msgpack:"timing,omitempty" json:"timing,omitempty"`     // final states
 	Error     *JobError      `msgpack:"error,omitempty" json:"error,omitempty"`       // failed
+	// Output: on a final event, everything the job generated, when its
+	// decode group reported it.
+	Output *Output `msgpack:"output,omitempty" json:"output,omitempty"`
 }
 
 // Validate checks the event's fields and that a failed event says why.
@@ -207,6 +210,14 @@ func (e *JobEvent) Validate() error {
 	}
 	if e.State == StateFailed && e.Error == nil {
 		return fieldErr(msg, "error", "is missing from a failed event")
+	}
+	if e.Output != nil {
+		if !e.State.Final() {
+			return fieldErr(msg, "output", "is set on a %s event: only a final event carries the output", e.State)
+		}
+		if err := e.Output.validate(msg, "output"); err != nil {
+			return err
+		}
 	}
 	if e.Error != nil {
 		if err := e.Error.validate(msg, "error"); err != nil {
@@ -311,6 +322,9 @@ func (r *CancelReply) Err() error { return replyErr(r.Error, r.Code) }
 
 // ListJobsRequest asks the coordinator for its jobs, newest first.
 type ListJobsRequest struct {
+	// JobID asks for that job only: its latest event, or its final one
+	// from the results store (a client resuming after a lost connection).
+	JobID string   `msgpack:"job_id,omitempty" json:"job_id,omitempty"`
 	State JobState `msgpack:"state,omitempty" json:"state,omitempty"` // only jobs in this state
 	Limit int      `msgpack:"limit,omitempty" json:"limit,omitempty"` // 0: the coordinator's default
 }
@@ -323,7 +337,7 @@ func (r *ListJobsRequest) Validate() error {
 	if r.Limit < 0 {
 		return fieldErr("ListJobsRequest", "limit", "is %d, must be >= 0", r.Limit)
 	}
-	return nil
+	return checkOptionalID("ListJobsRequest", "job_id", r.JobID)
 }
 
 // ListJobsReply carries each job's latest event.

@@ -169,9 +169,10 @@ func Permissions(p Principal, name string) *server.Permissions {
 			Subscribe: &server.SubjectPermission{Allow: []string{
 				Prefix + ".workers." + w + ".assign",
 				Prefix + ".workers." + w + ".cancel",
+				Prefix + ".workers." + w + ".status",
 				"_INBOX.worker." + w + ".>",
 			}},
-			// Answers to the coordinator's requests (assign, cancel).
+			// Answers to the coordinator's requests (assign, cancel, status).
 			Response: &server.ResponsePermission{MaxMsgs: 1},
 		}
 	}

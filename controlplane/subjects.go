@@ -39,6 +39,9 @@ const (
 	// registry: key = worker id, value = WorkerInfo. A worker's heartbeat
 	// is a put of its key (see HeartbeatSubject).
 	WorkersBucket = "tandem-v1-workers"
+	// ResultsBucket is the JetStream key-value bucket of finished jobs:
+	// key = job id, value = the job's final JobEvent.
+	ResultsBucket = "tandem-v1-results"
 	// JobsStream is the JetStream stream behind the job queue.
 	JobsStream = "TANDEM_V1_JOBS"
 	// JobsConsumer is the durable pull consumer the coordinators share.
@@ -114,6 +117,11 @@ func WorkerAssign(workerID string) string { return Prefix + ".workers." + worker
 // CancelRequest for one of its jobs and answers a CancelReply once the job's
 // memory is freed.
 func WorkerCancel(workerID string) string { return Prefix + ".workers." + workerID + ".cancel" }
+
+// WorkerStatus is the request subject on which worker id takes a
+// JobStatusRequest and answers a JobStatusReply: whether it holds the job
+// or ended it recently.
+func WorkerStatus(workerID string) string { return Prefix + ".workers." + workerID + ".status" }
 
 // HeartbeatSubject is the subject a heartbeat of worker id is stored under:
 // the registry bucket's key subject. Any NATS client can follow heartbeats

@@ -129,6 +129,14 @@ func connect(cmd *cobra.Command, v *viper.Viper, name string, p cp.Principal) (*
 		o.InboxPrefix = cp.InboxPrefix(cp.PrincipalClient, client)
 	}
 	o.MaxReconnects = 3
+	if name == submitConnName {
+		// A job outlives any outage of NATS or the coordinator: the
+		// client follows it until --timeout.
+		o.MaxReconnects = -1
+		if o.ReconnectWait <= 0 || o.ReconnectWait > 250*time.Millisecond {
+			o.ReconnectWait = 250 * time.Millisecond
+		}
+	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), o.ConnectTimeout+time.Second)
 	defer cancel()
 	nc, err := cp.Connect(ctx, o)

@@ -53,6 +53,10 @@ before submitting and a retried submit runs the job once.
 	return cmd
 }
 
+// submitConnName names the submit command's connection, which reconnects
+// forever.
+const submitConnName = "tandem-submit"
+
 func runSubmit(cmd *cobra.Command, args []string) error {
 	v, err := resolve(cmd, natsSettings)
 	if err != nil {
@@ -63,7 +67,7 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := connect(cmd, v, "tandem-submit", cp.PrincipalClient)
+	nc, err := connect(cmd, v, submitConnName, cp.PrincipalClient)
 	if err != nil {
 		return err
 	}
@@ -106,6 +110,18 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 			return fmt.Errorf("%w (the job goes on: coordinator jobs / coordinator cancel %s)", err, res.JobID)
 		}
 		return err
+	}
+	if res.Recovered && !asJSON {
+		// The stream above lacks what was published while the
+		// connection was down: print the whole text once more.
+		fmt.Fprintf(errw, "\n(the connection dropped while the job ran; its whole output follows)\n")
+		if res.Text != "" {
+			fmt.Fprint(out, client.Printable(res.Text))
+		} else {
+			for _, t := range res.Tokens {
+				fmt.Fprintf(out, "%d ", t)
+			}
+		}
 	}
 	if !asJSON {
 		fmt.Fprintln(out)

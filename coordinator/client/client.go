@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -26,6 +27,10 @@ type Result struct {
 	Finish cp.FinishReason
 	// Submitted is when the client sent the submission.
 	Submitted time.Time
+	// Recovered: token messages were lost (the connection dropped), so
+	// Tokens, Text and Finish come from the final event's output; the
+	// handlers saw only the tokens before the loss.
+	Recovered bool
 }
 
 // Err is the job's failure as an error (nil unless it failed).
@@ -45,23 +50,40 @@ type Handlers struct {
 // tailWait is how long the client waits, after the final event, for the
 // final token message: the decode group publishes it before its last
 // report, so it is normally there already; it is missing only when the
-// decode group's front door died.
+// decode group's front door died, or the connection dropped (the final
+// event's output then has every token).
 const tailWait = 500 * time.Millisecond
 
+// attemptTimeout bounds one submission or status request; the client
+// retries until its context ends.
+const attemptTimeout = 5 * time.Second
+
 // Run submits req as the connection's client (controlplane.ClientName) and
-// follows the job until its final event (and its last
-// token message), or until ctx ends. A job handed back to the queue by a
-// stopping coordinator runs again from the start; Run then starts its
-// tokens over. Without an idempotency key it makes
+// follows the job until its final event (and its last token message), or
+// until ctx ends. Without an idempotency key it makes
 // one up, so that it knows the job's id and can subscribe to the job's
-// subjects before the job can start; retrying with the same request is
-// then safe.
+// subjects before the job can start; retrying is then safe, and Run
+// retries the submission itself while no coordinator answers.
+//
+// The connection may drop and come back any number of times (give nc
+// MaxReconnects < 0): after each reconnection Run asks a coordinator for
+// the job's latest event until one answers, so a final event published
+// while it was away is not missed, and token messages it missed are
+// taken from the final event's output. A job handed back to the queue by
+// a stopping coordinator runs again from its first token; Run then starts
+// its tokens over. Run returns an error when nc is closed.
 func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (*Result, error) {
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = "client-" + cp.NewJobID()
 	}
 	client := cp.ClientName(nc)
 	id := cp.JobIDForKey(client, req.IdempotencyKey)
+	if nc.IsClosed() {
+		return nil, fmt.Errorf("job %s: %w", id, nats.ErrConnectionClosed)
+	}
+	// Registered before anything else, so no reconnection is missed.
+	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	defer nc.RemoveStatusListener(status)
 	events := make(chan *nats.Msg, 1024)
 	tokens := make(chan *nats.Msg, 4096)
 	es, err := nc.ChanSubscribe(cp.ClientJobEvents(client, id), events)
@@ -77,75 +99,211 @@ func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (
 	for _, s := range []*nats.Subscription{es, ts} {
 		_ = s.SetPendingLimits(-1, -1) // a long job's tokens must not be dropped
 	}
+	f := &follower{ctx: ctx, nc: nc, id: id, h: h, status: status, events: events, tokens: tokens,
+		res: &Result{JobID: id, Submitted: time.Now()}}
 	// The subscriptions must be in place at the server before the job can
 	// start.
-	if err := nc.FlushTimeout(10 * time.Second); err != nil {
-		return nil, fmt.Errorf("job %s: subscribe: %w", id, err)
-	}
-	res := &Result{JobID: id, Submitted: time.Now()}
-	rep, err := cp.Submit(ctx, nc, &req)
-	if err != nil {
+	if err := f.flush(); err != nil {
 		return nil, err
 	}
-	res.Duplicate = rep.Duplicate
+	if err := f.submit(&req); err != nil {
+		return nil, err
+	}
+	return f.follow()
+}
 
-	var text strings.Builder
-	var final bool     // the final event arrived
-	var lastToken bool // the final token message arrived
-	var tail <-chan time.Time
-	for !final || !lastToken {
-		select {
-		case m := <-events:
-			var ev cp.JobEvent
-			if _, err := cp.DecodeMsg(m, &ev); err != nil {
-				return res, fmt.Errorf("job %s: %w", id, err)
-			}
-			if n := len(res.Events); n > 0 && ev.Seq <= res.Events[n-1].Seq {
-				// A stopped coordinator handed the job back and it runs
-				// again from the start: so do its tokens.
-				res.Tokens, lastToken = nil, false
-				text.Reset()
-			}
-			res.Events = append(res.Events, ev)
-			if h.Event != nil {
-				h.Event(ev)
-			}
-			if ev.State.Final() && !final {
-				final, res.Final = true, ev
-				// A job that never decoded has no token messages.
-				if ev.Timing == nil || ev.Timing.FirstToken == 0 {
-					lastToken = lastToken || ev.State != cp.StateDone
-				}
-				tail = time.After(tailWait)
-			}
-		case m := <-tokens:
-			var t cp.TokenMsg
-			if _, err := cp.DecodeMsg(m, &t); err != nil {
-				return res, fmt.Errorf("job %s: %w", id, err)
-			}
-			if t.Index == 0 && len(res.Tokens) > 0 {
-				res.Tokens, lastToken = nil, false // the job runs again
-				text.Reset()
-			}
-			if t.Index != len(res.Tokens) {
-				return res, fmt.Errorf("job %s: token message %d after %d tokens (lost messages)", id, t.Index, len(res.Tokens))
-			}
-			if t.TokenID >= 0 {
-				res.Tokens = append(res.Tokens, t.TokenID)
-			}
-			text.WriteString(t.Text)
-			if h.Token != nil {
-				h.Token(t)
-			}
-			if t.Final {
-				lastToken, res.Finish = true, t.FinishReason
-			}
-		case <-tail:
-			lastToken = true // the decode group went away before its last message
-		case <-ctx.Done():
-			return res, fmt.Errorf("job %s: %w (%d events, %d tokens so far)", id, ctx.Err(), len(res.Events), len(res.Tokens))
+// follower is one client's view of its job.
+type follower struct {
+	ctx    context.Context
+	nc     *nats.Conn
+	id     string
+	h      Handlers
+	status chan nats.Status
+	events chan *nats.Msg
+	tokens chan *nats.Msg
+	res    *Result
+
+	text      strings.Builder
+	final     bool // the final event arrived
+	lastToken bool // the final token message arrived
+	missed    bool // token messages were lost (the connection dropped)
+	resync    bool // a status request is due (after a reconnection)
+	retry     *time.Timer
+	tail      <-chan time.Time
+}
+
+// flush waits until the server has the subscriptions, across reconnections.
+func (f *follower) flush() error {
+	for {
+		err := f.nc.FlushTimeout(attemptTimeout)
+		if err == nil {
+			return nil
+		}
+		if err := f.wait(err); err != nil {
+			return fmt.Errorf("job %s: subscribe: %w", f.id, err)
 		}
 	}
-	res.Text = text.String()
+}
+
+// submit sends the submission until a coordinator answers it. A refusal
+// is final; no answer (no coordinator, a lost connection, a timeout) is
+// retried, which the idempotency key makes safe.
+func (f *follower) submit(req *cp.SubmitRequest) error {
+	for {
+		actx, cancel := context.WithTimeout(f.ctx, attemptTimeout)
+		rep, err := cp.Submit(actx, f.nc, req)
+		cancel()
+		var re *cp.RemoteError
+		switch {
+		case err == nil:
+			f.res.Duplicate = rep.Duplicate
+			return nil
+		case errors.As(err, &re):
+			return err
+		}
+		if err := f.wait(err); err != nil {
+			return fmt.Errorf("job %s: submit: %w", f.id, err)
+		}
+	}
+}
+
+// wait pauses before a retry after cause: until the connection comes back,
+// or a short while. It fails when the context ended or the connection is
+// closed.
+func (f *follower) wait(cause error) error {
+	t := time.NewTimer(250 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-f.ctx.Done():
+		return fmt.Errorf("%w (last: %v)", f.ctx.Err(), cause)
+	case s := <-f.status:
+		if s == nats.CLOSED {
+			return fmt.Errorf("%w (last: %v)", nats.ErrConnectionClosed, cause)
+		}
+	case <-t.C:
+	}
+	if f.nc.IsClosed() {
+		return fmt.Errorf("%w (last: %v)", nats.ErrConnectionClosed, cause)
+	}
+	return nil
+}
+
+func (f *follower) follow() (*Result, error) {
+	res := f.res
+	f.retry = time.NewTimer(time.Hour)
+	f.retry.Stop()
+	defer f.retry.Stop()
+	for !f.final || !f.lastToken {
+		select {
+		case m := <-f.events:
+			var ev cp.JobEvent
+			if _, err := cp.DecodeMsg(m, &ev); err != nil {
+				return res, fmt.Errorf("job %s: %w", f.id, err)
+			}
+			f.event(ev)
+		case m := <-f.tokens:
+			var t cp.TokenMsg
+			if _, err := cp.DecodeMsg(m, &t); err != nil {
+				return res, fmt.Errorf("job %s: %w", f.id, err)
+			}
+			f.token(t)
+		case s := <-f.status:
+			if s == nats.CLOSED {
+				return res, fmt.Errorf("job %s: %w (%d events, %d tokens so far)", f.id, nats.ErrConnectionClosed, len(res.Events), len(res.Tokens))
+			}
+			// Reconnected: what was published meanwhile is lost to this
+			// connection. Ask where the job is.
+			f.resync = true
+			f.lookup()
+		case <-f.retry.C:
+			f.lookup()
+		case <-f.tail:
+			f.lastToken = true // the decode group went away before its last message
+		case <-f.ctx.Done():
+			return res, fmt.Errorf("job %s: %w (%d events, %d tokens so far)", f.id, f.ctx.Err(), len(res.Events), len(res.Tokens))
+		}
+	}
+	if out := res.Final.Output; out != nil && (f.missed || len(res.Tokens) != len(out.TokenIDs)) {
+		// Token messages were lost: the final event has them all.
+		res.Tokens, res.Finish, res.Recovered = append([]int32(nil), out.TokenIDs...), out.FinishReason, true
+		f.text.Reset()
+		f.text.WriteString(out.Text)
+	}
+	res.Text = f.text.String()
 	return res, nil
+}
+
+// lookup asks a coordinator for the job's latest event after a
+// reconnection, again every second until one answers.
+func (f *follower) lookup() {
+	if !f.resync || f.final {
+		return
+	}
+	actx, cancel := context.WithTimeout(f.ctx, attemptTimeout)
+	defer cancel()
+	rep, err := cp.ListJobs(actx, f.nc, &cp.ListJobsRequest{JobID: f.id})
+	if err != nil {
+		f.retry.Reset(time.Second)
+		return
+	}
+	f.resync = false
+	for _, ev := range rep.Jobs {
+		if ev.JobID == f.id && ev.State.Final() {
+			f.event(ev)
+		}
+	}
+}
+
+func (f *follower) event(ev cp.JobEvent) {
+	res := f.res
+	res.Events = append(res.Events, ev)
+	if f.h.Event != nil {
+		f.h.Event(ev)
+	}
+	if !ev.State.Final() || f.final {
+		return
+	}
+	f.final, res.Final = true, ev
+	switch {
+	case ev.Output != nil && f.missed:
+		f.lastToken = true // the output has every token
+	case ev.Timing == nil || ev.Timing.FirstToken == 0:
+		// A job that never decoded has no token messages (an adopted job
+		// has no first-token time, but its output).
+		if ev.Output == nil {
+			f.lastToken = f.lastToken || ev.State != cp.StateDone
+		}
+	}
+	f.tail = time.After(tailWait)
+}
+
+func (f *follower) token(t cp.TokenMsg) {
+	res := f.res
+	switch {
+	case t.Index == 0 && len(res.Tokens) > 0:
+		// The job runs again from the start (a stopping coordinator
+		// handed it back): so do its tokens.
+		res.Tokens, f.lastToken, f.missed = nil, false, false
+		f.text.Reset()
+	case t.Index < len(res.Tokens):
+		return // seen already
+	case t.Index > len(res.Tokens) || f.missed:
+		// Messages were lost while the connection was down; the final
+		// event's output will have them all.
+		f.missed = true
+		if t.Final {
+			f.lastToken = true
+		}
+		return
+	}
+	if t.TokenID >= 0 {
+		res.Tokens = append(res.Tokens, t.TokenID)
+	}
+	f.text.WriteString(t.Text)
+	if f.h.Token != nil {
+		f.h.Token(t)
+	}
+	if t.Final {
+		f.lastToken, res.Finish = true, t.FinishReason
+	}
 }

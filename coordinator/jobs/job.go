@@ -74,6 +74,7 @@ type Update struct {
 	Progress *cp.LayerProgress
 	Route    *cp.RouteDecision // required when entering routed
 	Err      *cp.JobError      // required when entering failed
+	Output   *cp.Output        // final states: what the job generated
 }
 
 // Queued is the job's first event.
@@ -131,6 +132,9 @@ func (j *Job) event(s cp.JobState, at time.Time, u Update) cp.JobEvent {
 	j.seq++
 	ev := cp.JobEvent{JobID: j.ID, Seq: j.seq, State: s, Time: at, Submitted: j.Submitted, Detail: u.Detail,
 		Progress: u.Progress, Error: u.Err}
+	if s.Final() {
+		ev.Output = u.Output
+	}
 	if j.route != nil {
 		r := *j.route
 		ev.Route = &r

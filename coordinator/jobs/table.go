@@ -33,6 +33,8 @@ func (t *Table) Record(ev cp.JobEvent) {
 	if ok && old.Seq >= ev.Seq && !restarted(old, ev) {
 		return
 	}
+	// The output stays with the results store, not in every list.
+	ev.Output = nil
 	t.latest[ev.JobID] = ev
 	if ev.State.Final() && (!ok || !old.State.Final()) {
 		t.finished = append(t.finished, ev.JobID)

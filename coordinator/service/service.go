@@ -53,6 +53,9 @@ type Config struct {
 
 	Queue    cp.QueueConfig
 	Registry cp.RegistryConfig
+	// Results configures the store of finished jobs' final events, from
+	// which a client that lost its connection learns how its job ended.
+	Results cp.ResultsConfig
 
 	// MaxRunning bounds the jobs this coordinator drives at once (default
 	// 1024); the others wait in the queue.
@@ -159,8 +162,9 @@ type Coordinator struct {
 	view  *view
 	load  *loadTracker
 
-	queue *cp.JobQueue
-	reg   *cp.Registry
+	queue   *cp.JobQueue
+	reg     *cp.Registry
+	results *cp.Results
 
 	mu            sync.Mutex
 	runs          map[string]*run
@@ -197,6 +201,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	if c.reg, err = cp.OpenRegistry(setup, c.nc, c.cfg.Registry); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	if c.results, err = cp.OpenResults(setup, c.nc, c.cfg.Results); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	// The job list starts with the jobs already in the queue (a restart

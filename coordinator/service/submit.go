@@ -363,9 +363,35 @@ func (c *Coordinator) list(ctx context.Context, req *cp.ListJobsRequest) (*cp.Li
 	if err != nil {
 		return nil, refuse(cp.CodeBadRequest, "%v", err)
 	}
+	if req.JobID != "" {
+		return c.lookup(ctx, client, req.JobID)
+	}
 	limit := req.Limit
 	if limit == 0 {
 		limit = 100
 	}
 	return &cp.ListJobsReply{Jobs: c.table.List(client, req.State, limit)}, nil
+}
+
+// lookup answers client with one of its jobs' latest event: its final one
+// (with its output) from the results, which every coordinator shares, else
+// what this coordinator knows. A job this coordinator does not run and
+// that has not ended is answered with no jobs: it is queued, or another
+// coordinator runs it. Another client's job is not found, as in the list.
+func (c *Coordinator) lookup(ctx context.Context, client, id string) (*cp.ListJobsReply, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ev, ok, err := c.results.Get(rctx, client, id)
+	if err != nil {
+		c.log.Warn("job results", zap.String("job", id), zap.Error(err))
+	}
+	if ok {
+		return &cp.ListJobsReply{Jobs: []cp.JobEvent{*ev}}, nil
+	}
+	if owner, ok := c.table.Owner(id); ok && owner == client {
+		if ev, ok := c.table.Get(id); ok {
+			return &cp.ListJobsReply{Jobs: []cp.JobEvent{ev}}, nil
+		}
+	}
+	return &cp.ListJobsReply{Jobs: []cp.JobEvent{}}, nil
 }

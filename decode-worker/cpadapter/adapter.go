@@ -65,6 +65,11 @@ type Config struct {
 	// 16): an admission waits for a trip around the ring, and several
 	// admissions travel it at once.
 	Handlers int
+	// Remember is how long rank 0 keeps a finished job's final report
+	// (default 1 h, at most 4096 jobs), so that a coordinator taking the
+	// job over after a crash learns how it ended instead of running it
+	// again.
+	Remember time.Duration
 	Log      *zap.Logger
 }
 
@@ -80,6 +85,7 @@ type Adapter struct {
 
 	mu      sync.Mutex
 	streams map[string]*stream
+	ended   *cp.Ended
 	closing bool
 	wg      sync.WaitGroup // streams
 }
@@ -117,7 +123,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		cfg.Log = zap.NewNop()
 	}
 	spec := cfg.Layout.Ranks[cfg.Rank]
-	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{},
+	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{}, ended: cp.NewEnded(0, cfg.Remember),
 		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20}
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
@@ -141,6 +147,11 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 			}
 		}
 		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
+			cancel()
+			_ = hb.Stop(ctx)
+			return nil, fmt.Errorf("decode adapter: %w", err)
+		}
+		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerStatus(cfg.WorkerID), queue, a.status); err != nil {
 			cancel()
 			_ = hb.Stop(ctx)
 			return nil, fmt.Errorf("decode adapter: %w", err)
@@ -239,9 +250,15 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		a.mu.Unlock()
 		return refuse(cp.CodeUnavailable, "shutting down")
 	}
-	if a.streams[as.JobID] != nil {
+	// A job id is admitted once: a coordinator that took the job over
+	// after its predecessor crashed gets the job as it is here, never a
+	// second run.
+	if p, held := a.knownLocked(as.JobID); p != nil {
 		a.mu.Unlock()
-		return refuse(cp.CodeConflict, "job %s is already running here", as.JobID)
+		rep.Accepted, rep.Resumed, rep.Progress = true, true, p
+		a.log.Info("assignment of a job held or ended here: resumed", zap.String("job", as.JobID),
+			zap.Bool("running", held), zap.String("stage", string(p.Stage)))
+		return rep, nil
 	}
 	s := a.newStream(as, req)
 	a.streams[as.JobID] = s
@@ -347,10 +364,45 @@ func (a *Adapter) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp.Can
 	return &cp.CancelReply{JobID: req.JobID, State: cp.StateCancelled, FreedBytes: s.reserved}, nil
 }
 
-// done forgets a finished stream.
-func (a *Adapter) done(id string) {
+// knownLocked is what rank 0 knows of job id: its latest report while it
+// runs (held), or its final report when it ended here recently. A job
+// cancelled here is not known: it may be assigned again (a coordinator
+// that stopped cleanly cancelled it and handed it back to the queue).
+func (a *Adapter) knownLocked(id string) (p *cp.Progress, held bool) {
+	if s := a.streams[id]; s != nil {
+		return s.snapshot(), true
+	}
+	if p, ok := a.ended.Get(id, time.Now()); ok {
+		if p.Stage == cp.StateCancelled {
+			a.ended.Drop(id)
+			return nil, false
+		}
+		return p, false
+	}
+	return nil, false
+}
+
+// status answers what rank 0 knows of a job, changing nothing.
+func (a *Adapter) status(_ context.Context, req *cp.JobStatusRequest) (*cp.JobStatusReply, error) {
+	rep := &cp.JobStatusReply{JobID: req.JobID, WorkerID: a.cfg.WorkerID}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.streams[req.JobID]; s != nil {
+		rep.Held, rep.Progress = true, s.snapshot()
+	} else if p, ok := a.ended.Get(req.JobID, time.Now()); ok {
+		rep.Progress = p
+	}
+	return rep, nil
+}
+
+// done forgets a finished stream, remembering its final report (nil: the
+// sequence was never admitted, or was dropped during its admission).
+func (a *Adapter) done(id string, final *cp.Progress) {
 	a.mu.Lock()
 	delete(a.streams, id)
+	if final != nil {
+		a.ended.Put(final, time.Now())
+	}
 	a.mu.Unlock()
 	a.wg.Done()
 }

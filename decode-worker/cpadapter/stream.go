@@ -2,6 +2,7 @@ package cpadapter
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,15 +33,19 @@ type stream struct {
 	mu         sync.Mutex
 	items      []item
 	wake       chan struct{}
-	cancelled  string // the coordinator's reason, once it cancelled
-	isAdmitted bool   // the group admitted the sequence and the coordinator was told
-	silent     bool   // cancelled during admission: publish nothing
+	cancelled  string      // the coordinator's reason, once it cancelled
+	isAdmitted bool        // the group admitted the sequence and the coordinator was told
+	silent     bool        // cancelled during admission: publish nothing
+	latest     cp.Progress // the latest report, for a coordinator taking the job over
+	final      *cp.Progress
 
 	// Owned by run.
 	count    int
 	first    time.Time
 	reported time.Time // the last decoding progress
 	stopped  bool      // a stop text ended the job
+	out      []int32   // the tokens published
+	outText  strings.Builder
 }
 
 type item struct {
@@ -60,6 +65,7 @@ func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
 	s := &stream{a: a, id: as.JobID, tokens: cp.ClientJobTokens(as.Client, as.JobID), prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
 		stopIDs: map[int32]bool{}, text: tokenizer.StopText{Stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
 		log: a.log.With(zap.String("job", as.JobID))}
+	s.latest = cp.Progress{JobID: as.JobID, WorkerID: a.cfg.WorkerID, Stage: cp.StatePrefilling, Time: time.Now()}
 	s.reserved = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, s.prompt+req.MaxTokens, a.cfg.LatentDType))
 	for _, id := range req.Stop {
 		s.stopIDs[id] = true
@@ -116,8 +122,24 @@ func (s *stream) push(it item) {
 	}
 }
 
+// snapshot is the job's latest report.
+func (s *stream) snapshot() *cp.Progress {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.latest
+	return &p
+}
+
 func (s *stream) run() {
-	defer s.a.done(s.id)
+	defer func() {
+		s.mu.Lock()
+		final := s.final
+		if s.silent {
+			final = nil
+		}
+		s.mu.Unlock()
+		s.a.done(s.id, final)
+	}()
 	for {
 		<-s.wake
 		s.mu.Lock()
@@ -163,6 +185,8 @@ func (s *stream) token(index int, id int32) {
 	}
 	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id, Text: out})
 	s.count = index + 1
+	s.out = append(s.out, id)
+	s.outText.WriteString(out)
 	if s.stopped {
 		// The group keeps stepping until the cancel lands; those tokens
 		// are dropped above.
@@ -222,6 +246,11 @@ func (s *stream) end(r pipeline.Result) {
 		}
 		p.Measured = m
 	}
+	s.outText.WriteString(rest)
+	p.Output = &cp.Output{TokenIDs: s.out, Text: s.outText.String(), FinishReason: reason}
+	s.mu.Lock()
+	s.final = p
+	s.mu.Unlock()
 	// The final token message goes out before the final progress, so a
 	// client that sees the job end has every token.
 	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: s.count, TokenID: -1, Text: rest, Final: true, FinishReason: reason})
@@ -232,6 +261,9 @@ func (s *stream) end(r pipeline.Result) {
 func (s *stream) publish(subject string, m cp.Message) {
 	s.mu.Lock()
 	silent := s.silent
+	if p, ok := m.(*cp.Progress); ok && !silent {
+		s.latest = *p
+	}
 	s.mu.Unlock()
 	if silent {
 		return

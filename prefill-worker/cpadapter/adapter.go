@@ -47,7 +47,11 @@ type Config struct {
 	// ProgressEvery is the least time between two progress reports of a
 	// job (default 100 ms); the last layer is always reported.
 	ProgressEvery time.Duration
-	Log           *zap.Logger
+	// Remember is how long a finished job's final report is kept (default
+	// 1 h, at most 4096 jobs), so that a coordinator taking the job over
+	// after a crash learns how it ended instead of running it again.
+	Remember time.Duration
+	Log      *zap.Logger
 }
 
 // Adapter is the running control-plane mode of a prefill worker.
@@ -60,6 +64,7 @@ type Adapter struct {
 
 	mu      sync.Mutex
 	jobs    map[string]*job
+	ended   *cp.Ended
 	closing bool
 	wg      sync.WaitGroup
 }
@@ -101,7 +106,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
+	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, ended: cp.NewEnded(0, cfg.Remember), log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
@@ -119,6 +124,11 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
 	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
+		cancel()
+		_ = hb.Stop(ctx)
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerStatus(cfg.WorkerID), queue, a.status); err != nil {
 		cancel()
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
@@ -186,11 +196,17 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	switch {
-	case a.closing:
+	if a.closing {
 		return refuse(cp.CodeUnavailable, "shutting down")
-	case a.jobs[as.JobID] != nil:
-		return refuse(cp.CodeConflict, "job %s is already running here", as.JobID)
+	}
+	// A job id is admitted once: a coordinator that took the job over
+	// after its predecessor crashed gets the job as it is here, never a
+	// second prefill (the new assignment's transfer session is unused).
+	if p, held := a.knownLocked(as.JobID); p != nil {
+		rep.Accepted, rep.Resumed, rep.Progress = true, true, p
+		a.log.Info("assignment of a job held or ended here: resumed", zap.String("job", as.JobID),
+			zap.Bool("running", held), zap.String("stage", string(p.Stage)))
+		return rep, nil
 	}
 	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Job: as.JobID, Session: session, Secret: secret,
 		Placement: place, Deadline: deadline, Timeouts: a.cfg.Transfer, Conns: a.cfg.TransferConns})
@@ -284,7 +300,6 @@ func (a *Adapter) wait(j *job) {
 	res := j.handle.Result()
 	now := time.Now()
 	a.mu.Lock()
-	delete(a.jobs, j.id)
 	reason := j.cancelled
 	a.mu.Unlock()
 
@@ -315,7 +330,54 @@ func (a *Adapter) wait(j *job) {
 		}
 		a.log.Warn("job failed", zap.String("job", j.id), zap.Error(err))
 	}
+	a.mu.Lock()
+	delete(a.jobs, j.id)
+	a.ended.Put(p, now)
+	a.mu.Unlock()
 	a.publish(cp.WorkerProgress(a.cfg.WorkerID, j.id), p)
+}
+
+// knownLocked is what the worker knows of job id: its progress while it
+// runs (held), or its final report when it ended here recently. A job
+// cancelled here is not known: it may be assigned again (a coordinator
+// that stopped cleanly cancelled it and handed it back to the queue).
+func (a *Adapter) knownLocked(id string) (p *cp.Progress, held bool) {
+	if j := a.jobs[id]; j != nil {
+		return j.snapshot(a.cfg.WorkerID), true
+	}
+	if p, ok := a.ended.Get(id, time.Now()); ok {
+		if p.Stage == cp.StateCancelled {
+			a.ended.Drop(id)
+			return nil, false
+		}
+		return p, false
+	}
+	return nil, false
+}
+
+// snapshot is a running job's progress now.
+func (j *job) snapshot(worker string) *cp.Progress {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	p := &cp.Progress{JobID: j.id, WorkerID: worker, Stage: cp.StatePrefilling, Time: time.Now(),
+		Layers: &cp.LayerProgress{Done: j.layer, Total: j.layers}}
+	if !j.computed.IsZero() {
+		p.Stage = cp.StateTransferring
+	}
+	return p
+}
+
+// status answers what the worker knows of a job, changing nothing.
+func (a *Adapter) status(_ context.Context, req *cp.JobStatusRequest) (*cp.JobStatusReply, error) {
+	rep := &cp.JobStatusReply{JobID: req.JobID, WorkerID: a.cfg.WorkerID}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if j := a.jobs[req.JobID]; j != nil {
+		rep.Held, rep.Progress = true, j.snapshot(a.cfg.WorkerID)
+	} else if p, ok := a.ended.Get(req.JobID, time.Now()); ok {
+		rep.Progress = p
+	}
+	return rep, nil
 }
 
 // measured are the figures of the latest pass and of this job's transfer

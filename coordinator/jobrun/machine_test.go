@@ -1,0 +1,354 @@
+package jobrun
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+)
+
+// The machine is driven here event by event, with a clock that only moves
+// when a test moves it: every decision of a job's run, without NATS.
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+var cfg = Config{Layers: 4, PlacementWait: 10 * time.Second, StallTimeout: 5 * time.Second, JobTimeout: time.Hour,
+	ShutdownGrace: 2 * time.Second, RetryPause: 250 * time.Millisecond}
+
+// show renders actions compactly: Publish(routed), Assign(d-r0), ...
+func show(acts []Action) string {
+	var out []string
+	for _, a := range acts {
+		switch a := a.(type) {
+		case Publish:
+			out = append(out, fmt.Sprintf("Publish(%s)", a.Event.State))
+		case Assign:
+			out = append(out, fmt.Sprintf("Assign(%s)", a.Worker))
+		case CancelOn:
+			out = append(out, fmt.Sprintf("CancelOn(%s)", strings.Join(a.Workers, ",")))
+		case Settle:
+			if a.Ack {
+				out = append(out, "Ack")
+			} else {
+				out = append(out, "Release")
+			}
+		case Place:
+			out = append(out, "Place")
+		case Inquire:
+			out = append(out, "Inquire")
+		case ReplyCancel:
+			out = append(out, "ReplyCancel")
+		case Bug:
+			out = append(out, "Bug("+a.Err.Error()+")")
+		default:
+			out = append(out, strings.TrimPrefix(fmt.Sprintf("%T", a), "jobrun."))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+func step(t *testing.T, m *Machine, ev Event, want string) []Action {
+	t.Helper()
+	acts := m.Step(ev)
+	if got := show(acts); got != want {
+		t.Fatalf("after %T:\n got  %s\n want %s", ev, got, want)
+	}
+	return acts
+}
+
+func localPlan() *Plan {
+	return &Plan{Route: &cp.RouteDecision{Policy: cp.PolicyAuto, Target: cp.TargetLocal, DecodeGroup: "g", Reason: "short"},
+		Group: "g", Head: "g-r0", Ranks: []string{"g-r0", "g-r1"}, Decode: &cp.Assignment{JobID: "j1"}}
+}
+
+func remotePlan() *Plan {
+	p := localPlan()
+	p.Route.Target, p.Route.PrefillWorker = cp.TargetRemote, "pf"
+	p.Prefill, p.PrefillAssignment = "pf", &cp.Assignment{JobID: "j1", Role: cp.RolePrefill}
+	return p
+}
+
+func accepted(w string) *cp.AssignReply {
+	return &cp.AssignReply{JobID: "j1", WorkerID: w, Accepted: true}
+}
+
+func progress(w string, s cp.JobState, tokens int) *cp.Progress {
+	p := &cp.Progress{JobID: "j1", WorkerID: w, Stage: s, Time: t0, Tokens: tokens}
+	if s == cp.StateFailed {
+		p.Error = &cp.JobError{Message: "boom"}
+	}
+	return p
+}
+
+func decodeDone(tokens int) *cp.Progress {
+	p := progress("g-r0", cp.StateDone, tokens)
+	p.Elapsed = time.Second
+	p.Measured = &cp.Rates{DecodeTokensPerSec: 10}
+	p.Output = &cp.Output{TokenIDs: []int32{7, 8, 9}, Text: "abc", FinishReason: cp.FinishLength}
+	return p
+}
+
+func newMachine(delivered uint64) *Machine {
+	m := New(cfg, "j1", t0, 12, cp.PolicyAuto)
+	_ = delivered
+	return m
+}
+
+func TestLocalJobRunsToDone(t *testing.T) {
+	m := newMachine(1)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
+	step(t, m, Report{At: at(50), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+	step(t, m, Report{At: at(60), P: progress("g-r0", cp.StateDecoding, 3)}, "") // a sign of life only
+	acts := step(t, m, Report{At: at(80), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+	ev := acts[1].(Publish).Event
+	if ev.Output == nil || !slices.Equal(ev.Output.TokenIDs, []int32{7, 8, 9}) || ev.Output.Text != "abc" {
+		t.Fatalf("final event output %+v, want the decode group's", ev.Output)
+	}
+	if ev.Timing == nil || ev.Timing.FirstToken != 50*time.Millisecond || ev.Timing.OutputTokens != 3 {
+		t.Fatalf("timing %+v", ev.Timing)
+	}
+	if !m.Ended() || m.Final().State != cp.StateDone {
+		t.Fatalf("ended %v final %v", m.Ended(), m.Final())
+	}
+	// Anything later changes nothing.
+	step(t, m, Report{At: at(90), P: decodeDone(3)}, "")
+}
+
+func TestRemoteJobAssignsDecodeThenPrefill(t *testing.T) {
+	m := newMachine(1)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "Assign(pf)")
+	step(t, m, Assigned{At: at(3), Reply: accepted("pf")}, "LoadPrefill AssignedAt Publish(prefilling)")
+	pp := progress("pf", cp.StatePrefilling, 5)
+	pp.Layers = &cp.LayerProgress{Done: 2, Total: 4}
+	step(t, m, Report{At: at(10), P: pp}, "LoadProgress Publish(prefilling)")
+	step(t, m, Report{At: at(20), P: progress("pf", cp.StateTransferring, 11)}, "LoadForget Publish(transferring)")
+	done := progress("pf", cp.StateDone, 11)
+	done.Measured = &cp.Rates{PrefillTokensPerSec: 100, LinkBytesPerSec: 1e6}
+	step(t, m, Report{At: at(25), P: done}, "ObservePass ObserveTransfer")
+	step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+	step(t, m, Report{At: at(40), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+}
+
+// A job delivered again whose first run ended unobserved (the coordinator
+// died first) is reported as it ended, never run again.
+func TestRedeliveredJobThatEndedIsReportedNotRerun(t *testing.T) {
+	m := newMachine(2)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+	reports := []WorkerReport{
+		{Worker: "pf", Kind: cp.KindPrefill, Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf", Progress: progress("pf", cp.StateDone, 11)}},
+		{Worker: "g-r0", Kind: cp.KindDecode, Group: "g", Ranks: []string{"g-r0", "g-r1"},
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Progress: decodeDone(3)}},
+	}
+	acts := step(t, m, Inquired{At: at(5), Reports: reports}, "Publish(routed) ObserveDecodeStep Publish(done) Ack")
+	route := acts[0].(Publish).Event.Route
+	if route.Target != cp.TargetRemote || route.DecodeGroup != "g" || !strings.Contains(route.Reason, "adopted") {
+		t.Fatalf("adopted route %+v", route)
+	}
+	if out := acts[2].(Publish).Event.Output; out == nil || out.Text != "abc" {
+		t.Fatalf("the adopted job's output %+v", out)
+	}
+}
+
+// A job delivered again while its decode group still runs it is adopted:
+// followed to its end, with no assignment.
+func TestRedeliveredRunningJobIsAdopted(t *testing.T) {
+	m := newMachine(2)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+	reports := []WorkerReport{
+		{Worker: "pf", Kind: cp.KindPrefill, Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf"}}, // knows nothing: the job was local
+		{Worker: "h-r0", Kind: cp.KindDecode, Group: "h", Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "h-r0"}},
+		{Worker: "g-r0", Kind: cp.KindDecode, Group: "g", Ranks: []string{"g-r0", "g-r1"},
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Held: true, Progress: progress("g-r0", cp.StateDecoding, 40)}},
+	}
+	step(t, m, Inquired{At: at(5), Reports: reports}, "Publish(routed) LoadForget Publish(decoding)")
+	// The stall timer runs from the adoption.
+	if got, want := m.Next(), at(5).Add(cfg.StallTimeout); !got.Equal(want) {
+		t.Fatalf("next timer %v, want the stall check at %v", got, want)
+	}
+	// A worker of the adopted group lost now fails it; one lost before
+	// the adoption (a restart the registry recorded earlier) does not.
+	step(t, m, WorkerLost{At: at(6), Worker: "g-r1", Reason: "old", Since: at(1)}, "")
+	step(t, m, Report{At: at(100), P: decodeDone(50)}, "ObserveDecodeStep Publish(done) Ack")
+}
+
+func TestRedeliveredJobNobodyHasRunsAfresh(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reports []WorkerReport
+		want    string
+	}{
+		{"no answers", []WorkerReport{{Worker: "g-r0", Kind: cp.KindDecode, Group: "g"}}, "Place"},
+		{"unknown everywhere", []WorkerReport{{Worker: "g-r0", Kind: cp.KindDecode, Group: "g",
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0"}}}, "Place"},
+		// A stopping coordinator cancelled it on its workers and handed it
+		// back: it runs again.
+		{"cancelled on its workers", []WorkerReport{{Worker: "g-r0", Kind: cp.KindDecode, Group: "g",
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Progress: progress("g-r0", cp.StateCancelled, 2)}}}, "Place"},
+		// The decode group lost it (restarted): the prefill is stopped.
+		{"prefill without its decode group", []WorkerReport{{Worker: "pf", Kind: cp.KindPrefill,
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf", Held: true, Progress: progress("pf", cp.StatePrefilling, 0)}}}, "CancelOn(pf) Place"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMachine(2)
+			step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+			step(t, m, Inquired{At: at(1), Reports: tc.reports}, tc.want)
+		})
+	}
+}
+
+// An assignment answered Resumed (the worker had the job already: the
+// inquiry missed it, e.g. the worker was still reconnecting) is adopted,
+// and the prefill worker gets nothing.
+func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
+	m := newMachine(2)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+	step(t, m, Inquired{At: at(1)}, "Place")
+	step(t, m, Candidate{At: at(2), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
+	rep := accepted("g-r0")
+	rep.Resumed, rep.Progress = true, progress("g-r0", cp.StatePrefilling, 0)
+	step(t, m, Assigned{At: at(3), Reply: rep}, "Publish(routed) Publish(prefilling)")
+	step(t, m, Report{At: at(9), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+	step(t, m, Report{At: at(10), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+
+	// Resumed with a final report: reported as it ended.
+	m = newMachine(1)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(2), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	rep = accepted("g-r0")
+	rep.Resumed, rep.Progress = true, decodeDone(3)
+	step(t, m, Assigned{At: at(3), Reply: rep}, "Publish(routed) ObserveDecodeStep Publish(done) Ack")
+}
+
+func TestPlacementRetriesThenGivesUp(t *testing.T) {
+	m := newMachine(1)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Why: "no decode group is up"}, "")
+	step(t, m, WorkersChanged{At: at(2)}, "Place")
+	step(t, m, Candidate{At: at(3), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	refused := &cp.AssignReply{JobID: "j1", WorkerID: "g-r0", Error: "no memory", Code: cp.CodeUnavailable}
+	step(t, m, Assigned{At: at(4), Reply: refused}, "")
+	// Registry changes do not hurry a retry after a refusal; the pause does.
+	step(t, m, WorkersChanged{At: at(5)}, "")
+	step(t, m, Tick{At: at(100)}, "")
+	step(t, m, Tick{At: at(254)}, "Place")
+	step(t, m, Candidate{At: at(255), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(256), NoResponders: true}, "")
+	if got := m.Next(); !got.Equal(at(506)) {
+		t.Fatalf("retry at %v", got)
+	}
+	step(t, m, Tick{At: at(506)}, "Place")
+	step(t, m, Candidate{At: at(507), Why: "no decode group has room"}, "")
+	acts := step(t, m, Tick{At: at(10000)}, "Publish(failed) Ack")
+	if e := acts[0].(Publish).Event.Error; e.Code != cp.CodeUnavailable || !strings.Contains(e.Message, "no room") && !strings.Contains(e.Message, "has room") {
+		t.Fatalf("error %+v", e)
+	}
+}
+
+func TestUnreachablePrefillWorkerIsLeftOut(t *testing.T) {
+	m := newMachine(1)
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Why: "prefill worker pf does not answer", Unreachable: "pf"}, "")
+	acts := step(t, m, Tick{At: at(251)}, "Place")
+	if ex := acts[0].(Place).Exclude; !slices.Equal(ex, []string{"pf"}) {
+		t.Fatalf("exclude %v", ex)
+	}
+}
+
+func TestPrefillSideFailures(t *testing.T) {
+	setup := func() *Machine {
+		m := newMachine(1)
+		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+		step(t, m, Candidate{At: at(1), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
+		step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "Assign(pf)")
+		return m
+	}
+	// Once the decode group admitted the job, it is not tried again.
+	m := setup()
+	step(t, m, Assigned{At: at(3), NoResponders: true}, "Publish(failed) Ack CancelOn(g-r0)")
+	m = setup()
+	step(t, m, Assigned{At: at(3), Err: errors.New("timeout")}, "CancelOn(pf,g-r0) Publish(failed) Ack")
+	m = setup()
+	step(t, m, Assigned{At: at(3), Reply: &cp.AssignReply{JobID: "j1", WorkerID: "pf", Error: "bad", Code: cp.CodeBadRequest}},
+		"CancelOn(g-r0) Publish(failed) Ack")
+	m = setup()
+	step(t, m, Assigned{At: at(3), Reply: accepted("pf")}, "LoadPrefill AssignedAt Publish(prefilling)")
+	acts := step(t, m, Report{At: at(4), P: progress("pf", cp.StateFailed, 0)}, "CancelOn(g-r0) Publish(failed) Ack")
+	if e := acts[1].(Publish).Event.Error; e.Worker != "pf" || e.Message != "boom" {
+		t.Fatalf("error %+v", e)
+	}
+}
+
+func TestTimersLostWorkersCancelAndShutdown(t *testing.T) {
+	following := func() *Machine {
+		m := newMachine(1)
+		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+		step(t, m, Candidate{At: at(1000), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+		step(t, m, Assigned{At: at(1002), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
+		return m
+	}
+	t.Run("stall", func(t *testing.T) {
+		m := following()
+		step(t, m, Report{At: at(2000), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+		step(t, m, Tick{At: at(6999)}, "")
+		step(t, m, Tick{At: at(7000)}, "CancelOn(g-r0) Publish(failed) Ack")
+	})
+	t.Run("lost", func(t *testing.T) {
+		m := following()
+		step(t, m, WorkerLost{At: at(1500), Worker: "x", Since: at(1500)}, "")   // not ours
+		step(t, m, WorkerLost{At: at(1500), Worker: "g-r1", Since: at(900)}, "") // restarted before it got the job
+		step(t, m, WorkerLost{At: at(1500), Worker: "g-r1", Since: at(1400), Reason: "expired"}, "CancelOn(g-r0) Publish(failed) Ack")
+	})
+	t.Run("cancel", func(t *testing.T) {
+		m := following()
+		step(t, m, Cancel{At: at(1500), Reason: "client"}, "CancelOn(g-r0) Publish(cancelled) Ack ReplyCancel")
+		step(t, m, Cancel{At: at(1600), Reason: "again"}, "ReplyCancel")
+	})
+	t.Run("cancel while placing", func(t *testing.T) {
+		m := newMachine(1)
+		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+		step(t, m, Candidate{At: at(1), Why: "none"}, "")
+		step(t, m, Cancel{At: at(2), Reason: "client"}, "Publish(cancelled) Ack ReplyCancel")
+	})
+	t.Run("shutdown", func(t *testing.T) {
+		m := following()
+		step(t, m, Shutdown{At: at(1500)}, "")
+		step(t, m, Tick{At: at(3499)}, "")
+		step(t, m, Tick{At: at(3500)}, "CancelOn(g-r0) Release")
+		if m.Final() != nil {
+			t.Fatal("a job handed back has no final event")
+		}
+		m = newMachine(1)
+		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+		step(t, m, Candidate{At: at(1), Why: "none"}, "")
+		step(t, m, Shutdown{At: at(2)}, "Release")
+	})
+	t.Run("job timeout", func(t *testing.T) {
+		m := following()
+		step(t, m, Tick{At: t0.Add(time.Hour)}, "CancelOn(g-r0) Publish(failed) Ack")
+	})
+}
+
+func TestDeliveryOutcomesAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		d    Delivery
+		want string
+	}{
+		{Delivery{NumDelivered: 1, Cancelled: "client"}, "Publish(cancelled) Ack"},
+		{Delivery{NumDelivered: 5, LastAttempt: true}, "Publish(failed) Ack"},
+		{Delivery{NumDelivered: 1, Refused: &cp.JobError{Code: cp.CodeTooLarge, Message: "too long"}}, "Publish(failed) Ack"},
+		{Delivery{NumDelivered: 3}, "Inquire"},
+	} {
+		m := newMachine(tc.d.NumDelivered)
+		step(t, m, Start{At: at(0), Delivery: tc.d}, tc.want)
+	}
+}
