@@ -51,6 +51,10 @@ type Options struct {
 	ReconnectWait time.Duration
 	// MaxReconnects: 0 means the default (60); negative means forever.
 	MaxReconnects int
+	// RetryConnect retries the first connection too, every ReconnectWait,
+	// until Connect's context ends (a client started while the server is
+	// down waits for it).
+	RetryConnect bool
 
 	// Logger gets disconnects, reconnects and asynchronous errors; nil
 	// discards them.
@@ -193,7 +197,8 @@ func readable(path, what string) error {
 
 // Connect connects to NATS. It fails fast on bad options (unreadable key
 // files, conflicting credentials) and returns when connected, when the
-// server refuses (e.g. wrong credentials), or when ctx ends.
+// server refuses (e.g. wrong credentials), when no server answers (unless
+// RetryConnect), or when ctx ends.
 func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 	opts, err := o.natsOptions()
 	if err != nil {
@@ -207,25 +212,39 @@ func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 		nc  *nats.Conn
 		err error
 	}
-	ch := make(chan result, 1)
-	go func() {
-		nc, err := nats.Connect(servers, opts...)
-		ch <- result{nc, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), r.err)
-		}
-		return r.nc, nil
-	case <-ctx.Done():
-		// The dial is bounded by ConnectTimeout; close whatever it yields.
+	wait := o.ReconnectWait
+	if wait <= 0 {
+		wait = time.Second
+	}
+	for {
+		ch := make(chan result, 1)
 		go func() {
-			if r := <-ch; r.nc != nil {
-				r.nc.Close()
-			}
+			nc, err := nats.Connect(servers, opts...)
+			ch <- result{nc, err}
 		}()
-		return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), ctx.Err())
+		select {
+		case r := <-ch:
+			if r.err == nil {
+				return r.nc, nil
+			}
+			if !o.RetryConnect || !errors.Is(r.err, nats.ErrNoServers) {
+				return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), r.err)
+			}
+			select {
+			case <-time.After(wait):
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("nats connect to %s: %w (last: %v)", redactURL(servers), ctx.Err(), r.err)
+			}
+		case <-ctx.Done():
+			// The dial is bounded by ConnectTimeout; close whatever it yields.
+			go func() {
+				if r := <-ch; r.nc != nil {
+					r.nc.Close()
+				}
+			}()
+			return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), ctx.Err())
+		}
 	}
 }
 

@@ -66,6 +66,7 @@ var serveSettings = []setting{
 	{"queue.duplicate_window", 2 * time.Minute, "how long an idempotency key is remembered"},
 	{"queue.memory", false, "keep the queue in memory (lost when the NATS server stops)"},
 	{"queue.replicas", 1, "queue stream replicas (clustered NATS)"},
+	{"results.ttl", time.Hour, "how long a finished job's final event (with its output) is kept for clients that lost their connection (stored like the queue: queue.memory, queue.replicas)"},
 	{"registry.ttl", 10 * time.Second, "a worker silent this long is presumed dead (workers must use the same value)"},
 	{"registry.memory", false, "keep the worker registry in memory"},
 	{"registry.replicas", 1, "registry bucket replicas (clustered NATS)"},

@@ -113,6 +113,14 @@ func natsOptions(v *viper.Viper, name, url string, log *zap.Logger) cp.Options {
 // embedded server). A client's namespace is its identity's name, or
 // nats.client when its credentials are not a tandem identity.
 func connect(cmd *cobra.Command, v *viper.Viper, name string, p cp.Principal) (*nats.Conn, error) {
+	ctx, cancel := context.WithTimeout(cmd.Context(), natsOptions(v, name, "", nil).ConnectTimeout+time.Second)
+	defer cancel()
+	return connectCtx(ctx, v, name, p)
+}
+
+// connectCtx is connect within ctx: the submit command, which reconnects
+// forever, also waits for a server that is down when it starts.
+func connectCtx(ctx context.Context, v *viper.Viper, name string, p cp.Principal) (*nats.Conn, error) {
 	o := natsOptions(v, name, "", nil)
 	if o.URL == "" {
 		o.URL = nats.DefaultURL
@@ -133,12 +141,8 @@ func connect(cmd *cobra.Command, v *viper.Viper, name string, p cp.Principal) (*
 		// A job outlives any outage of NATS or the coordinator: the
 		// client follows it until --timeout.
 		o.MaxReconnects = -1
-		if o.ReconnectWait <= 0 || o.ReconnectWait > 250*time.Millisecond {
-			o.ReconnectWait = 250 * time.Millisecond
-		}
+		o.ReconnectWait, o.RetryConnect = 250*time.Millisecond, true
 	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), o.ConnectTimeout+time.Second)
-	defer cancel()
 	nc, err := cp.Connect(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("%w (start a coordinator with `coordinator serve`, or give --nats-url)", err)
@@ -271,6 +275,8 @@ func serviceConfig(v *viper.Viper) (service.Config, error) {
 			Memory: v.GetBool("queue.memory"), Replicas: v.GetInt("queue.replicas")},
 		Registry: cp.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory"),
 			Replicas: v.GetInt("registry.replicas")},
+		Results: cp.ResultsConfig{TTL: v.GetDuration("results.ttl"), Memory: v.GetBool("queue.memory"),
+			Replicas: v.GetInt("queue.replicas")},
 		MaxRunning:      v.GetInt("max_running"),
 		AssignTimeout:   v.GetDuration("timeouts.assign"),
 		PlacementWait:   v.GetDuration("timeouts.placement"),

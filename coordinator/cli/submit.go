@@ -47,7 +47,7 @@ before submitting and a retried submit runs the job once.
 	f.Int32Slice("stop-id", nil, "stop token ids")
 	f.String("policy", "", "routing: auto, local or remote (default: the coordinator's)")
 	f.String("key", "", "idempotency key (default: a random one)")
-	f.Duration("timeout", 0, "give up waiting after this long (0: never; the job keeps running)")
+	f.Duration("timeout", 0, "give up waiting after this long (0: never; the job keeps running); until then the client rides out any outage of NATS or the coordinator")
 	f.Bool("json", false, "print the job's events as JSON lines on stdout instead of the text")
 	addFlags(f, natsSettings)
 	return cmd
@@ -67,17 +67,17 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := connect(cmd, v, submitConnName, cp.PrincipalClient)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
 	ctx := cmd.Context()
 	if d, _ := f.GetDuration("timeout"); d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
+	nc, err := connectCtx(ctx, v, submitConnName, cp.PrincipalClient)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	asJSON, _ := f.GetBool("json")
 	h := client.Handlers{

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,6 +82,71 @@ func Server(tb testing.TB) string {
 // ends.
 func Start(tb testing.TB, cfg Config) string {
 	tb.Helper()
+	return StartProcess(tb, cfg).URL
+}
+
+// Process is a running nats-server.
+type Process struct {
+	URL    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// Kill stops the server as a crash would (SIGKILL) and waits for it.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// Cluster runs n nats-server processes clustered on loopback (JetStream
+// on each) and returns them once JetStream answers on every one.
+func Cluster(tb testing.TB, n int) []*Process {
+	tb.Helper()
+	var routes []string
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ls = append(ls, l)
+		routes = append(routes, "nats-route://"+l.Addr().String())
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	connects := func(url string) error {
+		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	}
+	var ps []*Process
+	for i := range n {
+		extra := fmt.Sprintf("server_name: n%d\ncluster {\n  name: tandem-test\n  listen: %q\n  routes: [%s]\n}\n",
+			i, strings.TrimPrefix(routes[i], "nats-route://"), strings.Join(routes, ", "))
+		ps = append(ps, StartProcess(tb, Config{Extra: extra, Ready: connects}))
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, p := range ps {
+		for {
+			err := jetStreamReady(p.URL)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("clustered nats-server at %s: JetStream not ready: %v", p.URL, err)
+			}
+			time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	return ps
+}
+
+// StartProcess is Start, returning the process so that a test can kill it.
+func StartProcess(tb testing.TB, cfg Config) *Process {
+	tb.Helper()
 	bin := Tool(tb, "nats-server")
 	dir := tb.TempDir()
 	conf := fmt.Sprintf("listen: \"127.0.0.1:-1\"\nmax_payload: %d\njetstream {\n  store_dir: %q\n}\n%s", 8<<20, filepath.Join(dir, "js"), cfg.Extra)
@@ -101,10 +167,8 @@ func Start(tb testing.TB, cfg Config) string {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	proc := &Process{cmd: cmd, exited: exited}
+	tb.Cleanup(proc.Kill)
 	fail := func(format string, args ...any) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -132,7 +196,8 @@ func Start(tb testing.TB, cfg Config) string {
 				for {
 					err := ready(url)
 					if err == nil {
-						return url
+						proc.URL = url
+						return proc
 					}
 					if time.Now().After(deadline) {
 						fail("nats-server at %s not ready: %v", url, err)
