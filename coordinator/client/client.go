@@ -63,7 +63,8 @@ const attemptTimeout = 5 * time.Second
 // until ctx ends. Without an idempotency key it makes
 // one up, so that it knows the job's id and can subscribe to the job's
 // subjects before the job can start; retrying is then safe, and Run
-// retries the submission itself while no coordinator answers.
+// retries the submission itself while no coordinator answers or the
+// answer is unavailable (no capacity now, the queue did not store it).
 //
 // The connection may drop and come back any number of times (give nc
 // MaxReconnects < 0): after each reconnection Run asks a coordinator for
@@ -158,11 +159,31 @@ func (f *follower) submit(req *cp.SubmitRequest) error {
 		case err == nil:
 			f.res.Duplicate = rep.Duplicate
 			return nil
-		case errors.As(err, &re):
+		case errors.As(err, &re) && re.Code != cp.CodeUnavailable:
 			return err
 		}
+		// Not stored (no coordinator, no capacity now, the queue did not
+		// answer): what was published of this attempt (a failed event
+		// saying it was not queued) is dropped, and the same submission
+		// goes again.
+		f.drainEvents()
+		// An attempt whose answer was lost may have been stored and even
+		// have ended: once one is answered, ask where the job is.
+		f.resync = true
 		if err := f.wait(err); err != nil {
 			return fmt.Errorf("job %s: submit: %w", f.id, err)
+		}
+	}
+}
+
+// drainEvents drops the events received so far: they came before the
+// answer to a submission that was not stored.
+func (f *follower) drainEvents() {
+	for {
+		select {
+		case <-f.events:
+		default:
+			return
 		}
 	}
 }
@@ -193,6 +214,7 @@ func (f *follower) follow() (*Result, error) {
 	f.retry = time.NewTimer(time.Hour)
 	f.retry.Stop()
 	defer f.retry.Stop()
+	f.lookup() // after a retried submission
 	for !f.final || !f.lastToken {
 		select {
 		case m := <-f.events:

@@ -116,10 +116,6 @@ func (m *Machine) Ended() bool { return m.phase == phaseEnded }
 // job back.
 func (m *Machine) Final() *cp.JobEvent { return m.final }
 
-// Waiting reports whether the run waits for the result of an action it
-// emitted (Inquire, Place or Assign) before anything else can happen.
-func (m *Machine) Waiting() bool { return m.phase == phaseInquiring || m.phase == phaseAssigning }
-
 // Next is when the run next needs a Tick (zero: no timer runs).
 func (m *Machine) Next() time.Time {
 	var next time.Time
@@ -135,8 +131,7 @@ func (m *Machine) Next() time.Time {
 func (m *Machine) Step(ev Event) []Action {
 	m.acts = nil
 	if m.phase == phaseEnded {
-		if c, ok := ev.(Cancel); ok {
-			_ = c
+		if _, ok := ev.(Cancel); ok {
 			state := cp.StateCancelled
 			if m.final != nil {
 				state = m.final.State

@@ -94,14 +94,10 @@ func decodeDone(tokens int) *cp.Progress {
 	return p
 }
 
-func newMachine(delivered uint64) *Machine {
-	m := New(cfg, "j1", t0, 12, cp.PolicyAuto)
-	_ = delivered
-	return m
-}
+func newMachine() *Machine { return New(cfg, "j1", t0, 12, cp.PolicyAuto) }
 
 func TestLocalJobRunsToDone(t *testing.T) {
-	m := newMachine(1)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 	step(t, m, Candidate{At: at(1), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
 	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
@@ -123,7 +119,7 @@ func TestLocalJobRunsToDone(t *testing.T) {
 }
 
 func TestRemoteJobAssignsDecodeThenPrefill(t *testing.T) {
-	m := newMachine(1)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 	step(t, m, Candidate{At: at(1), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
 	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "Assign(pf)")
@@ -142,7 +138,7 @@ func TestRemoteJobAssignsDecodeThenPrefill(t *testing.T) {
 // A job delivered again whose first run ended unobserved (the coordinator
 // died first) is reported as it ended, never run again.
 func TestRedeliveredJobThatEndedIsReportedNotRerun(t *testing.T) {
-	m := newMachine(2)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
 	reports := []WorkerReport{
 		{Worker: "pf", Kind: cp.KindPrefill, Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf", Progress: progress("pf", cp.StateDone, 11)}},
@@ -162,7 +158,7 @@ func TestRedeliveredJobThatEndedIsReportedNotRerun(t *testing.T) {
 // A job delivered again while its decode group still runs it is adopted:
 // followed to its end, with no assignment.
 func TestRedeliveredRunningJobIsAdopted(t *testing.T) {
-	m := newMachine(2)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
 	reports := []WorkerReport{
 		{Worker: "pf", Kind: cp.KindPrefill, Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf"}}, // knows nothing: the job was local
@@ -199,7 +195,7 @@ func TestRedeliveredJobNobodyHasRunsAfresh(t *testing.T) {
 			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf", Held: true, Progress: progress("pf", cp.StatePrefilling, 0)}}}, "CancelOn(pf) Place"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMachine(2)
+			m := newMachine()
 			step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
 			step(t, m, Inquired{At: at(1), Reports: tc.reports}, tc.want)
 		})
@@ -210,7 +206,7 @@ func TestRedeliveredJobNobodyHasRunsAfresh(t *testing.T) {
 // inquiry missed it, e.g. the worker was still reconnecting) is adopted,
 // and the prefill worker gets nothing.
 func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
-	m := newMachine(2)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
 	step(t, m, Inquired{At: at(1)}, "Place")
 	step(t, m, Candidate{At: at(2), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
@@ -221,7 +217,7 @@ func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
 	step(t, m, Report{At: at(10), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
 
 	// Resumed with a final report: reported as it ended.
-	m = newMachine(1)
+	m = newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 	step(t, m, Candidate{At: at(2), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
 	rep = accepted("g-r0")
@@ -230,7 +226,7 @@ func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
 }
 
 func TestPlacementRetriesThenGivesUp(t *testing.T) {
-	m := newMachine(1)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 	step(t, m, Candidate{At: at(1), Why: "no decode group is up"}, "")
 	step(t, m, WorkersChanged{At: at(2)}, "Place")
@@ -255,7 +251,7 @@ func TestPlacementRetriesThenGivesUp(t *testing.T) {
 }
 
 func TestUnreachablePrefillWorkerIsLeftOut(t *testing.T) {
-	m := newMachine(1)
+	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 	step(t, m, Candidate{At: at(1), Why: "prefill worker pf does not answer", Unreachable: "pf"}, "")
 	acts := step(t, m, Tick{At: at(251)}, "Place")
@@ -266,7 +262,7 @@ func TestUnreachablePrefillWorkerIsLeftOut(t *testing.T) {
 
 func TestPrefillSideFailures(t *testing.T) {
 	setup := func() *Machine {
-		m := newMachine(1)
+		m := newMachine()
 		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 		step(t, m, Candidate{At: at(1), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
 		step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "Assign(pf)")
@@ -290,7 +286,7 @@ func TestPrefillSideFailures(t *testing.T) {
 
 func TestTimersLostWorkersCancelAndShutdown(t *testing.T) {
 	following := func() *Machine {
-		m := newMachine(1)
+		m := newMachine()
 		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 		step(t, m, Candidate{At: at(1000), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
 		step(t, m, Assigned{At: at(1002), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
@@ -314,7 +310,7 @@ func TestTimersLostWorkersCancelAndShutdown(t *testing.T) {
 		step(t, m, Cancel{At: at(1600), Reason: "again"}, "ReplyCancel")
 	})
 	t.Run("cancel while placing", func(t *testing.T) {
-		m := newMachine(1)
+		m := newMachine()
 		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 		step(t, m, Candidate{At: at(1), Why: "none"}, "")
 		step(t, m, Cancel{At: at(2), Reason: "client"}, "Publish(cancelled) Ack ReplyCancel")
@@ -327,7 +323,7 @@ func TestTimersLostWorkersCancelAndShutdown(t *testing.T) {
 		if m.Final() != nil {
 			t.Fatal("a job handed back has no final event")
 		}
-		m = newMachine(1)
+		m = newMachine()
 		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
 		step(t, m, Candidate{At: at(1), Why: "none"}, "")
 		step(t, m, Shutdown{At: at(2)}, "Release")
@@ -348,7 +344,7 @@ func TestDeliveryOutcomesAtStart(t *testing.T) {
 		{Delivery{NumDelivered: 1, Refused: &cp.JobError{Code: cp.CodeTooLarge, Message: "too long"}}, "Publish(failed) Ack"},
 		{Delivery{NumDelivered: 3}, "Inquire"},
 	} {
-		m := newMachine(tc.d.NumDelivered)
+		m := newMachine()
 		step(t, m, Start{At: at(0), Delivery: tc.d}, tc.want)
 	}
 }

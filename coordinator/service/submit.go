@@ -173,6 +173,13 @@ func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.Su
 	c.publish(ev)
 	enq, err := c.queue.Enqueue(ctx, &cp.QueuedJob{JobID: id, Submitted: received, Request: *stored, Client: client})
 	if err != nil {
+		var re *cp.RemoteError
+		if !errors.As(err, &re) {
+			// The queue did not answer (e.g. its stream is electing a
+			// leader after a server died): nothing was stored, and the
+			// same submission may be retried.
+			err = &cp.RemoteError{Code: cp.CodeUnavailable, Message: "the job queue did not store the job, retry: " + err.Error()}
+		}
 		c.log.Warn("job not queued", zap.String("job", id), zap.Error(err))
 		// Subscribers saw it queued: tell them it is not. The job list
 		// forgets it, so that a retry with the same key is not taken for a

@@ -38,17 +38,15 @@ func (w *Worker) onEvent(ev mesh.Event) {
 // moments, and each sequence's error names the link that failed. A rank
 // already reset (or a Reset of an older ring) ends the wave.
 func (w *Worker) linkDown(d mesh.Dir, cause error) {
-	peer := (w.cfg.Rank + 1) % w.n
-	if d == mesh.Upstream {
-		peer = (w.cfg.Rank + w.n - 1) % w.n
-	}
+	peer := peerOf(w.cfg.Rank, w.n, d)
 	err := fmt.Errorf("decode rank %d lost its link to rank %d (%s): %w", w.cfg.Rank, peer, w.cfg.Layout.Ranks[peer].Endpoint, cause)
 	if !w.formed {
 		w.reset(err)
 		return
 	}
 	w.log.Warn("ring broken", zap.Error(err))
-	w.broadcastReset(err, d != mesh.Upstream, d != mesh.Downstream)
+	up, down := resetLinks(d)
+	w.broadcastReset(err, up, down)
 }
 
 // broadcastReset resets the rank and sends a Reset of the current ring on
@@ -70,7 +68,8 @@ func (w *Worker) onReset(m *mesh.Msg, from mesh.Dir) {
 		return
 	}
 	w.log.Warn("ring reset by another rank", zap.Int("from_rank", m.Rank), zap.String("reason", m.Reason))
-	w.broadcastReset(errors.New(m.Reason), from == mesh.Downstream, from == mesh.Upstream)
+	up, down := passReset(from)
+	w.broadcastReset(errors.New(m.Reason), up, down)
 }
 
 // reset drops every sequence (the head ends each with err) and unforms the
@@ -116,13 +115,15 @@ func (w *Worker) onTick() {
 		w.sendForm()
 		return
 	}
+	launched := make(map[uint64]time.Time, len(w.flights))
 	for id, f := range w.flights {
-		if time.Since(f.launched) > w.cfg.StepTimeout {
-			err := fmt.Errorf("decode group: step %d did not come back within %v", id, w.cfg.StepTimeout)
-			w.log.Warn("ring stalled", zap.Error(err))
-			w.broadcastReset(err, true, true)
-			return
-		}
+		launched[id] = f.launched
+	}
+	if id, stalled := stalledStep(launched, time.Now(), w.cfg.StepTimeout); stalled {
+		err := fmt.Errorf("decode group: step %d did not come back within %v", id, w.cfg.StepTimeout)
+		w.log.Warn("ring stalled", zap.Error(err))
+		up, down := resetLinks(0)
+		w.broadcastReset(err, up, down)
 	}
 }
 
@@ -218,19 +219,17 @@ func (w *Worker) protocolError(m *mesh.Msg, what string) {
 // comes back. Another rank adopts the epoch, dropping what it held for an
 // older ring.
 func (w *Worker) onForm(m *mesh.Msg) {
-	if w.head {
-		if m.Epoch == w.epoch && !w.formed {
-			w.setFormed(true)
-			w.log.Info("ring formed", zap.Uint64("epoch", w.epoch), zap.Int("ranks", w.n))
-		}
+	switch onFormAction(w.head, w.formed, m.Epoch, w.epoch, len(w.seqs)) {
+	case formIgnore:
 		return
+	case formRingFormed:
+		w.setFormed(true)
+		w.log.Info("ring formed", zap.Uint64("epoch", w.epoch), zap.Int("ranks", w.n))
+		return
+	case formJoinReset:
+		w.reset(errors.New("the group formed a new ring"))
 	}
-	if m.Epoch != w.epoch {
-		if len(w.seqs) > 0 {
-			w.reset(errors.New("the group formed a new ring"))
-		}
-		w.epoch = m.Epoch
-	}
+	w.epoch = m.Epoch
 	w.setFormed(true)
 	w.forward(m)
 }

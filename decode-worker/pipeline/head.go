@@ -154,9 +154,7 @@ func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 		w.end(s, Result{Reason: ReasonCancelled})
 	case s.failure != nil:
 		w.end(s, Result{Reason: ReasonError, Err: s.failure})
-	case !s.admit.Remote:
-		w.start(s)
-	case s.nready == w.n:
+	case startable(s.admit.Remote, s.nready, w.n):
 		w.start(s)
 	}
 }
@@ -167,7 +165,7 @@ func (w *Worker) stateReady(s *seq, r int) {
 		s.ready[r] = true
 		s.nready++
 	}
-	if !s.admitting && s.nready == w.n && s.failure == nil {
+	if !s.admitting && startable(true, s.nready, w.n) && s.failure == nil {
 		w.start(s)
 	}
 }

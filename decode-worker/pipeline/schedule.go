@@ -47,13 +47,12 @@ func (w *Worker) ready(s *seq) {
 
 // fillSlots moves waiting sequences into the smallest slots with room.
 func (w *Worker) fillSlots() {
+	sizes := make([]int, len(w.slots))
 	for len(w.overflow) > 0 {
-		best := -1
 		for k, sl := range w.slots {
-			if len(sl.members) < w.cfg.MaxBatch && (best < 0 || len(sl.members) < len(w.slots[best].members)) {
-				best = k
-			}
+			sizes[k] = len(sl.members)
 		}
+		best := pickSlot(sizes, w.cfg.MaxBatch)
 		if best < 0 {
 			return
 		}
@@ -96,7 +95,7 @@ func (w *Worker) runnable() bool {
 	if !w.head || !w.formed {
 		return false
 	}
-	if len(w.queue) > 0 && w.prefillFlights() < w.maxSteps {
+	if prefillDue(len(w.queue), w.prefillFlights(), w.maxSteps) {
 		return true
 	}
 	for _, sl := range w.slots {
@@ -112,7 +111,7 @@ func (w *Worker) schedule() {
 	if !w.runnable() {
 		return
 	}
-	if len(w.queue) > 0 && w.prefillFlights() < w.maxSteps {
+	if prefillDue(len(w.queue), w.prefillFlights(), w.maxSteps) {
 		w.launchPrefill()
 	}
 	for k, sl := range w.slots {
@@ -125,31 +124,15 @@ func (w *Worker) schedule() {
 // launchPrefill takes prompt chunks from the queue, in order, up to
 // PrefillChunk rows.
 func (w *Worker) launchPrefill() {
-	budget := w.cfg.PrefillChunk
-	var ss []*seq
-	var rows []int
-	for _, s := range w.queue {
-		n := len(s.pending)
-		if budget > 0 && n > budget {
-			// End the chunk on a multiple of the KDA chunk, counted from the
-			// start of the sequence, so that it is bit-identical to
-			// prefilling the whole prompt at once.
-			pos := s.e.State.Tokens
-			n = (pos+budget)/model.KDAChunk*model.KDAChunk - pos
-		}
-		if n <= 0 {
-			break
-		}
-		ss, rows = append(ss, s), append(rows, n)
-		if budget > 0 {
-			if budget -= n; budget <= 0 {
-				break
-			}
-		}
+	pending, pos := make([]int, len(w.queue)), make([]int, len(w.queue))
+	for i, s := range w.queue {
+		pending[i], pos[i] = len(s.pending), s.e.State.Tokens
 	}
-	if len(ss) == 0 {
+	rows := prefillRows(pending, pos, w.cfg.PrefillChunk)
+	if len(rows) == 0 {
 		return
 	}
+	ss := slices.Clone(w.queue[:len(rows)])
 	w.queue = slices.DeleteFunc(w.queue, func(s *seq) bool { return slices.Contains(ss, s) })
 	w.launch(ss, rows, model.PhasePrefill, -1)
 }

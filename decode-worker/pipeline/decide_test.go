@@ -1,0 +1,143 @@
+package pipeline
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/model"
+)
+
+func TestPickSlot(t *testing.T) {
+	for _, tc := range []struct {
+		sizes []int
+		max   int
+		want  int
+	}{
+		{[]int{0, 0, 0}, 4, 0},    // a tie: the first
+		{[]int{2, 1, 3}, 4, 1},    // the smallest
+		{[]int{4, 4, 3}, 4, 2},    // the only one with room
+		{[]int{4, 4, 4}, 4, -1},   // full: wait
+		{[]int{}, 4, -1},          // no slots
+		{[]int{1, 0}, 1, 1},       // batches of one
+		{[]int{5, 2, 2, 6}, 4, 1}, // over the limit (a smaller MaxBatch after a restart) never wins
+	} {
+		if got := pickSlot(tc.sizes, tc.max); got != tc.want {
+			t.Errorf("pickSlot(%v, %d) = %d, want %d", tc.sizes, tc.max, got, tc.want)
+		}
+	}
+}
+
+func TestPrefillRows(t *testing.T) {
+	c := model.KDAChunk
+	for _, tc := range []struct {
+		name         string
+		pending, pos []int
+		budget       int
+		want         []int
+	}{
+		{"no budget: every prompt whole", []int{300, 5, 70}, []int{0, 0, 0}, 0, []int{300, 5, 70}},
+		{"fits", []int{10, 20}, []int{0, 0}, 64, []int{10, 20}},
+		{"the budget spent exactly stops the step", []int{32, 32, 9}, []int{0, 0, 0}, 64, []int{32, 32}},
+		{"a long prompt is cut on the KDA grid", []int{1000}, []int{0}, 2*c + 10, []int{2 * c}},
+		{"counted from the sequence's start", []int{1000}, []int{c + 7}, c + 20, []int{c - 7}},
+		{"a cut that cannot reach the next multiple stops the step", []int{10, 500}, []int{0, 3}, 60, []int{10}},
+		{"a short prompt after a cut one is not taken", []int{500, 5}, []int{0, 0}, c, []int{c}},
+		{"nothing queued", nil, nil, 64, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := prefillRows(tc.pending, tc.pos, tc.budget)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("prefillRows(%v, %v, %d) = %v, want %v", tc.pending, tc.pos, tc.budget, got, tc.want)
+			}
+			sum := 0
+			for i, n := range got {
+				sum += n
+				if n <= 0 || n > tc.pending[i] {
+					t.Fatalf("row count %d of sequence %d with %d pending", n, i, tc.pending[i])
+				}
+				if n < tc.pending[i] && (tc.pos[i]+n)%c != 0 {
+					t.Fatalf("sequence %d cut at %d, off the KDA grid", i, tc.pos[i]+n)
+				}
+			}
+			if tc.budget > 0 && sum > tc.budget {
+				t.Fatalf("%d rows over the budget %d", sum, tc.budget)
+			}
+		})
+	}
+}
+
+func TestPrefillDue(t *testing.T) {
+	if prefillDue(0, 0, 2) || !prefillDue(1, 1, 2) || prefillDue(3, 2, 2) {
+		t.Fatal("a prefill step goes when prompts wait and fewer than maxSteps are in flight")
+	}
+}
+
+func TestResetDirections(t *testing.T) {
+	// A lost downstream link: the Reset goes upstream, away from it.
+	if up, down := resetLinks(mesh.Downstream); !up || down {
+		t.Fatalf("lost downstream: up %v down %v", up, down)
+	}
+	if up, down := resetLinks(mesh.Upstream); up || !down {
+		t.Fatalf("lost upstream: up %v down %v", up, down)
+	}
+	if up, down := resetLinks(0); !up || !down {
+		t.Fatalf("a stalled step resets both ways: up %v down %v", up, down)
+	}
+	// A Reset goes on the way it travels.
+	if up, down := passReset(mesh.Downstream); !up || down {
+		t.Fatalf("from downstream: up %v down %v", up, down)
+	}
+	if up, down := passReset(mesh.Upstream); up || !down {
+		t.Fatalf("from upstream: up %v down %v", up, down)
+	}
+	// In a ring of 4: rank 0's upstream is 3, rank 3's downstream is 0.
+	if peerOf(0, 4, mesh.Upstream) != 3 || peerOf(3, 4, mesh.Downstream) != 0 || peerOf(1, 4, mesh.Downstream) != 2 {
+		t.Fatal("peerOf")
+	}
+	if peerOf(0, 1, mesh.Upstream) != 0 {
+		t.Fatal("a group of one is its own peer")
+	}
+}
+
+func TestStalledStep(t *testing.T) {
+	now := time.Unix(100, 0)
+	launched := map[uint64]time.Time{1: now.Add(-time.Second), 2: now.Add(-3 * time.Second)}
+	if id, ok := stalledStep(launched, now, 2*time.Second); !ok || id != 2 {
+		t.Fatalf("stalled %d %v, want step 2", id, ok)
+	}
+	if _, ok := stalledStep(launched, now, 3*time.Second); ok {
+		t.Fatal("a step exactly at the timeout is not stalled yet")
+	}
+	if _, ok := stalledStep(nil, now, time.Second); ok {
+		t.Fatal("nothing in flight")
+	}
+}
+
+func TestOnFormAction(t *testing.T) {
+	for _, tc := range []struct {
+		head, formed bool
+		msg, mine    uint64
+		holding      int
+		want         formAction
+	}{
+		{true, false, 3, 3, 0, formRingFormed},
+		{true, true, 3, 3, 0, formIgnore},  // formed already
+		{true, false, 2, 3, 0, formIgnore}, // an older ring's Form
+		{false, false, 3, 3, 0, formJoin},
+		{false, true, 4, 3, 0, formJoin},      // a new ring, nothing held
+		{false, true, 4, 3, 2, formJoinReset}, // a new ring: the old ring's sequences go
+		{false, true, 3, 3, 2, formJoin},      // the same ring again
+	} {
+		if got := onFormAction(tc.head, tc.formed, tc.msg, tc.mine, tc.holding); got != tc.want {
+			t.Errorf("onFormAction(%+v) = %d, want %d", tc, got, tc.want)
+		}
+	}
+}
+
+func TestStartable(t *testing.T) {
+	if !startable(false, 0, 3) || startable(true, 2, 3) || !startable(true, 3, 3) {
+		t.Fatal("a local sequence starts at once, a remote one when every rank holds its state")
+	}
+}
