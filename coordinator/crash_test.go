@@ -127,13 +127,14 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// startWorkers starts a prefill worker and a 2-rank decode group on url.
-func startWorkers(t *testing.T, dir, url string, replicas int) *cluster.Cluster {
+// startWorkers starts a prefill worker and a 2-rank decode group on url,
+// registered with a TTL of ttl.
+func startWorkers(t *testing.T, dir, url string, replicas int, ttl time.Duration) *cluster.Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, Threads: 1,
-		Registry:      cp.RegistryConfig{TTL: 3 * time.Second, Replicas: replicas},
+		Registry:      cp.RegistryConfig{TTL: ttl, Replicas: replicas},
 		MeshHeartbeat: 100 * time.Millisecond, MeshIdle: 5 * time.Second,
 		Transfer: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second,
 			KeepAlive: 200 * time.Millisecond}})
@@ -302,7 +303,7 @@ func TestKill9DuringRunningJobs(t *testing.T) {
 	args := []string{"--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", data}
 	co := startCoordinator(t, args...)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	c := startWorkers(t, dir, url, 1)
+	c := startWorkers(t, dir, url, 1, 3*time.Second)
 
 	type spec struct {
 		n, out int
@@ -363,7 +364,7 @@ func Test50ClientsSurviveCoordinatorDowntime(t *testing.T) {
 	args := []string{"--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", data}
 	co := startCoordinator(t, args...)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	c := startWorkers(t, dir, url, 1)
+	c := startWorkers(t, dir, url, 1, 3*time.Second)
 
 	prompts := make([][]int32, 5)
 	wants := make([][]int32, 5)
@@ -418,10 +419,13 @@ func TestScaledOutControlPlane(t *testing.T) {
 		urls = append(urls, s.URL)
 	}
 	all := strings.Join(urls, ",")
-	replicated := []string{"--model", dir, "--nats-url", all, "--queue-replicas", "3", "--registry-replicas", "3"}
+	// A registry TTL longer than a failover: while the replicated buckets
+	// elect new leaders after the server dies, heartbeats wait, and a
+	// 3 s TTL would declare live workers dead (and fail their jobs).
+	replicated := []string{"--model", dir, "--nats-url", all, "--queue-replicas", "3", "--registry-replicas", "3", "--registry-ttl", "10s"}
 	co1 := startCoordinator(t, replicated...)
 	startCoordinator(t, replicated...)
-	c := startWorkers(t, dir, all, 3)
+	c := startWorkers(t, dir, all, 3, 10*time.Second)
 
 	var jobs []*job
 	for i := range 24 {
