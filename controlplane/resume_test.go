@@ -88,17 +88,20 @@ func TestResultsKeepFinalEvents(t *testing.T) {
 	}
 	ev := &JobEvent{JobID: "j1", Seq: 5, State: StateDone, Time: time.Unix(5, 0).UTC(), Submitted: time.Unix(1, 0).UTC(),
 		Output: &Output{TokenIDs: []int32{4, 5, 6}, Text: "abc", FinishReason: FinishLength}}
-	if err := r.Put(ctx, ev); err != nil {
+	if err := r.Put(ctx, "alice", ev); err != nil {
 		t.Fatal(err)
 	}
-	got, ok, err := r.Get(ctx, "j1")
+	got, ok, err := r.Get(ctx, "alice", "j1")
 	if err != nil || !ok || got.State != StateDone || !slices.Equal(got.Output.TokenIDs, ev.Output.TokenIDs) || got.Output.Text != "abc" {
 		t.Fatalf("get: %+v %v %v", got, ok, err)
 	}
-	if _, ok, err := r.Get(ctx, "j2"); ok || err != nil {
+	if _, ok, err := r.Get(ctx, "alice", "j2"); ok || err != nil {
 		t.Fatalf("an unknown job: %v %v", ok, err)
 	}
-	if err := r.Put(ctx, &JobEvent{JobID: "j3", Seq: 1, State: StateQueued, Time: time.Unix(1, 0)}); err == nil {
+	if _, ok, err := r.Get(ctx, "bob", "j1"); ok || err != nil {
+		t.Fatalf("another client's job: %v %v", ok, err)
+	}
+	if err := r.Put(ctx, "alice", &JobEvent{JobID: "j3", Seq: 1, State: StateQueued, Time: time.Unix(1, 0)}); err == nil {
 		t.Fatal("a job that has not ended has no result")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
@@ -117,6 +119,26 @@ func tail(s string, lines int) string {
 	return strings.Join(ls[max(len(ls)-lines, 0):], "\n")
 }
 
+// credentials writes a deployment's identities (coordinator, worker,
+// client) into a private directory, as the first `coordinator serve`
+// would, and returns the directory and the identities.
+func credentials(t *testing.T) (string, []cp.Identity) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "creds")
+	ids, err := cp.EnsureCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, ids
+}
+
+// connectAs connects to url as the identity of principal p among ids,
+// reconnecting forever (and waiting for a server that is down).
+func connectAs(ctx context.Context, url string, ids []cp.Identity, p cp.Principal, name string) (*nats.Conn, error) {
+	return cp.Connect(ctx, cp.Options{URL: url, Name: name, Identity: cp.Find(ids, p), MaxReconnects: -1,
+		ReconnectWait: 100 * time.Millisecond, RetryConnect: true})
+}
+
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -128,12 +150,12 @@ func freePort(t *testing.T) int {
 }
 
 // startWorkers starts a prefill worker and a 2-rank decode group on url,
-// registered with a TTL of ttl.
-func startWorkers(t *testing.T, dir, url string, replicas int, ttl time.Duration) *cluster.Cluster {
+// logged in with ids, registered with a TTL of ttl.
+func startWorkers(t *testing.T, dir, url string, ids []cp.Identity, replicas int, ttl time.Duration) *cluster.Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, Threads: 1,
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, Threads: 1, Identities: ids,
 		Registry:      cp.RegistryConfig{TTL: ttl, Replicas: replicas},
 		MeshHeartbeat: 100 * time.Millisecond, MeshIdle: 5 * time.Second,
 		Transfer: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second,
@@ -167,8 +189,9 @@ type job struct {
 	done     chan struct{}
 }
 
-// follow runs a client for req on its own connection to url.
-func follow(t *testing.T, url string, req cp.SubmitRequest, want []int32) *job {
+// follow runs a client for req on its own connection to url, as the
+// client identity among ids.
+func follow(t *testing.T, url string, ids []cp.Identity, req cp.SubmitRequest, want []int32) *job {
 	t.Helper()
 	j := &job{req: req, want: want, decoding: make(chan struct{}), queued: make(chan struct{}), done: make(chan struct{})}
 	var once, qonce sync.Once
@@ -177,7 +200,7 @@ func follow(t *testing.T, url string, req cp.SubmitRequest, want []int32) *job {
 		// A client started while the coordinator is down waits for it.
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		nc, err := cp.Connect(cctx, cp.Options{URL: url, Name: "client", MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond, RetryConnect: true})
+		nc, err := connectAs(cctx, url, ids, cp.PrincipalClient, "client")
 		if err != nil {
 			j.err = err
 			return
@@ -220,11 +243,11 @@ func (j *job) check(t *testing.T) {
 // its end: nothing can run again), the decode group holds no sequence and
 // the prefill worker no job: the positive sign that the system is at
 // rest.
-func settled(t *testing.T, url string, c *cluster.Cluster) {
+func settled(t *testing.T, url string, ids []cp.Identity, c *cluster.Cluster) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	nc, err := cp.Connect(ctx, cp.Options{URL: url, Name: "settle", MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond})
+	nc, err := connectAs(ctx, url, ids, cp.PrincipalCoordinator, "settle")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,10 +323,11 @@ func TestKill9DuringRunningJobs(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 1)
 	port, data := freePort(t), t.TempDir()
-	args := []string{"--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", data}
+	creds, ids := credentials(t)
+	args := []string{"--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", data, "--embedded-credentials-dir", creds}
 	co := startCoordinator(t, args...)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	c := startWorkers(t, dir, url, 1, 3*time.Second)
+	c := startWorkers(t, dir, url, ids, 1, 3*time.Second)
 
 	type spec struct {
 		n, out int
@@ -327,7 +351,7 @@ func TestKill9DuringRunningJobs(t *testing.T) {
 	start := func(rs []cp.SubmitRequest, ws [][]int32) {
 		var started []*job
 		for i := range rs {
-			started = append(started, follow(t, url, rs[i], ws[i]))
+			started = append(started, follow(t, url, ids, rs[i], ws[i]))
 		}
 		for _, j := range started {
 			<-j.decoding
@@ -341,7 +365,7 @@ func TestKill9DuringRunningJobs(t *testing.T) {
 	for _, j := range jobs {
 		j.check(t)
 	}
-	settled(t, url, c)
+	settled(t, url, ids, c)
 	ranOnce(t, c, jobs)
 	t.Logf("%d of %d jobs reported by the restarted coordinator as adopted", adopted(jobs), len(jobs))
 	if adopted(jobs) == 0 {
@@ -361,10 +385,11 @@ func Test50ClientsSurviveCoordinatorDowntime(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 1)
 	port, data := freePort(t), t.TempDir()
-	args := []string{"--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", data}
+	creds, ids := credentials(t)
+	args := []string{"--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", data, "--embedded-credentials-dir", creds}
 	co := startCoordinator(t, args...)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	c := startWorkers(t, dir, url, 1, 3*time.Second)
+	c := startWorkers(t, dir, url, ids, 1, 3*time.Second)
 
 	prompts := make([][]int32, 5)
 	wants := make([][]int32, 5)
@@ -373,7 +398,7 @@ func Test50ClientsSurviveCoordinatorDowntime(t *testing.T) {
 		wants[i] = ref.Greedy(t, prompts[i], 40)
 	}
 	submit := func(i int) *job {
-		return follow(t, url, cp.SubmitRequest{TokenIDs: prompts[i%5], Sampling: cp.Sampling{MaxTokens: 40}, Policy: cp.PolicyLocal}, wants[i%5])
+		return follow(t, url, ids, cp.SubmitRequest{TokenIDs: prompts[i%5], Sampling: cp.Sampling{MaxTokens: 40}, Policy: cp.PolicyLocal}, wants[i%5])
 	}
 	var jobs []*job
 	for i := range 40 {
@@ -391,7 +416,7 @@ func Test50ClientsSurviveCoordinatorDowntime(t *testing.T) {
 	for _, j := range jobs {
 		j.check(t)
 	}
-	settled(t, url, c)
+	settled(t, url, ids, c)
 	ranOnce(t, c, jobs)
 	recovered := 0
 	for _, j := range jobs {
@@ -413,7 +438,13 @@ func TestScaledOutControlPlane(t *testing.T) {
 	}
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 1)
-	servers := natstest.Cluster(t, 3)
+	creds, ids := credentials(t)
+	auth, err := cp.ServerAuthorization(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord := cp.Find(ids, cp.PrincipalCoordinator)
+	servers := natstest.Cluster(t, 3, auth, nats.UserInfo(coord.User, coord.Password))
 	var urls []string
 	for _, s := range servers {
 		urls = append(urls, s.URL)
@@ -422,10 +453,10 @@ func TestScaledOutControlPlane(t *testing.T) {
 	// A registry TTL longer than a failover: while the replicated buckets
 	// elect new leaders after the server dies, heartbeats wait, and a
 	// 3 s TTL would declare live workers dead (and fail their jobs).
-	replicated := []string{"--model", dir, "--nats-url", all, "--queue-replicas", "3", "--registry-replicas", "3", "--registry-ttl", "10s"}
+	replicated := []string{"--model", dir, "--nats-url", all, "--nats-credentials", cp.IdentityFile(creds, cp.PrincipalCoordinator), "--queue-replicas", "3", "--registry-replicas", "3", "--registry-ttl", "10s"}
 	co1 := startCoordinator(t, replicated...)
 	startCoordinator(t, replicated...)
-	c := startWorkers(t, dir, all, 3, 10*time.Second)
+	c := startWorkers(t, dir, all, ids, 3, 10*time.Second)
 
 	var jobs []*job
 	for i := range 24 {
@@ -435,7 +466,7 @@ func TestScaledOutControlPlane(t *testing.T) {
 		}
 		p := prompt(n, 200+i)
 		// Each client on one server, so that some lose theirs.
-		jobs = append(jobs, follow(t, urls[i%3], cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 200}, Policy: policy},
+		jobs = append(jobs, follow(t, urls[i%3], ids, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 200}, Policy: policy},
 			ref.Greedy(t, p, 200)))
 	}
 	// Kill when a third of the jobs decode, the others queued or running.
@@ -450,7 +481,7 @@ func TestScaledOutControlPlane(t *testing.T) {
 	for _, j := range jobs {
 		j.check(t)
 	}
-	settled(t, urls[0], c)
+	settled(t, urls[0], ids, c)
 	ranOnce(t, c, jobs)
 	t.Logf("%d of %d jobs adopted by the surviving coordinator", adopted(jobs), len(jobs))
 }

@@ -99,8 +99,10 @@ func (p *Process) Kill() {
 }
 
 // Cluster runs n nats-server processes clustered on loopback (JetStream
-// on each) and returns them once JetStream answers on every one.
-func Cluster(tb testing.TB, n int) []*Process {
+// on each) with extra appended to each configuration (an authorization
+// block), and returns them once JetStream answers on every one to a
+// connection made with opts.
+func Cluster(tb testing.TB, n int, extra string, opts ...nats.Option) []*Process {
 	tb.Helper()
 	var routes []string
 	var ls []net.Listener
@@ -115,8 +117,9 @@ func Cluster(tb testing.TB, n int) []*Process {
 	for _, l := range ls {
 		_ = l.Close()
 	}
+	opts = append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)
 	connects := func(url string) error {
-		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+		nc, err := nats.Connect(url, opts...)
 		if err == nil {
 			nc.Close()
 		}
@@ -124,14 +127,14 @@ func Cluster(tb testing.TB, n int) []*Process {
 	}
 	var ps []*Process
 	for i := range n {
-		extra := fmt.Sprintf("server_name: n%d\ncluster {\n  name: tandem-test\n  listen: %q\n  routes: [%s]\n}\n",
-			i, strings.TrimPrefix(routes[i], "nats-route://"), strings.Join(routes, ", "))
-		ps = append(ps, StartProcess(tb, Config{Extra: extra, Ready: connects}))
+		conf := fmt.Sprintf("server_name: n%d\ncluster {\n  name: tandem-test\n  listen: %q\n  routes: [%s]\n}\n%s",
+			i, strings.TrimPrefix(routes[i], "nats-route://"), strings.Join(routes, ", "), extra)
+		ps = append(ps, StartProcess(tb, Config{Extra: conf, Ready: connects}))
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for _, p := range ps {
 		for {
-			err := jetStreamReady(p.URL)
+			err := jetStreamReady(p.URL, opts...)
 			if err == nil {
 				break
 			}
@@ -180,7 +183,7 @@ func StartProcess(tb testing.TB, cfg Config) *Process {
 	}
 	ready := cfg.Ready
 	if ready == nil {
-		ready = jetStreamReady
+		ready = func(url string) error { return jetStreamReady(url) }
 	}
 	portsFile := filepath.Join(portsDir, fmt.Sprintf("%s_%d.ports", filepath.Base(bin), cmd.Process.Pid))
 	deadline := time.Now().Add(20 * time.Second)
@@ -217,9 +220,10 @@ func StartProcess(tb testing.TB, cfg Config) *Process {
 	}
 }
 
-// jetStreamReady checks that JetStream answers a plain connection.
-func jetStreamReady(url string) error {
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+// jetStreamReady checks that JetStream answers a plain connection (or one
+// made with opts).
+func jetStreamReady(url string, opts ...nats.Option) error {
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)...)
 	if err != nil {
 		return err
 	}
