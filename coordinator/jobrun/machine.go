@@ -116,6 +116,13 @@ func (m *Machine) Ended() bool { return m.phase == phaseEnded }
 // job back.
 func (m *Machine) Final() *cp.JobEvent { return m.final }
 
+// Speaks reports whether worker speaks for the job: it is the decode
+// group's head or the prefill worker the job was assigned to (or adopted
+// from). Reports of any other worker are ignored.
+func (m *Machine) Speaks(worker string) bool {
+	return worker != "" && (worker == m.head || worker == m.prefill)
+}
+
 // Next is when the run next needs a Tick (zero: no timer runs).
 func (m *Machine) Next() time.Time {
 	var next time.Time

@@ -214,6 +214,11 @@ func (r *run) eventOf(msg message) jobrun.Event {
 	case msg.lost != "":
 		return jobrun.WorkerLost{At: time.Now(), Worker: msg.lost, Reason: msg.reason, Since: msg.since}
 	default:
+		if !r.m.Speaks(msg.progress.WorkerID) {
+			// Only the workers holding the job speak for it.
+			r.log.Warn("progress report ignored: the worker does not hold the job", zap.String("worker", msg.progress.WorkerID),
+				zap.String("stage", string(msg.progress.Stage)))
+		}
 		return jobrun.Report{At: msg.at, P: msg.progress}
 	}
 }
