@@ -142,6 +142,7 @@ func TestUnknownSessionRefused(t *testing.T) {
 // TestImpostorServerRefused: a server that does not know the secret cannot
 // produce the WELCOME proof, and the sender sends it nothing.
 func TestImpostorServerRefused(t *testing.T) {
+	onTCP(t) // a raw TCP impostor
 	ln, err := (&TCP{}).Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

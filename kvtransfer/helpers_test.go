@@ -73,7 +73,9 @@ func newRig(t *testing.T, name string, ranks int, sc ServerConfig) *rig {
 	if suiteTransport == "rdma-fake" {
 		fab = fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
 	}
-	return newRigOn(t, name, ranks, sc, fab, rdma.Config{})
+	// 64 slots of 32 KiB (Apple's 512-frame depth, as 16 of 128 KiB): every
+	// frame fills at least one slot, and the suites send many small ones.
+	return newRigOn(t, name, ranks, sc, fab, rdma.Config{SlotSize: 32 << 10, Slots: 64, Reserve: 8})
 }
 
 // newRigOn is newRig over the RDMA link on fab (TCP when fab is nil).
