@@ -3,7 +3,9 @@
 // dense SiTU FFN, Stable LatentMoE, Attention Residuals) written against a
 // kernels.Backend, and the per-sequence state that prefill hands to decode.
 //
-// Section numbers in comments refer to ../shared/K3-SPEC.md.
+// Section numbers in comments refer to the K3 specification the code was written from
+// (the released config.json and modeling code); docs/ARCHITECTURE.md says what
+// the code relies on.
 package model
 
 import "github.com/tandem-inference/tandem/internal/modelconfig"

@@ -53,7 +53,7 @@ func (d DType) Size() int {
 }
 
 // PartKind names one piece of a layer's decode state (the state contract of
-// ../shared/DESIGN.md and spec §4).
+// docs/ARCHITECTURE.md and spec §4).
 type PartKind uint8
 
 const (

@@ -10,7 +10,7 @@ import (
 	"github.com/tandem-inference/tandem/model/synth"
 )
 
-// The published K3 arithmetic (../shared/ANCHORS.md, K3-SPEC §5.1) that the
+// The published K3 arithmetic (docs/HARDWARE.md, from K3's released config) that the
 // projection must reproduce from the profiles in configs/hardware.
 
 var (
@@ -110,8 +110,7 @@ func TestK3TTFTAt300kTokens(t *testing.T) {
 	macs := idle(t, k3Setup(t, ""), router.Local, 300000)
 	between(t, "macs 300k TTFT (min)", macs.TTFT.Minutes(), 50, 85)
 	// The state streams during the pass: 27,648 B/token of latent rows
-	// (8.29 GB for 300k tokens; ANCHORS.md rounds it to 7.4, DESIGN.md to
-	// 7.8) plus 434 MB of KDA state and 30 MB of fp32 conv tails. Only the
+	// (8.29 GB for 300k tokens; the published figures round it to 7.4-7.8) plus 434 MB of KDA state and 30 MB of fp32 conv tails. Only the
 	// last layer's 346 MB is left after the pass: ~0.3 s at 10 GbE.
 	for _, j := range []JobResult{r5090, h200} {
 		if want := k3(t).StateBytes(299999); j.Bytes != want {

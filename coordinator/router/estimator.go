@@ -7,7 +7,7 @@ import (
 
 // Estimator keeps the cost model's rates as exponentially weighted moving
 // averages of measured job figures, starting from seed values (config, or
-// ../shared/ANCHORS.md for the real cluster). Safe for concurrent use.
+// docs/HARDWARE.md for the real cluster). Safe for concurrent use.
 type Estimator struct {
 	alpha float64
 

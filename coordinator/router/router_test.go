@@ -10,7 +10,7 @@ import (
 // k3 is the full K3 shape (BF16 latent rows): 24 MLA, 69 KDA layers.
 var k3 = ShapeOf(24, 69, 512, 64, 2, 96, 128, 4, true)
 
-// rtx5090 seeds from ../shared/ANCHORS.md: a 28 s pass floor, ~800 tok/s
+// rtx5090 seeds from the published figures (docs/HARDWARE.md): a 28 s pass floor, ~800 tok/s
 // prefill, 10 GbE, 4 Macs prefilling at ~75 tok/s.
 var rtx5090 = Rates{
 	PassFloor: 28 * time.Second, PrefillTokPerS: 800, LocalPrefillTokPerS: 75,
@@ -47,7 +47,7 @@ func TestShortPromptsStayLocalLongGoRemote(t *testing.T) {
 }
 
 func TestBreakEvenNearAnchors(t *testing.T) {
-	// ANCHORS.md: break-even at roughly 1.5k-5k uncached tokens.
+	// docs/HARDWARE.md: break-even at roughly 1.5k-5k uncached tokens.
 	n := BreakEven(rtx5090, k3, 1<<20)
 	if n < 1500 || n > 5000 {
 		t.Fatalf("break-even %d tokens, want 1.5k-5k", n)
