@@ -1,6 +1,7 @@
 // Package router is the coordinator's cost model (docs/ARCHITECTURE.md):
-// for each job it predicts the time to first token of prefilling on the GPU box and shipping the state (remote) against prefilling on the
-// decode group itself (local), and picks by policy. It is pure logic: the
+// for each job it predicts the time to first token of prefilling on the GPU
+// box and shipping the state (remote) against prefilling on the decode group
+// itself (local), and picks by policy. It is pure logic: the
 // coordinator feeds it the current load and measured rates; the simulator
 // drives the same code.
 package router
