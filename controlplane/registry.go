@@ -45,15 +45,7 @@ func OpenRegistry(ctx context.Context, nc *nats.Conn, cfg RegistryConfig) (*Regi
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("worker registry: %w", err)
-	}
-	storage := jetstream.FileStorage
-	if cfg.Memory {
-		storage = jetstream.MemoryStorage
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := openBucket(ctx, nc, cfg.Memory, jetstream.KeyValueConfig{
 		Bucket:      cfg.Bucket,
 		Description: "tandem workers: key = worker id, value = WorkerInfo (msgpack)",
 		History:     1,
@@ -61,7 +53,6 @@ func OpenRegistry(ctx context.Context, nc *nats.Conn, cfg RegistryConfig) (*Regi
 		// With limit markers the server writes a marker when a key
 		// expires, so watchers learn of the expiry instead of silence.
 		LimitMarkerTTL: cfg.TTL,
-		Storage:        storage,
 		Replicas:       cfg.Replicas,
 		MaxValueSize:   64 << 10,
 	})
@@ -278,4 +269,18 @@ func toChange(e jetstream.KeyValueEntry) WorkerChange {
 		c.Op = WorkerExpired
 	}
 	return c
+}
+
+// openBucket creates a key-value bucket, or updates it to c when it exists,
+// on file storage or, for tests and the demo, in memory.
+func openBucket(ctx context.Context, nc *nats.Conn, memory bool, c jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.Storage = jetstream.FileStorage
+	if memory {
+		c.Storage = jetstream.MemoryStorage
+	}
+	return js.CreateOrUpdateKeyValue(ctx, c)
 }

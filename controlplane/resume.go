@@ -143,20 +143,11 @@ func OpenResults(ctx context.Context, nc *nats.Conn, cfg ResultsConfig) (*Result
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("job results: %w", err)
-	}
-	storage := jetstream.FileStorage
-	if cfg.Memory {
-		storage = jetstream.MemoryStorage
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := openBucket(ctx, nc, cfg.Memory, jetstream.KeyValueConfig{
 		Bucket:       cfg.Bucket,
 		Description:  "tandem finished jobs: key = <client>.<job id>, value = the final JobEvent (msgpack)",
 		History:      1,
 		TTL:          cfg.TTL,
-		Storage:      storage,
 		Replicas:     cfg.Replicas,
 		MaxValueSize: MaxMessageSize,
 	})
