@@ -45,11 +45,13 @@ export TANDEM_TEST_CACHE="${TANDEM_TEST_CACHE:-$root/.cache/test-models}"
 go test -timeout 20m ./...
 
 echo "== go test for GOARCH=arm64 under qemu-user (the decode workers' architecture)"
-# exp/tanh bits and accuracy on arm64; model's TestCrossArchBits (in the
-# go test run above) compares a whole checkpoint's logits and state with an
-# arm64 run. The packages' whole suites under qemu do not fit the budget yet.
+# exp/tanh bits and accuracy and a seeded sampler's draws on arm64; model's
+# TestCrossArchBits (in the go test run above) compares a whole checkpoint's
+# logits and state with an arm64 run. The packages' whole suites under qemu
+# do not fit the budget yet.
 if [ "$(go env GOARCH)" != arm64 ] && command -v qemu-aarch64-static >/dev/null; then
-	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m -run 'TestExp' ./kernels/cpu
+	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m ./internal/expmath
+	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m -run 'TestSampleDigest' ./decode-worker/sampling
 else
 	echo "skipped: qemu-aarch64-static not found (scripts/setup.sh installs Debian's qemu-user-static)" >&2
 fi

@@ -3,13 +3,18 @@
 //
 // A Sampler is deterministic: the same parameters, seed and logits give the
 // same tokens on every rank count and batch composition, because logits do
-// not depend on the batch and every sum runs in a fixed order in float64.
+// not depend on the batch and every sum runs in a fixed order in float64;
+// and on amd64 and arm64 alike, because the weights come from
+// internal/expmath's exp, not math.Exp (whose last bits differ between the
+// two), and no product here feeds a sum the compiler could fuse.
 package sampling
 
 import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+
+	"github.com/tandem-inference/tandem/internal/expmath"
 )
 
 // Limits of the parameters (the control plane's are the same or tighter).
@@ -105,7 +110,7 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	s.w = s.w[:0]
 	total := 0.0
 	for _, i := range cand {
-		w := math.Exp(float64(logits[i]-maxl) * invT)
+		w := expmath.Exp(float64(logits[i]-maxl) * invT)
 		s.w = append(s.w, w)
 		total += w
 	}

@@ -9,10 +9,11 @@
 // GODEBUG=cpu.avx2=off). Every set computes the same bits: the assembly
 // vectorises across independent outputs only, never reorders a sum, and
 // reproduces the scalar code's roundings (including exp and tanh,
-// expmath.go); tests compare them on random inputs. The portable code gives
-// the same bits on amd64 and arm64: it calls math.FMA where it fuses and
-// rounds every other product (float64()) before the sum it feeds, since Go
-// fuses a*b+c on arm64 and not on amd64, and it uses its own exp and tanh.
+// internal/expmath); tests compare them on random inputs. The portable
+// code gives the same bits on amd64 and arm64: it calls math.FMA where it
+// fuses and rounds every other product (float64()) before the sum it
+// feeds, since Go fuses a*b+c on arm64 and not on amd64, and it takes exp
+// and tanh from internal/expmath, not package math.
 package cpu
 
 import (

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tandem-inference/tandem/internal/expmath"
 	"github.com/tandem-inference/tandem/kernels"
 )
 
@@ -13,7 +14,7 @@ func sameShape(op string, a, b *kernels.Tensor) {
 	}
 }
 
-func sigmoid(x float32) float32 { return float32(1 / (1 + exp(-float64(x)))) }
+func sigmoid(x float32) float32 { return float32(1 / (1 + expmath.Exp(-float64(x)))) }
 
 // sigmoidGo sets dst[i] = sigmoid(src[i]); dst may be src.
 func sigmoidGo(dst, src []float32) {
@@ -133,7 +134,7 @@ func (b *Backend) MulSigmoid(x, gate *kernels.Tensor) {
 // situ is SiTU-GLU of one (gate, up) pair (spec §3.5): the sigmoid takes the
 // uncapped gate.
 func situ(g, u, beta1, beta2 float64) float64 {
-	return beta1 * tanh(g/beta1) * (1 / (1 + exp(-g))) * beta2 * tanh(u/beta2)
+	return beta1 * expmath.Tanh(g/beta1) * (1 / (1 + expmath.Exp(-g))) * beta2 * expmath.Tanh(u/beta2)
 }
 
 // AttnResMix is Block Attention Residuals' depth mix (spec §3.2).
@@ -161,7 +162,7 @@ func (b *Backend) AttnResMix(dst *kernels.Tensor, sources []*kernels.Tensor, pro
 			}
 			var sum float64
 			for j := range scores {
-				scores[j] = exp(scores[j] - maxs)
+				scores[j] = expmath.Exp(scores[j] - maxs)
 				sum += scores[j]
 			}
 			out := dst.Row(r)

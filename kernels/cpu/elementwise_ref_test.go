@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"github.com/tandem-inference/tandem/internal/expmath"
 	"github.com/tandem-inference/tandem/kernels"
 )
 
@@ -33,12 +34,12 @@ func refKDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower float32) {
 	heads := z.Cols / headDim
 	a := make([]float64, heads)
 	for h := range a {
-		a[h] = exp(float64(aLog[h]))
+		a[h] = expmath.Exp(float64(aLog[h]))
 	}
 	for r := 0; r < z.Rows; r++ {
 		row := z.Row(r)
 		for i, v := range row {
-			row[i] = lower * float32(1/(1+exp(-a[i/headDim]*float64(v))))
+			row[i] = lower * float32(1/(1+expmath.Exp(-a[i/headDim]*float64(v))))
 		}
 	}
 }

@@ -9,20 +9,21 @@ import (
 	"testing"
 )
 
-// TestNoImplicitFusion compiles the reference's numeric packages for arm64
+// TestNoImplicitFusion compiles the numeric packages (the reference's, its
+// exp and tanh, and the decode workers' sampling) for arm64
 // and checks that every fused multiply-add in them comes from an explicit
 // math.FMA: Go fuses a*b+c on arm64 (never on amd64), and a fusion nobody
 // wrote changes the bits in the last place, which fp32 rounding hides from
 // most end-to-end comparisons (TestCrossArchBits) but not from all.
 func TestNoImplicitFusion(t *testing.T) {
 	if testing.Short() {
-		t.Skip("compiles four packages for arm64")
+		t.Skip("compiles six packages for arm64")
 	}
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command")
 	}
-	pkgs := []string{".", "../../mxfp", "../../model", "../../model/synth"}
+	pkgs := []string{".", "../../internal/expmath", "../../mxfp", "../../model", "../../model/synth", "../../decode-worker/sampling"}
 	cmd := exec.Command(gobin, append([]string{"build", "-o", os.DevNull, "-gcflags=-S"}, pkgs...)...)
 	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=arm64", "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/tandem-inference/tandem/internal/expmath"
 	"github.com/tandem-inference/tandem/kernels"
 )
 
@@ -60,7 +61,7 @@ func (b *Backend) KDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower 
 	}
 	negA := make([]float64, heads)
 	for h := range negA {
-		negA[h] = -exp(float64(aLog[h]))
+		negA[h] = -expmath.Exp(float64(aLog[h]))
 	}
 	for r := 0; r < z.Rows; r++ {
 		row := z.Row(r)
@@ -73,7 +74,7 @@ func (b *Backend) KDAGate(z *kernels.Tensor, aLog []float32, headDim int, lower 
 // gateGo sets x[i] = lower·σ(−negA·x[i]) as KDAGate defines it.
 func gateGo(x []float32, negA float64, lower float32) {
 	for i, v := range x {
-		x[i] = lower * float32(1/(1+exp(negA*float64(v))))
+		x[i] = lower * float32(1/(1+expmath.Exp(negA*float64(v))))
 	}
 }
 
@@ -170,7 +171,7 @@ func (hv *kdaHead) recurrent(span kernels.Span, w *kdaWork) {
 		beta := hv.betaAt(t)
 		clear(r)
 		for c := 0; c < dk; c++ {
-			w.ks.decayRead(S[c*dv:(c+1)*dv], r, exp(float64(g[c])), float64(k[c]))
+			w.ks.decayRead(S[c*dv:(c+1)*dv], r, expmath.Exp(float64(g[c])), float64(k[c]))
 		}
 		for j := range r {
 			r[j] = beta * (float64(v[j]) - r[j])
@@ -211,7 +212,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 					G += gam[(i-1)*dk+c]
 				}
 				gam[i*dk+c] = G
-				e, ei := exp(G), exp(-G)
+				e, ei := expmath.Exp(G), expmath.Exp(-G)
 				kp[i*dk+c] = float64(k[c]) * e
 				kn[i*dk+c] = float64(k[c]) * ei
 				qp[i*dk+c] = float64(q[c]) * e
@@ -283,7 +284,7 @@ func (hv *kdaHead) chunked(span kernels.Span, C int, w *kdaWork) {
 		// S ← e^{Γ_C} ⊙rows S + Σ_i (k_i ⊙ e^{Γ_C−Γ_i}) Ṽ_iᵀ.
 		last := (n - 1) * dk
 		for c := 0; c < dk; c++ {
-			eC := exp(gam[last+c])
+			eC := expmath.Exp(gam[last+c])
 			w.decayC[c] = eC
 			w.ks.scal(S[c*dv:(c+1)*dv], eC)
 		}

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 
+	"github.com/tandem-inference/tandem/internal/expmath"
 	"github.com/tandem-inference/tandem/kernels"
 )
 
@@ -83,7 +84,7 @@ func (hv *refKDAHead) recurrent(span kernels.Span, w *refKDAWork) {
 		beta := hv.betaAt(t)
 		clear(r)
 		for c := 0; c < dk; c++ {
-			a := exp(float64(g[c]))
+			a := expmath.Exp(float64(g[c]))
 			row := S[c*dv : (c+1)*dv]
 			kc := float64(k[c])
 			for j := range row {
@@ -134,7 +135,7 @@ func (hv *refKDAHead) chunked(span kernels.Span, C int, w *refKDAWork) {
 					G += gam[(i-1)*dk+c]
 				}
 				gam[i*dk+c] = G
-				e, ei := exp(G), exp(-G)
+				e, ei := expmath.Exp(G), expmath.Exp(-G)
 				kp[i*dk+c] = float64(k[c]) * e
 				kn[i*dk+c] = float64(k[c]) * ei
 				qp[i*dk+c] = float64(q[c]) * e
@@ -225,7 +226,7 @@ func (hv *refKDAHead) chunked(span kernels.Span, C int, w *refKDAWork) {
 		// S ← e^{Γ_C} ⊙rows S + Σ_i (k_i ⊙ e^{Γ_C−Γ_i}) Ṽ_iᵀ.
 		last := (n - 1) * dk
 		for c := 0; c < dk; c++ {
-			eC := exp(gam[last+c])
+			eC := expmath.Exp(gam[last+c])
 			w.decayC[c] = eC
 			row := S[c*dv : (c+1)*dv]
 			for j := range row {

@@ -49,7 +49,7 @@ type kernelSet struct {
 	kdaDots func(l, a, kp, qp, knT []float64, ld, nj int)
 
 	// situ sets g[i] = situ(g[i], u[i], b1, b2) (elementwise.go), with
-	// exactly exp's and tanh's bits (expmath.go).
+	// exactly exp's and tanh's bits (internal/expmath).
 	situ func(g, u []float64, b1, b2 float64)
 	// sigmoid sets dst[i] = sigmoid(src[i]) (dst may be src); gate is
 	// KDAGate's map of one head (kda.go). Both with exp's bits.

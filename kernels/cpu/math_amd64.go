@@ -1,6 +1,10 @@
 package cpu
 
-import "golang.org/x/sys/cpu"
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/tandem-inference/tandem/internal/expmath"
+)
 
 // Vector exp, tanh and SiTU of math_amd64.s.
 
@@ -20,7 +24,7 @@ func gateAVX2(x *float32, n int, negA float64, lower float32)
 func situAVX2(gs, us *float64, n int, beta1, beta2 float64)
 
 // vecMathOK reports whether the four-lane exp and tanh reproduce exp and
-// tanh (expmath.go), the reference's definitions, on the probes: they run
+// tanh (internal/expmath), the reference's definitions, on the probes: they run
 // the same steps (math's amd64 FMA algorithm), so a disagreement is a bug
 // and SiTU, sigmoid and the gate fall back to the scalar functions.
 var (
@@ -29,14 +33,15 @@ var (
 )
 
 func vecMathAgrees() bool {
-	n := (len(vecMathProbes) + 3) &^ 3
+	probes := expmath.Probes()
+	n := (len(probes) + 3) &^ 3
 	src := make([]float64, n)
-	copy(src, vecMathProbes)
+	copy(src, probes)
 	e, th := make([]float64, n), make([]float64, n)
 	expAVX2(&e[0], &src[0], n)
 	tanhAVX2(&th[0], &src[0], n)
 	for i, x := range src {
-		if !sameFloat(e[i], exp(x)) || !sameFloat(th[i], tanh(x)) {
+		if !sameFloat(e[i], expmath.Exp(x)) || !sameFloat(th[i], expmath.Tanh(x)) {
 			return false
 		}
 	}

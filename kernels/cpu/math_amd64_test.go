@@ -4,12 +4,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/tandem-inference/tandem/internal/expmath"
 )
 
 // mathInputs are exponent-uniform values of both signs over the ranges
 // exp and tanh branch on, plus the probes.
 func mathInputs(rng *rand.Rand, n int) []float64 {
-	x := append([]float64(nil), vecMathProbes...)
+	x := expmath.Probes()
 	for len(x) < n/2 {
 		x = append(x, -750+1462*rng.Float64()) // exp's whole finite range, subnormals included
 	}
@@ -24,7 +26,7 @@ func mathInputs(rng *rand.Rand, n int) []float64 {
 }
 
 // TestVecMathMatchesMath: the four-lane exp and tanh and the fused SiTU
-// return the bits of exp and tanh (expmath.go) on 2^18 inputs (probes included).
+// return the bits of exp and tanh (internal/expmath) on 2^18 inputs (probes included).
 func TestVecMathMatchesMath(t *testing.T) {
 	if archKernels() == nil || !vecMathCPU {
 		t.Skip("no vector exp/tanh on this CPU")
@@ -38,11 +40,11 @@ func TestVecMathMatchesMath(t *testing.T) {
 	expAVX2(&e[0], &x[0], len(x))
 	tanhAVX2(&th[0], &x[0], len(x))
 	for i, v := range x {
-		if !sameFloat(e[i], exp(v)) {
-			t.Fatalf("expAVX2(%v) = %v (%#x), exp gives %v (%#x)", v, e[i], math.Float64bits(e[i]), exp(v), math.Float64bits(exp(v)))
+		if !sameFloat(e[i], expmath.Exp(v)) {
+			t.Fatalf("expAVX2(%v) = %v (%#x), exp gives %v (%#x)", v, e[i], math.Float64bits(e[i]), expmath.Exp(v), math.Float64bits(expmath.Exp(v)))
 		}
-		if !sameFloat(th[i], tanh(v)) {
-			t.Fatalf("tanhAVX2(%v) = %v (%#x), tanh gives %v (%#x)", v, th[i], math.Float64bits(th[i]), tanh(v), math.Float64bits(tanh(v)))
+		if !sameFloat(th[i], expmath.Tanh(v)) {
+			t.Fatalf("tanhAVX2(%v) = %v (%#x), tanh gives %v (%#x)", v, th[i], math.Float64bits(th[i]), expmath.Tanh(v), math.Float64bits(expmath.Tanh(v)))
 		}
 	}
 	u := mathInputs(rng, len(x)+3)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tandem-inference/tandem/internal/expmath"
 	"github.com/tandem-inference/tandem/kernels"
 )
 
@@ -93,7 +94,7 @@ func (b *Backend) mlaExpanded(o, q *kernels.Tensor, span kernels.Span, cache ker
 				a := acc[(i*heads+h)*vdim:][:vdim]
 				old := mx[i*heads+h]
 				if m > old && !math.IsInf(old, -1) {
-					f := exp(old - m)
+					f := expmath.Exp(old - m)
 					sum[i*heads+h] *= f
 					for j := range a {
 						a[j] *= f
@@ -101,7 +102,7 @@ func (b *Backend) mlaExpanded(o, q *kernels.Tensor, span kernels.Span, cache ker
 				}
 				mx[i*heads+h] = m
 				for s := 0; s < last; s++ {
-					e := exp(sc[s] - m)
+					e := expmath.Exp(sc[s] - m)
 					sum[i*heads+h] += e
 					vr := kv.Data[s*kv.Cols+h*hw+nope:][:vdim]
 					for j, x := range vr {
@@ -170,7 +171,7 @@ func (b *Backend) mlaAbsorbed(o, q *kernels.Tensor, span kernels.Span, cache ker
 			var sum float64
 			clear(olat)
 			for s := 0; s <= p; s++ {
-				e := exp(sc[s] - m)
+				e := expmath.Exp(sc[s] - m)
 				sum += e
 				r := lat[s*cache.Cols:][:lora]
 				for l, x := range r {

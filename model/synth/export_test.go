@@ -1,3 +1,5 @@
 package synth
 
 var LogPortable = logPortable
+
+var RoundLog2 = roundLog2

@@ -170,12 +170,25 @@ var e2m1RMS = math.Sqrt((0 + 0.25 + 1 + 2.25 + 4 + 9 + 16 + 36) / 8)
 // that gives that, spread over four values.
 func mxfp4(base string, rows, cols int64, target, inRMS float64) []Tensor {
 	want := target / (e2m1RMS * math.Sqrt(float64(cols)) * inRMS)
-	s := 127 + int(math.Round(math.Log2(want)))
+	s := 127 + roundLog2(want)
 	lo := max(1, min(250, s-2))
 	return []Tensor{
 		{Name: base + ".weight_packed", DType: safetensors.U8, Shape: []int64{rows, cols / 2}, Kind: KindPacked},
 		{Name: base + ".weight_scale", DType: safetensors.U8, Shape: []int64{rows, cols / 32}, Kind: KindScale, Lo: lo, Hi: lo + 3},
 	}
+}
+
+// roundLog2 is math.Round(math.Log2(x)) for positive finite x, computed
+// exactly so that a checkpoint's scales do not depend on the machine that
+// wrote it (math.Log2's last bit differs between amd64 and arm64): x =
+// f·2^e with f in [0.5, 1) rounds to e when f ≥ 1/√2. math.Sqrt2/2 is
+// above 1/√2 and no float64 lies between them, so the comparison is exact.
+func roundLog2(x float64) int {
+	f, e := math.Frexp(x)
+	if f >= math.Sqrt2/2 {
+		return e
+	}
+	return e - 1
 }
 
 // visionConfig is the part of the released vision_config that sizes the

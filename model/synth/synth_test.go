@@ -260,3 +260,25 @@ func TestLogPortable(t *testing.T) {
 		}
 	}
 }
+
+// roundLog2 is math.Round(math.Log2(x)), exactly: on the sides of every
+// half-integer power of two, and equal to math's on exponent-uniform
+// values (where math.Log2 is off by a bit only next to those sides).
+func TestRoundLog2(t *testing.T) {
+	for k := -1020; k <= 1020; k += 7 {
+		at := math.Ldexp(math.Sqrt2/2, k) // just above 2^(k-0.5)
+		if got := synth.RoundLog2(at); got != k {
+			t.Fatalf("roundLog2(%v) = %d, want %d", at, got, k)
+		}
+		if got := synth.RoundLog2(math.Nextafter(at, 0)); got != k-1 {
+			t.Fatalf("roundLog2(%v) = %d, want %d", math.Nextafter(at, 0), got, k-1)
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i < 1<<16; i++ {
+		x := math.Ldexp(0.5+0.5*rng.Float64(), rng.IntN(200)-100)
+		if got, want := synth.RoundLog2(x), int(math.Round(math.Log2(x))); got != want {
+			t.Fatalf("roundLog2(%v) = %d, math %d", x, got, want)
+		}
+	}
+}

@@ -1,4 +1,4 @@
-package cpu
+package expmath
 
 import (
 	"crypto/sha256"
@@ -17,7 +17,7 @@ import (
 // (subnormal results included), tanh's branches and the probes.
 func expInputs(n int) []float64 {
 	rng := rand.New(rand.NewPCG(5, 6))
-	x := append([]float64(nil), vecMathProbes...)
+	x := Probes()
 	for len(x) < n/2 {
 		x = append(x, -750+float64(1462*rng.Float64())) // rounded as on amd64: arm64 would fuse
 	}
@@ -31,18 +31,18 @@ func expInputs(n int) []float64 {
 	return x
 }
 
-// On amd64 CPUs with FMA, exp and tanh return math.Exp's and math.Tanh's
+// On amd64 CPUs with FMA, Exp and Tanh return math.Exp's and math.Tanh's
 // bits: the reference's results from before it had its own are unchanged.
 func TestExpTanhMatchMathOnAMD64(t *testing.T) {
 	if runtime.GOARCH != "amd64" || !cpu.X86.HasFMA || !cpu.X86.HasAVX {
 		t.Skip("math.Exp takes its FMA branch only on amd64 CPUs with AVX and FMA")
 	}
 	for _, v := range expInputs(1 << 18) {
-		if !sameFloat(exp(v), math.Exp(v)) {
-			t.Fatalf("exp(%v) = %v, math.Exp %v", v, exp(v), math.Exp(v))
+		if !sameFloat(Exp(v), math.Exp(v)) {
+			t.Fatalf("Exp(%v) = %v, math.Exp %v", v, Exp(v), math.Exp(v))
 		}
-		if !sameFloat(tanh(v), math.Tanh(v)) {
-			t.Fatalf("tanh(%v) = %v, math.Tanh %v", v, tanh(v), math.Tanh(v))
+		if !sameFloat(Tanh(v), math.Tanh(v)) {
+			t.Fatalf("Tanh(%v) = %v, math.Tanh %v", v, Tanh(v), math.Tanh(v))
 		}
 	}
 }
@@ -56,13 +56,18 @@ func TestExpTanhDigest(t *testing.T) {
 	h := sha256.New()
 	var b [16]byte
 	for _, v := range expInputs(1 << 16) {
-		binary.LittleEndian.PutUint64(b[:], math.Float64bits(exp(v)))
-		binary.LittleEndian.PutUint64(b[8:], math.Float64bits(tanh(v)))
+		binary.LittleEndian.PutUint64(b[:], math.Float64bits(Exp(v)))
+		binary.LittleEndian.PutUint64(b[8:], math.Float64bits(Tanh(v)))
 		h.Write(b[:])
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != expTanhDigest {
 		t.Fatalf("exp/tanh digest on %s: %s, want %s (computed on amd64)", runtime.GOARCH, got, expTanhDigest)
 	}
+}
+
+// sameFloat compares bits, any NaN matching any NaN.
+func sameFloat(a, b float64) bool {
+	return math.Float64bits(a) == math.Float64bits(b) || math.IsNaN(a) && math.IsNaN(b)
 }
 
 // bigExp is e**x to prec bits: the Taylor series of x/2**m, squared m
@@ -123,12 +128,12 @@ func TestExpAccuracy(t *testing.T) {
 			continue
 		}
 		if x > expFinite {
-			if !math.IsInf(exp(x), 1) {
-				t.Fatalf("exp(%v) = %v: the amd64 routine overflows there", x, exp(x))
+			if !math.IsInf(Exp(x), 1) {
+				t.Fatalf("Exp(%v) = %v: the amd64 routine overflows there", x, Exp(x))
 			}
 			continue
 		}
-		if e := ulpErr(exp(x), bigExp(x, prec)); e > worstExp {
+		if e := ulpErr(Exp(x), bigExp(x, prec)); e > worstExp {
 			worstExp, atExp = e, x
 		}
 		if math.Abs(x) > 44 || x == 0 {
@@ -139,15 +144,15 @@ func TestExpAccuracy(t *testing.T) {
 		th := new(big.Float).SetPrec(prec).Add(e2, big.NewFloat(1))
 		th.Quo(big.NewFloat(2).SetPrec(prec), th)
 		th.Sub(big.NewFloat(1).SetPrec(prec), th)
-		if e := ulpErr(tanh(x), th); e > worstTanh {
+		if e := ulpErr(Tanh(x), th); e > worstTanh {
 			worstTanh, atTanh = e, x
 		}
 	}
 	t.Logf("worst errors: exp %.3f ulp (x = %v), tanh %.3f ulp (x = %v)", worstExp, atExp, worstTanh, atTanh)
 	if worstExp >= 2 {
-		t.Errorf("exp(%v) is %.3f ulp off", atExp, worstExp)
+		t.Errorf("Exp(%v) is %.3f ulp off", atExp, worstExp)
 	}
 	if worstTanh >= 2 {
-		t.Errorf("tanh(%v) is %.3f ulp off", atTanh, worstTanh)
+		t.Errorf("Tanh(%v) is %.3f ulp off", atTanh, worstTanh)
 	}
 }

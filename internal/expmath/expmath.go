@@ -1,18 +1,22 @@
-package cpu
+// Package expmath is the exponential and hyperbolic tangent every numeric
+// path of tandem uses (the CPU reference's kernels, sampling), with the same
+// bits on every architecture: a state prefilled on amd64 is decoded on
+// arm64, and a seeded sample must draw the same tokens on both. math.Exp is
+// not that: amd64 runs an assembly routine (with an FMA branch on CPUs that
+// have it), arm64 another algorithm, and Go fuses the multiply-adds of
+// math.Tanh's polynomial on arm64 but not on amd64.
+//
+// Exp is the amd64 routine's FMA branch written in Go with explicit
+// math.FMA where it fuses and explicit float64() roundings where it does
+// not, so on amd64 CPUs with FMA it returns math.Exp's bits (results from
+// before tandem had its own exp are unchanged there); Tanh is math.Tanh's
+// algorithm over Exp with its polynomial rounded step by step, as amd64
+// evaluates it. TestExpAccuracy bounds the error; TestExpTanhDigest, run
+// for arm64 under qemu by scripts/test.sh, checks the bits. A leaf: it
+// imports nothing of tandem's.
+package expmath
 
 import "math"
-
-// The exponential and hyperbolic tangent of the reference, the same bits on
-// every architecture. math.Exp is not: amd64 runs an assembly routine (with
-// an FMA branch on CPUs that have it), arm64 another algorithm, and Go fuses
-// the multiply-adds of math.Tanh's polynomial on arm64 but not on amd64.
-// exp is the amd64 routine's FMA branch written in Go with explicit
-// math.FMA where it fuses and explicit float64() roundings where it does
-// not, so on amd64 CPUs with FMA it returns math.Exp's bits (the
-// reference's results from before it had its own exp are unchanged there);
-// tanh is math.Tanh's algorithm over exp with its polynomial rounded
-// step by step, as amd64 evaluates it. The amd64 vector kernels
-// (math_amd64.s) compute the same bits; TestExpAccuracy bounds the error.
 
 const (
 	expLog2e    = 1.4426950408889634073599246810018920
@@ -21,7 +25,7 @@ const (
 	expOverflow = 7.09782712893384e+02
 )
 
-// exp returns e**x: the argument is reduced to r = x - k·ln2, scaled by
+// Exp returns e**x: the argument is reduced to r = x - k·ln2, scaled by
 // 1/16, e**r - 1 is a degree-8 Taylor polynomial of r/16 squared back up
 // four times as y(y+2), and the result is scaled by 2**k. The error is
 // under 2 ulp (TestExpAccuracy). Like the amd64 routine it returns +Inf
@@ -29,7 +33,7 @@ const (
 // to 709.78; kept for the bits: the reference never needs e**x that large
 // (softmax arguments are ≤ 0, tanh's are ≤ 88, and a sigmoid of -709 is 0
 // in fp32 either way).
-func exp(x float64) float64 {
+func Exp(x float64) float64 {
 	b := math.Float64bits(x)
 	switch {
 	case b&^(1<<63) >= 0x7FF0000000000000: // ±Inf or NaN
@@ -86,10 +90,10 @@ var (
 	tanhQ = [...]float64{1.12811678491632931402e2, 2.23548839060100448583e3, 4.84406305325125486048e3}
 )
 
-// tanh is math.Tanh over exp: a rational approximation below 0.625, the
+// Tanh is math.Tanh over Exp: a rational approximation below 0.625, the
 // identity 1 - 2/(e**2|x| + 1) above it; every product is rounded before
 // the sum it feeds.
-func tanh(x float64) float64 {
+func Tanh(x float64) float64 {
 	const maxLog = 8.8029691931113054295988e+01 // log(2**127)
 	z := math.Abs(x)
 	switch {
@@ -99,7 +103,7 @@ func tanh(x float64) float64 {
 		}
 		return 1
 	case z >= 0.625:
-		s := exp(2 * z)
+		s := Exp(2 * z)
 		z = 1 - 2/(s+1)
 		if x < 0 {
 			z = -z
@@ -117,11 +121,14 @@ func tanh(x float64) float64 {
 	return x + x*s*p/q
 }
 
-// vecMathProbes span exp's and tanh's branches: zeros, the polynomial and
-// 0.625 boundary of tanh, exp's subnormal, underflow and overflow ranges,
-// infinities and NaN.
-var vecMathProbes = []float64{
-	0, math.Copysign(0, -1), 1e-300, -1e-20, 0.1, -0.3, 0.6249999999999999, 0.625, -0.625, 0.7, 1, -1, 2.5, -7.25,
-	10, -20, 44, -44.01, 44.02, 88, -300, 700, 709.7, 709.79, 710, -708.5, -720, -744.4, -745.2, -800, -1e10,
-	math.Inf(1), math.Inf(-1), math.NaN(), 1.0 / 3, -2.0 / 3, 0.693147, 3.14159, -1234.5, 1e5,
+// Probes returns inputs that span Exp's and Tanh's branches: zeros, the
+// polynomial and 0.625 boundary of Tanh, Exp's subnormal, underflow and
+// overflow ranges, infinities and NaN. Vector implementations check
+// themselves against Exp and Tanh on them.
+func Probes() []float64 {
+	return []float64{
+		0, math.Copysign(0, -1), 1e-300, -1e-20, 0.1, -0.3, 0.6249999999999999, 0.625, -0.625, 0.7, 1, -1, 2.5, -7.25,
+		10, -20, 44, -44.01, 44.02, 88, -300, 700, 709.7, 709.79, 710, -708.5, -720, -744.4, -745.2, -800, -1e10,
+		math.Inf(1), math.Inf(-1), math.NaN(), 1.0 / 3, -2.0 / 3, 0.693147, 3.14159, -1234.5, 1e5,
+	}
 }
