@@ -18,6 +18,15 @@ if ! command -v curl >/dev/null; then
 		echo "setup: curl not found; the HTTP API's raw event-stream checks will be skipped" >&2
 	fi
 fi
+# The verbs binding's layout test (kvtransfer/rdma/verbs) compares its
+# mirrored structs with <infiniband/verbs.h>; gcc compiles the check at test
+# time only. Debian 12's rdma-core; without it the test skips.
+if [ ! -f /usr/include/infiniband/verbs.h ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+	echo "setup: installing libibverbs-dev 44.0-2 (header for the verbs layout test)" >&2
+	if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libibverbs-dev=44.0-2 >/dev/null; }; then
+		echo "setup: libibverbs-dev 44.0-2 not installable here; the verbs layout test will be skipped" >&2
+	fi
+fi
 if command -v npm >/dev/null; then
 	"$root/tokenizer/testdata/golden/setup.sh"
 	"$root/coordinator/openai/testdata/client/setup.sh"
