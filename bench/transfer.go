@@ -39,6 +39,8 @@ type transferFlags struct {
 	faults        bool
 	seed          uint64
 	asJSON        bool
+	transport     string
+	loss          float64
 }
 
 // transferResult is the JSON line. Throughputs are in Gbit/s.
@@ -100,6 +102,8 @@ func runTransfer(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.faults, "faults", true, "also stream through a proxy that flips bits and cuts connections")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random state bytes")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object as the last line")
+	fs.StringVar(&f.transport, "transport", "tcp", "tcp, or rdma-fake: the RDMA link over the in-process fake verbs wire, compared with that wire without the link")
+	fs.Float64Var(&f.loss, "loss", 0, "with --transport rdma-fake: the probability that the wire loses a message")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench transfer [flags]
 
@@ -132,6 +136,13 @@ transfer (end to end about max(prefill, transfer), not their sum).
 	}
 	all := kvtest.AllLayers(cfg.NumLayers)
 	src := kvtest.RandomSeq(cfg, all, f.tokens, model.BF16, f.seed)
+	switch f.transport {
+	case "tcp":
+	case "rdma-fake":
+		return transferRDMAFake(ctx, f, cfg, src)
+	default:
+		return fmt.Errorf("--transport %q: want tcp or rdma-fake", f.transport)
+	}
 	res := transferResult{Model: f.model, Tokens: f.tokens, Layers: cfg.NumLayers, StateBytes: int64(src.Bytes()),
 		Ranks: f.ranks, ConnsPerRank: f.conns, ChunkBytes: f.chunk, Reps: f.reps, CPUs: runtime.NumCPU(), TargetRatio: 0.8}
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
@@ -283,13 +294,24 @@ type xferGroup struct {
 	servers []*kvtransfer.Server
 	place   kvtransfer.LayerMap
 	n       int
+	client  kvtransfer.Transport // the sender's (nil: TCP)
 }
 
 func startGroup(cfg *model.Config, ranks, chunk, window int) (*xferGroup, error) {
-	g := &xferGroup{cfg: cfg}
+	return startGroupOn(cfg, ranks, chunk, window, nil, nil)
+}
+
+// startGroupOn is startGroup with rank i listening on server(i) and the
+// sender dialing with client (both TCP when nil).
+func startGroupOn(cfg *model.Config, ranks, chunk, window int, server func(int) kvtransfer.Transport, client kvtransfer.Transport) (*xferGroup, error) {
+	g := &xferGroup{cfg: cfg, client: client}
 	var eps []string
 	for i := 0; i < ranks; i++ {
-		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0", ChunkSize: chunk, Window: window})
+		var tr kvtransfer.Transport
+		if server != nil {
+			tr = server(i)
+		}
+		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0", ChunkSize: chunk, Window: window, Transport: tr})
 		if err != nil {
 			g.close()
 			return nil, err
@@ -384,7 +406,8 @@ func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, 
 		defer in.Cancel()
 		ranks = append(ranks, rank{in, own})
 	}
-	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: sid, Secret: secret, Placement: place, Conns: conns, Deadline: deadline})
+	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: sid, Secret: secret, Placement: place, Conns: conns, Deadline: deadline,
+		Transport: g.client})
 	if err != nil {
 		return xferTiming{}, err
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
+
 	"errors"
 	"fmt"
 	"os"
@@ -43,8 +45,16 @@ var defaults = map[string]any{
 	"transfer.idle":       15 * time.Second,
 	"transfer.keep_alive": 2 * time.Second,
 	"frontdoor":           true,
-	"log.level":           "info",
-	"log.format":          "json",
+	// The mesh between ranks: tcp, rdma (Thunderbolt 5 RDMA; fail without
+	// it) or auto (RDMA where a device has the endpoint's address, else TCP,
+	// logged). Over RDMA a rank takes link bootstraps on its endpoint's
+	// port + 1 and the prefill worker's TCP on the endpoint.
+	"transport":      "tcp",
+	"rdma.device":    "", // e.g. rdma_en3; default: the device with the endpoint's IP as a GID
+	"rdma.slot_size": 128 << 10,
+	"rdma.slots":     16,
+	"log.level":      "info",
+	"log.format":     "json",
 	// Control-plane mode (with nats.url): the rank registers in the worker
 	// registry and rank 0 takes the coordinator's jobs.
 	"worker_id":          "", // default: <group>-r<rank>
@@ -75,6 +85,8 @@ type config struct {
 	TransferIdle time.Duration
 	KeepAlive    time.Duration
 	Frontdoor    bool
+	Transport    string
+	RDMA         rdma.Config // Device, SlotSize, Slots
 	LogLevel     string
 	LogFormat    string
 	// Control-plane mode: NATS.URL set.
@@ -141,7 +153,9 @@ func loadConfig(args []string) (*config, error) {
 		StepTimeout: v.GetDuration("step_timeout"), Heartbeat: v.GetDuration("mesh.heartbeat"), Idle: v.GetDuration("mesh.idle"),
 		Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 		TransferIdle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive"),
-		Frontdoor: v.GetBool("frontdoor"), LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
+		Frontdoor: v.GetBool("frontdoor"), Transport: v.GetString("transport"),
+		RDMA:     rdma.Config{Device: v.GetString("rdma.device"), SlotSize: v.GetInt("rdma.slot_size"), Slots: v.GetInt("rdma.slots")},
+		LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
 		WorkerID: v.GetString("worker_id"), Advertise: v.GetString("advertise"), Beat: v.GetDuration("registry.heartbeat"),
 		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
 		NATS:     controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
@@ -152,6 +166,11 @@ func loadConfig(args []string) (*config, error) {
 	}
 	if c.CacheDType, err = model.ParseCacheDType(v.GetString("cache_dtype")); err != nil {
 		return nil, fmt.Errorf("cache_dtype: %w", err)
+	}
+	switch c.Transport {
+	case "tcp", "rdma", "auto":
+	default:
+		return nil, fmt.Errorf("transport %q: want tcp, rdma or auto", c.Transport)
 	}
 	switch {
 	case c.GroupConfig == "":

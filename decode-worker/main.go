@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -89,14 +90,21 @@ func run(ctx context.Context, args []string) error {
 		listen = spec.Endpoint
 	}
 	to := kvtransfer.Timeouts{Handshake: cfg.Handshake, IO: cfg.IO, Idle: cfg.TransferIdle, KeepAlive: cfg.KeepAlive}
-	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: listen, Timeouts: to})
+	tr, err := meshTransport(cfg, spec.Endpoint, log)
+	if err != nil {
+		return err
+	}
+	if s, ok := tr.(kvtransfer.Shared); ok {
+		defer s.RDMA.Close()
+	}
+	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: listen, Timeouts: to, Transport: tr})
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
 
 	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret,
-		Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
+		Transport: tr, Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
 		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout, Log: base})
 	if err != nil {
 		return err
@@ -202,4 +210,27 @@ func newLogger(level, format string) (*zap.Logger, error) {
 	zc.Level = zap.NewAtomicLevelAt(lvl)
 	zc.Sampling = nil // every step line at debug level
 	return zc.Build()
+}
+
+// meshTransport is the transport of the rank's mesh links (cfg.Transport):
+// over RDMA, the device is chosen by the rank's endpoint address.
+func meshTransport(cfg *config, endpoint string, log *zap.Logger) (kvtransfer.Transport, error) {
+	if cfg.Transport == "tcp" {
+		return &kvtransfer.TCP{}, nil
+	}
+	host, _, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		ips, err := net.LookupIP(host)
+		if err != nil || len(ips) == 0 {
+			return nil, fmt.Errorf("endpoint %q: no address for its host: %v", endpoint, err)
+		}
+		ip = ips[0]
+	}
+	rc := cfg.RDMA
+	rc.Logger = log
+	return kvtransfer.ChooseTransport(cfg.Transport, rc, ip, log)
 }

@@ -2,6 +2,9 @@ package kvtransfer
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,5 +77,67 @@ func TestRDMAPeerGone(t *testing.T) {
 			}
 			t.Logf("sender: %v; wire %+v", o.sendErr, fab.Stats())
 		})
+	}
+}
+
+// TestSharedPort: a rank listening with Shared takes a TCP sender (the
+// prefill worker) and an RDMA sender on the same port.
+func TestSharedPort(t *testing.T) {
+	fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+	rt := fakeRDMA(t, fab, "rank0", rdma.Config{}).(RDMA).T
+	r := newRigOn(t, "small", 1, ServerConfig{ChunkSize: 16 << 10, Transport: Shared{RDMA: rt}}, fab, rdma.Config{})
+	for i, client := range []Transport{&TCP{}, Shared{RDMA: r.client.(RDMA).T}} {
+		src := smallSeq(t, r, 50, uint64(i))
+		r.client = client
+		o := r.transfer(fmt.Sprintf("shared-%d", i), r.place, src, 2, 10*time.Second, fast)
+		r.check(o, src, true)
+	}
+}
+
+// TestChooseTransport: tcp is TCP; rdma fails and auto falls back to TCP
+// when no device has an ACTIVE port with a GID for the address; with one,
+// both give the shared RDMA transport.
+func TestChooseTransport(t *testing.T) {
+	lo := net.IPv4(127, 0, 0, 1)
+	if tr, err := ChooseTransport("tcp", rdma.Config{}, lo, nil); err != nil || tr.(*TCP) == nil {
+		t.Fatalf("tcp: %T %v", tr, err)
+	}
+	if _, err := ChooseTransport("udp", rdma.Config{}, lo, nil); err == nil {
+		t.Fatal("unknown mode accepted")
+	}
+	fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+	up := fab.Host("up", loopGID)
+	down := fab.Host("down", loopGID)
+	fab.PortDown("down")
+	if _, err := ChooseTransport("rdma", rdma.Config{Provider: down}, lo, nil); err == nil || !strings.Contains(err.Error(), "DOWN") {
+		t.Fatalf("rdma with the port down: %v", err)
+	}
+	if tr, err := ChooseTransport("auto", rdma.Config{Provider: down}, lo, nil); err != nil {
+		t.Fatal(err)
+	} else if _, ok := tr.(*TCP); !ok {
+		t.Fatalf("auto with the port down gave %T", tr)
+	}
+	if tr, err := ChooseTransport("auto", rdma.Config{Provider: up}, net.IPv4(10, 9, 8, 7), nil); err != nil {
+		t.Fatal(err)
+	} else if _, ok := tr.(*TCP); !ok {
+		t.Fatalf("auto with no GID for the address gave %T", tr)
+	}
+	for _, mode := range []string{"rdma", "auto"} {
+		tr, err := ChooseTransport(mode, rdma.Config{Provider: up}, lo, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, ok := tr.(Shared)
+		if !ok {
+			t.Fatalf("%s with a device gave %T", mode, tr)
+		}
+		s.RDMA.Close()
+	}
+	// The system's library: on a machine without RDMA, auto is TCP.
+	if tr, err := ChooseTransport("auto", rdma.Config{}, lo, nil); err != nil {
+		t.Fatal(err)
+	} else if s, ok := tr.(Shared); ok {
+		s.RDMA.Close()
+		t.Log("this machine has RDMA")
 	}
 }

@@ -57,7 +57,7 @@ type Config struct {
 	Slots int
 	// Reserve is how many of them carry only acknowledgements (default 4).
 	Reserve int
-	// RTO is the first retransmission timeout (default 5 ms); it doubles
+	// RTO is the first retransmission timeout (default 10 ms); it doubles
 	// on every expiry without progress up to MaxRTO (default 500 ms), and
 	// the link fails after Retries expiries in a row (default 12).
 	RTO, MaxRTO time.Duration
@@ -103,7 +103,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Retries <= 0 {
 		c.Retries = 12
 	}
-	set(&c.RTO, 5*time.Millisecond)
+	set(&c.RTO, 10*time.Millisecond)
 	set(&c.MaxRTO, 500*time.Millisecond)
 	set(&c.AckDelay, 200*time.Microsecond)
 	set(&c.Heartbeat, 100*time.Millisecond)
@@ -332,10 +332,17 @@ func (t *Transport) Listen(addr string) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdma: listen %s: %w", addr, err)
 	}
+	return t.ListenOn(ln), nil
+}
+
+// ListenOn accepts link bootstraps from ln (a port shared with another
+// protocol hands over the connections that start with BootstrapMagic);
+// closing the Listener closes ln.
+func (t *Transport) ListenOn(ln net.Listener) *Listener {
 	L := &Listener{t: t, ln: ln, accept: make(chan *stream, 256), done: make(chan struct{}), links: map[*link]bool{}}
 	L.wg.Add(1)
 	go L.serve()
-	return L, nil
+	return L
 }
 
 func (L *Listener) serve() {
