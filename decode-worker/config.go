@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/tandem-inference/tandem/kvtransfer/rdma"
-
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/model"
 )
 

@@ -38,6 +38,8 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/sysverbs"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
@@ -232,5 +234,14 @@ func meshTransport(cfg *config, endpoint string, log *zap.Logger) (kvtransfer.Tr
 	}
 	rc := cfg.RDMA
 	rc.Logger = log
+	// The system's verbs library; a missing one is an RDMA failure like
+	// any other (auto falls back to TCP).
+	if rc.Provider == nil {
+		p, err := sysverbs.System()
+		if err != nil {
+			p = verbs.Unavailable(err)
+		}
+		rc.Provider = p
+	}
 	return kvtransfer.ChooseTransport(cfg.Transport, rc, ip, log)
 }

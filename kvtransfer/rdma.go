@@ -174,7 +174,9 @@ func (l *sharedListener) Close() error {
 // when RDMA cannot run) or "auto" (RDMA when a device with an ACTIVE port
 // has a GID for localIP, else TCP, saying why in the log). Over RDMA it is
 // a Shared transport, so that TCP peers still reach the listener. rc's
-// Provider defaults to the system's verbs library.
+// Provider is the verbs library: kvtransfer never loads the system's
+// itself (package sysverbs does), so that only binaries that may choose
+// RDMA link it.
 func ChooseTransport(mode string, rc rdma.Config, localIP net.IP, log *zap.Logger) (Transport, error) {
 	if log == nil {
 		log = zap.NewNop()
@@ -188,11 +190,7 @@ func ChooseTransport(mode string, rc rdma.Config, localIP net.IP, log *zap.Logge
 	}
 	t, err := func() (*rdma.Transport, error) {
 		if rc.Provider == nil {
-			p, err := verbs.System()
-			if err != nil {
-				return nil, err
-			}
-			rc.Provider = p
+			return nil, fmt.Errorf("%w: none given", verbs.ErrNoLibrary)
 		}
 		if rc.Logger == nil {
 			rc.Logger = log

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 )
 
 // rdmaSmall is a link with small slots, so that the small model's state
@@ -133,11 +135,37 @@ func TestChooseTransport(t *testing.T) {
 		}
 		s.RDMA.Close()
 	}
-	// The system's library: on a machine without RDMA, auto is TCP.
-	if tr, err := ChooseTransport("auto", rdma.Config{}, lo, nil); err != nil {
-		t.Fatal(err)
-	} else if s, ok := tr.(Shared); ok {
-		s.RDMA.Close()
-		t.Log("this machine has RDMA")
+	// No library (what the system binding gives where none is installed):
+	// rdma fails naming it, auto is TCP.
+	gone := verbs.Unavailable(fmt.Errorf("%w: /nowhere/libibverbs.so.1: not found", verbs.ErrNoLibrary))
+	for _, p := range []verbs.Provider{nil, gone} {
+		if _, err := ChooseTransport("rdma", rdma.Config{Provider: p}, lo, nil); !errors.Is(err, verbs.ErrNoLibrary) {
+			t.Fatalf("rdma without a library (%v): %v", p, err)
+		}
+		if tr, err := ChooseTransport("auto", rdma.Config{Provider: p}, lo, nil); err != nil {
+			t.Fatal(err)
+		} else if _, ok := tr.(*TCP); !ok {
+			t.Fatalf("auto without a library gave %T", tr)
+		}
+	}
+}
+
+// TestSystemVerbsNotLinked: kvtransfer (so every binary that moves state)
+// does not link the system verbs binding. It uses purego, whose fakecgo
+// runtime makes every thread with pthread_create; only a binary that may
+// choose RDMA (decode-worker) should pay for that, by importing sysverbs.
+func TestSystemVerbsNotLinked(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.Contains(dep, "purego") || strings.HasSuffix(dep, "/sysverbs") {
+			t.Errorf("kvtransfer depends on %s", dep)
+		}
 	}
 }

@@ -18,7 +18,7 @@ if ! command -v curl >/dev/null; then
 		echo "setup: curl not found; the HTTP API's raw event-stream checks will be skipped" >&2
 	fi
 fi
-# The verbs binding's layout test (kvtransfer/rdma/verbs) compares its
+# The verbs binding's layout test (kvtransfer/rdma/sysverbs) compares its
 # mirrored structs with <infiniband/verbs.h>; gcc compiles the check at test
 # time only. Debian 12's rdma-core; without it the test skips.
 if [ ! -f /usr/include/infiniband/verbs.h ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

@@ -45,10 +45,20 @@ func TestHostileConfigUnderAnAddressSpaceLimit(t *testing.T) {
 	good := testmodel.Dir(t, "tiny", 1, 2)
 
 	// limited runs a binary under the limit and returns its output.
+	//
+	// A binary that links purego (decode-worker's verbs binding; GPU
+	// backends) makes its threads with pthread_create (purego's fakecgo),
+	// and each thread reserves address space the config has no say in: a
+	// stack of RLIMIT_STACK (8 MiB by default) and, at its first malloc, a
+	// 64 MiB glibc arena. A handful of threads exhausts 1 GiB and the
+	// process dies with "fakecgo: pthread_create failed: 11" before it
+	// reads the config. A 1 MiB stack limit and at most two arenas keep
+	// those fixed costs small, so the limit still measures what the config
+	// makes the process allocate.
 	limited := func(t *testing.T, name string, args ...string) (string, error) {
 		t.Helper()
-		cmd := exec.Command("/bin/sh", append([]string{"-c", `ulimit -v "$0" && exec "$@"`, strconv.Itoa(addressLimitKiB), filepath.Join(bin, name)}, args...)...)
-		cmd.Env = append(os.Environ(), "TANDEM_COORD_NATS_PASSWORD=x", "HOME="+t.TempDir())
+		cmd := exec.Command("/bin/sh", append([]string{"-c", `ulimit -v "$0" && ulimit -s 1024 && exec "$@"`, strconv.Itoa(addressLimitKiB), filepath.Join(bin, name)}, args...)...)
+		cmd.Env = append(os.Environ(), "TANDEM_COORD_NATS_PASSWORD=x", "HOME="+t.TempDir(), "MALLOC_ARENA_MAX=2")
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		start := time.Now()

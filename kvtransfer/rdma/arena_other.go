@@ -4,6 +4,6 @@ package rdma
 
 import "github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 
-func mapArena(n int) ([]byte, error) { return nil, verbs.ErrUnsupported }
+func mapArena(n int) ([]byte, error) { return nil, verbs.ErrNoLibrary }
 
 func unmapArena(b []byte) error { return nil }

@@ -44,7 +44,7 @@ import (
 
 // Config configures a Transport. Zero fields take the defaults.
 type Config struct {
-	// Provider is the verbs implementation (verbs.System() or a fake).
+	// Provider is the verbs implementation (sysverbs.System() or a fake).
 	Provider verbs.Provider
 	// Device names the device to use ("rdma_en3"). Empty: the device with a
 	// GID equal to the bootstrap socket's local address.
@@ -523,7 +523,7 @@ func (t *Transport) choose(ip net.IP) (choice, error) {
 			return choice{}, fmt.Errorf("rdma: list devices: %w", err)
 		}
 		if len(names) == 0 {
-			return choice{}, errors.New("rdma: no RDMA devices")
+			return choice{}, fmt.Errorf("rdma: %w: the library lists none", verbs.ErrNoDevice)
 		}
 	}
 	want := verbs.GIDFromIP(ip)
@@ -555,7 +555,7 @@ func (t *Transport) choose(ip net.IP) (choice, error) {
 			reasons = append(reasons, fmt.Sprintf("%s port %d has no GID %s", name, port, ip))
 		}
 	}
-	return choice{}, fmt.Errorf("rdma: no usable device for local address %s: %v", ip, reasons)
+	return choice{}, fmt.Errorf("rdma: %w for local address %s: %v", verbs.ErrNoDevice, ip, reasons)
 }
 
 func (t *Transport) device(name string) (*device, error) {

@@ -256,6 +256,21 @@ const Frame = 4096
 // Frames is the number of 4 KiB frames n bytes occupy.
 func Frames(n int) int { return (n + Frame - 1) / Frame }
 
-// ErrUnsupported is returned where no verbs library can exist (Windows) or
-// none is installed.
-var ErrUnsupported = errors.New("verbs: no RDMA verbs library on this system")
+// ErrNoLibrary is wrapped by the errors of a verbs library that cannot be
+// loaded: none installed, or none exists for this system (Windows).
+var ErrNoLibrary = errors.New("verbs: no RDMA verbs library")
+
+// ErrNoDevice is wrapped by the errors that say the library is there but
+// no RDMA device is: the kernel lacks RDMA, RDMA is disabled, no device is
+// attached, or a named one does not exist.
+var ErrNoDevice = errors.New("verbs: no RDMA device")
+
+// Unavailable is a provider on which every call fails with err: it stands
+// for a library that could not be loaded, so that callers choosing a
+// transport treat it like any other RDMA failure.
+func Unavailable(err error) Provider { return unavailable{err} }
+
+type unavailable struct{ err error }
+
+func (u unavailable) Devices() ([]string, error)   { return nil, u.err }
+func (u unavailable) Open(string) (Context, error) { return nil, u.err }

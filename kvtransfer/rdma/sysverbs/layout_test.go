@@ -1,16 +1,19 @@
 //go:build linux
 
-package verbs
+package sysverbs
 
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 )
 
 // layoutProgram prints, for each mirrored field, its offset in the C
@@ -140,9 +143,9 @@ func TestLayoutMatchesHeader(t *testing.T) {
 		"wr.send": wrSend, "send.signaled": sendSignaled, "qps.init": qpsInit, "qps.rtr": qpsRTR, "qps.rts": qpsRTS,
 		"mask.state": maskState, "mask.access": maskAccessFlags, "mask.pkey": maskPKeyIndex, "mask.port": maskPort,
 		"mask.av": maskAV, "mask.mtu": maskPathMTU, "mask.rq_psn": maskRQPSN, "mask.sq_psn": maskSQPSN, "mask.dest_qpn": maskDestQPN,
-		"access.local_write": int(AccessLocalWrite), "access.remote_write": int(AccessRemoteWrite),
-		"access.remote_read": int(AccessRemoteRead), "port.active": int(PortActive), "wc.success": int(StatusSuccess),
-		"wc.loc_len_err": int(StatusLocLenErr), "wc.flush_err": int(StatusFlushErr), "wc.recv": int(OpRecv),
+		"access.local_write": int(verbs.AccessLocalWrite), "access.remote_write": int(verbs.AccessRemoteWrite),
+		"access.remote_read": int(verbs.AccessRemoteRead), "port.active": int(verbs.PortActive), "wc.success": int(verbs.StatusSuccess),
+		"wc.loc_len_err": int(verbs.StatusLocLenErr), "wc.flush_err": int(verbs.StatusFlushErr), "wc.recv": int(verbs.OpRecv),
 	}
 	for name, w := range want {
 		got, ok := c[name]
@@ -165,14 +168,20 @@ func TestLayoutMatchesHeader(t *testing.T) {
 
 // TestSystemWithoutDevices: where the library is installed but the kernel
 // has no RDMA (this machine, CI), System loads and lists no device, with an
-// error that says so, never a crash.
+// error that says so (verbs.ErrNoDevice), never a crash.
 func TestSystemWithoutDevices(t *testing.T) {
 	p, err := System()
 	if err != nil {
+		if !errors.Is(err, verbs.ErrNoLibrary) {
+			t.Fatalf("System: %v, want verbs.ErrNoLibrary", err)
+		}
 		t.Skipf("no verbs library: %v", err)
 	}
 	names, err := p.Devices()
 	t.Logf("devices %v, err %v", names, err)
+	if err != nil && !errors.Is(err, verbs.ErrNoDevice) {
+		t.Fatalf("Devices: %v, want verbs.ErrNoDevice", err)
+	}
 	if err == nil && len(names) > 0 {
 		ctx, err := p.Open(names[0])
 		if err != nil {
@@ -181,5 +190,19 @@ func TestSystemWithoutDevices(t *testing.T) {
 		pa, err := ctx.QueryPort(1)
 		t.Logf("%s port 1: %+v, %v", names[0], pa, err)
 		ctx.Close()
+	}
+}
+
+// TestLoadMissingLibrary: a library that is not there, or that lacks the
+// verbs, is verbs.ErrNoLibrary with the path in the message.
+func TestLoadMissingLibrary(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "libibverbs.so.1")
+	_, err := Load(missing)
+	if !errors.Is(err, verbs.ErrNoLibrary) || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("Load(%s): %v", missing, err)
+	}
+	// libc is a library, but not a verbs library.
+	if _, err := Load("libc.so.6"); !errors.Is(err, verbs.ErrNoLibrary) || !strings.Contains(err.Error(), "ibv_get_device_list") {
+		t.Fatalf("Load(libc.so.6): %v", err)
 	}
 }

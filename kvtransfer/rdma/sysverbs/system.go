@@ -1,6 +1,6 @@
 //go:build linux || darwin
 
-package verbs
+package sysverbs
 
 import (
 	"encoding/binary"
@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 )
 
 // The system library, bound at run time without cgo: the control verbs by
@@ -97,8 +99,8 @@ const (
 	maskDestQPN             = 1048576
 )
 
-// libraryPath is the verbs library of this system.
-func libraryPath() string {
+// DefaultLibrary is the verbs library of this system.
+func DefaultLibrary() string {
 	if runtime.GOOS == "darwin" {
 		return "/usr/lib/librdma.dylib" // Apple's Thunderbolt 5 RDMA, macOS 26.2+
 	}
@@ -106,58 +108,65 @@ func libraryPath() string {
 }
 
 type syms struct {
+	path                                                                  string
 	getDeviceList, freeDeviceList, getDeviceName, openDevice, closeDevice uintptr
 	queryPort, queryGID, allocPD, deallocPD, createCQ, destroyCQ          uintptr
 	createQP, modifyQP, destroyQP, regMR, deregMR                         uintptr
 }
 
+// A library stays loaded once opened (dlclose under live contexts would
+// unmap their code); loaded remembers each path's symbols or failure.
 var (
-	loadOnce sync.Once
-	lib      *syms
-	loadErr  error
+	loadMu sync.Mutex
+	loaded = map[string]*syms{}
 )
 
-func load() (*syms, error) {
-	loadOnce.Do(func() {
-		h, err := purego.Dlopen(libraryPath(), purego.RTLD_NOW|purego.RTLD_GLOBAL)
-		if err != nil {
-			loadErr = fmt.Errorf("%w: %s: %v", ErrUnsupported, libraryPath(), err)
-			return
+func load(path string) (*syms, error) {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if s := loaded[path]; s != nil {
+		return s, nil
+	}
+	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", verbs.ErrNoLibrary, path, err)
+	}
+	s := &syms{path: path}
+	for _, b := range []struct {
+		p    *uintptr
+		name string
+	}{
+		{&s.getDeviceList, "ibv_get_device_list"}, {&s.freeDeviceList, "ibv_free_device_list"},
+		{&s.getDeviceName, "ibv_get_device_name"}, {&s.openDevice, "ibv_open_device"},
+		{&s.closeDevice, "ibv_close_device"}, {&s.queryPort, "ibv_query_port"}, {&s.queryGID, "ibv_query_gid"},
+		{&s.allocPD, "ibv_alloc_pd"}, {&s.deallocPD, "ibv_dealloc_pd"}, {&s.createCQ, "ibv_create_cq"},
+		{&s.destroyCQ, "ibv_destroy_cq"}, {&s.createQP, "ibv_create_qp"}, {&s.modifyQP, "ibv_modify_qp"},
+		{&s.destroyQP, "ibv_destroy_qp"}, {&s.regMR, "ibv_reg_mr"}, {&s.deregMR, "ibv_dereg_mr"},
+	} {
+		if *b.p, err = purego.Dlsym(h, b.name); err != nil {
+			return nil, fmt.Errorf("%w: %s lacks %s: %v", verbs.ErrNoLibrary, path, b.name, err)
 		}
-		s := &syms{}
-		for _, b := range []struct {
-			p    *uintptr
-			name string
-		}{
-			{&s.getDeviceList, "ibv_get_device_list"}, {&s.freeDeviceList, "ibv_free_device_list"},
-			{&s.getDeviceName, "ibv_get_device_name"}, {&s.openDevice, "ibv_open_device"},
-			{&s.closeDevice, "ibv_close_device"}, {&s.queryPort, "ibv_query_port"}, {&s.queryGID, "ibv_query_gid"},
-			{&s.allocPD, "ibv_alloc_pd"}, {&s.deallocPD, "ibv_dealloc_pd"}, {&s.createCQ, "ibv_create_cq"},
-			{&s.destroyCQ, "ibv_destroy_cq"}, {&s.createQP, "ibv_create_qp"}, {&s.modifyQP, "ibv_modify_qp"},
-			{&s.destroyQP, "ibv_destroy_qp"}, {&s.regMR, "ibv_reg_mr"}, {&s.deregMR, "ibv_dereg_mr"},
-		} {
-			if *b.p, err = purego.Dlsym(h, b.name); err != nil {
-				loadErr = fmt.Errorf("verbs: %s: %s: %w", libraryPath(), b.name, err)
-				return
-			}
-		}
-		lib = s
-	})
-	return lib, loadErr
+	}
+	loaded[path] = s
+	return s, nil
 }
 
-// System returns the system's verbs library, or an error wrapping
-// ErrUnsupported when it is not installed.
-func System() (Provider, error) {
-	s, err := load()
+// System returns the system's verbs library (DefaultLibrary), or an error
+// wrapping verbs.ErrNoLibrary when it is not installed.
+func System() (verbs.Provider, error) { return Load("") }
+
+// Load returns the verbs library at path ("" for DefaultLibrary), or an
+// error wrapping verbs.ErrNoLibrary when it cannot be loaded.
+func Load(path string) (verbs.Provider, error) {
+	if path == "" {
+		path = DefaultLibrary()
+	}
+	s, err := load(path)
 	if err != nil {
 		return nil, err
 	}
 	return &sysProvider{s: s}, nil
 }
-
-// LibraryPath is the library System loads.
-func LibraryPath() string { return libraryPath() }
 
 func call(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
@@ -205,7 +214,7 @@ func (p *sysProvider) deviceList(f func(devs []uintptr)) error {
 	var n int32
 	list, _, _ := purego.SyscallN(p.s.getDeviceList, uintptr(unsafe.Pointer(&n)))
 	if list == 0 {
-		return fmt.Errorf("verbs: ibv_get_device_list: no RDMA subsystem here (no devices, or the kernel lacks RDMA)")
+		return fmt.Errorf("%w: %s: ibv_get_device_list failed (the kernel has no RDMA subsystem, or RDMA is disabled)", verbs.ErrNoDevice, p.s.path)
 	}
 	defer call(p.s.freeDeviceList, list)
 	devs := make([]uintptr, n)
@@ -226,7 +235,7 @@ func (p *sysProvider) Devices() ([]string, error) {
 	return names, err
 }
 
-func (p *sysProvider) Open(name string) (Context, error) {
+func (p *sysProvider) Open(name string) (verbs.Context, error) {
 	var ctx uintptr
 	err := p.deviceList(func(devs []uintptr) {
 		for _, d := range devs {
@@ -253,25 +262,25 @@ type sysContext struct {
 
 func (c *sysContext) Name() string { return c.name }
 
-func (c *sysContext) QueryPort(port int) (PortAttr, error) {
+func (c *sysContext) QueryPort(port int) (verbs.PortAttr, error) {
 	// Room beyond the struct: newer libraries may know more fields.
 	var b [256]byte
 	if err := callErr("ibv_query_port", c.s.queryPort, c.p, uintptr(port), uintptr(unsafe.Pointer(&b[0]))); err != nil {
-		return PortAttr{}, err
+		return verbs.PortAttr{}, err
 	}
 	le := binary.LittleEndian
-	return PortAttr{State: PortState(le.Uint32(b[offPortState:])), MaxMTU: MTU(le.Uint32(b[offPortMaxMTU:])),
-		ActiveMTU: MTU(le.Uint32(b[offPortActiveMTU:])), GIDTableLen: int(int32(le.Uint32(b[offPortGIDTblLen:]))),
+	return verbs.PortAttr{State: verbs.PortState(le.Uint32(b[offPortState:])), MaxMTU: verbs.MTU(le.Uint32(b[offPortMaxMTU:])),
+		ActiveMTU: verbs.MTU(le.Uint32(b[offPortActiveMTU:])), GIDTableLen: int(int32(le.Uint32(b[offPortGIDTblLen:]))),
 		LID: le.Uint16(b[offPortLID:]), LinkLayer: int(b[offPortLinkLayer])}, nil
 }
 
-func (c *sysContext) QueryGID(port, index int) (GID, error) {
-	var g GID
+func (c *sysContext) QueryGID(port, index int) (verbs.GID, error) {
+	var g verbs.GID
 	err := callErr("ibv_query_gid", c.s.queryGID, c.p, uintptr(port), uintptr(index), uintptr(unsafe.Pointer(&g[0])))
 	return g, err
 }
 
-func (c *sysContext) AllocPD() (PD, error) {
+func (c *sysContext) AllocPD() (verbs.PD, error) {
 	pd := call(c.s.allocPD, c.p)
 	if pd == 0 {
 		return nil, errors.New("verbs: ibv_alloc_pd failed (port down or too many init/teardown cycles)")
@@ -279,7 +288,7 @@ func (c *sysContext) AllocPD() (PD, error) {
 	return &sysPD{c: c, p: pd}, nil
 }
 
-func (c *sysContext) CreateCQ(entries int) (CQ, error) {
+func (c *sysContext) CreateCQ(entries int) (verbs.CQ, error) {
 	cq := call(c.s.createCQ, c.p, uintptr(entries), 0, 0, 0)
 	if cq == 0 {
 		return nil, fmt.Errorf("verbs: ibv_create_cq of %d entries failed", entries)
@@ -294,7 +303,7 @@ type sysPD struct {
 	p uintptr
 }
 
-func (pd *sysPD) RegMR(buf []byte, access Access) (MR, error) {
+func (pd *sysPD) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	if len(buf) == 0 {
 		return nil, errors.New("verbs: ibv_reg_mr of an empty buffer")
 	}
@@ -305,7 +314,7 @@ func (pd *sysPD) RegMR(buf []byte, access Access) (MR, error) {
 	return &sysMR{pd: pd, p: mr, buf: buf}, nil
 }
 
-func (pd *sysPD) CreateQP(a QPInit) (QP, error) {
+func (pd *sysPD) CreateQP(a verbs.QPInit) (verbs.QP, error) {
 	scq, ok1 := a.SendCQ.(*sysCQ)
 	rcq, ok2 := a.RecvCQ.(*sysCQ)
 	if !ok1 || !ok2 {
@@ -352,7 +361,7 @@ type sysCQ struct {
 	wc   []byte
 }
 
-func (cq *sysCQ) Poll(out []WC) (int, error) {
+func (cq *sysCQ) Poll(out []verbs.WC) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	n := min(len(out), len(cq.wc)/sizeWC)
@@ -364,7 +373,7 @@ func (cq *sysCQ) Poll(out []WC) (int, error) {
 	le := binary.LittleEndian
 	for i := 0; i < got; i++ {
 		w := cq.wc[i*sizeWC:]
-		out[i] = WC{ID: le.Uint64(w[0:]), Status: Status(le.Uint32(w[offWCStatus:])), Opcode: Opcode(le.Uint32(w[offWCOpcode:])),
+		out[i] = verbs.WC{ID: le.Uint64(w[0:]), Status: verbs.Status(le.Uint32(w[offWCStatus:])), Opcode: verbs.Opcode(le.Uint32(w[offWCOpcode:])),
 			ByteLen: le.Uint32(w[offWCByteLen:]), QPNum: le.Uint32(w[offWCQPNum:])}
 	}
 	return got, nil
@@ -395,11 +404,11 @@ func (q *sysQP) Init(port int) error {
 	le.PutUint32(a[offAttrState:], qpsInit)
 	le.PutUint16(a[offAttrPKeyIndex:], 0)
 	a[offAttrPortNum] = byte(port)
-	le.PutUint32(a[offAttrAccessFlags:], uint32(AccessDefault))
+	le.PutUint32(a[offAttrAccessFlags:], uint32(verbs.AccessDefault))
 	return q.modify("INIT", &a, maskState|maskPKeyIndex|maskPort|maskAccessFlags)
 }
 
-func (q *sysQP) ReadyToReceive(r RTR) error {
+func (q *sysQP) ReadyToReceive(r verbs.RTR) error {
 	var a [sizeQPAttr]byte
 	le := binary.LittleEndian
 	le.PutUint32(a[offAttrState:], qpsRTR)
@@ -422,7 +431,7 @@ func (q *sysQP) ReadyToSend(psn uint32) error {
 	return q.modify("RTS", &a, maskState|maskSQPSN)
 }
 
-func (q *sysQP) sgeFor(mr MR, buf []byte) error {
+func (q *sysQP) sgeFor(mr verbs.MR, buf []byte) error {
 	m, ok := mr.(*sysMR)
 	if !ok || len(buf) == 0 {
 		return errors.New("verbs: post: buffer not in a region of this provider")
@@ -441,7 +450,7 @@ func (q *sysQP) sgeFor(mr MR, buf []byte) error {
 
 // PostSend and PostRecv call the ops table as the header's inline
 // ibv_post_send and ibv_post_recv do.
-func (q *sysQP) PostSend(id uint64, mr MR, buf []byte) error {
+func (q *sysQP) PostSend(id uint64, mr verbs.MR, buf []byte) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.sgeFor(mr, buf); err != nil {
@@ -459,7 +468,7 @@ func (q *sysQP) PostSend(id uint64, mr MR, buf []byte) error {
 	return callErr("ibv_post_send", q.postSend, q.p, uintptr(unsafe.Pointer(&q.sendWR[0])), uintptr(unsafe.Pointer(&bad)))
 }
 
-func (q *sysQP) PostRecv(id uint64, mr MR, buf []byte) error {
+func (q *sysQP) PostRecv(id uint64, mr verbs.MR, buf []byte) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.sgeFor(mr, buf); err != nil {
