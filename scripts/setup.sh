@@ -42,3 +42,14 @@ if ! command -v qemu-aarch64-static >/dev/null; then
 		echo "setup: qemu-aarch64-static not found and apt-get is unavailable (or not root): the arm64 tests will be skipped" >&2
 	fi
 fi
+# clang-19 compiles the CUDA kernels (kernels/cuda/src) to the committed PTX;
+# test.sh regenerates it and compares, and the kernels' emulator tests build
+# with its clang++ where no g++ exists. Pinned: other versions emit other PTX.
+clang_pin="1:19.1.7-3~deb12u1"
+if ! clang-19 --version 2>/dev/null | grep -q 'clang version 19\.1\.7'; then
+	if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "clang-19=$clang_pin" >/dev/null
+	else
+		echo "setup: clang-19 ($clang_pin) not found and apt-get is unavailable (or not root): the committed PTX cannot be checked against its sources" >&2
+	fi
+fi

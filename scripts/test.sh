@@ -25,6 +25,21 @@ for target in darwin/arm64 linux/amd64 windows/amd64; do
 	CGO_ENABLED=0 GOOS="${target%/*}" GOARCH="${target#*/}" go build ./...
 done
 
+echo "== committed PTX is current (kernels/cuda/src compiled by clang-19)"
+if command -v clang-19 >/dev/null; then
+	ptxtmp="$(mktemp -d)"
+	kernels/cuda/ptx/gen.sh "$ptxtmp"
+	stale="$(diff -r -x '*.go' -x gen.sh kernels/cuda/ptx "$ptxtmp" | grep -E '^(Only in|diff )' || true)"
+	rm -rf "$ptxtmp"
+	if [ -n "$stale" ]; then
+		echo "kernels/cuda/ptx does not match kernels/cuda/src; run 'go generate ./kernels/cuda/ptx' (clang-19 19.1.7) and commit the PTX:" >&2
+		echo "$stale" >&2
+		exit 1
+	fi
+else
+	echo "skipped: clang-19 not found (scripts/setup.sh installs Debian's clang-19 as root)" >&2
+fi
+
 echo "== Taskfile (parses; its fuzz task names every fuzz target)"
 task() { go tool -modfile="$root/tools/go.mod" task "$@"; }
 task --list >/dev/null
