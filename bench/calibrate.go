@@ -346,7 +346,9 @@ func calibrateLink(ctx context.Context, cfg *model.Config, reps int, c *calibrat
 // compute rates do not explain becomes the group's cost per layer and chunk
 // (the mesh hops, the stage loop).
 func calibrateGroup(ctx context.Context, dir string, cfg *model.Config, f calibrateFlags, c *calibration) error {
-	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: f.ranks, Threads: f.threads})
+	// The prefix cache is off: the repeated prompts are measured prefills.
+	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: f.ranks, Threads: f.threads,
+		PrefixCache: pipeline.PrefixCacheConfig{Off: true}})
 	if err != nil {
 		return err
 	}

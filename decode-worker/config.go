@@ -25,25 +25,29 @@ const envPrefix = "TANDEM_DECODE"
 // defaults lists every configuration key with its default. Keys are read
 // from flags, then the environment, then the --config file.
 var defaults = map[string]any{
-	"rank":                0,
-	"group_config":        "",
-	"model":               "",
-	"listen":              "", // default: the rank's endpoint in the group config
-	"threads":             0,  // 0: every core
-	"memory_budget":       "0",
-	"micro_batches":       0, // 0: the number of ranks
-	"max_batch":           64,
-	"prefill_chunk":       512,
-	"cache_dtype":         "bf16",
-	"latent_norm_eps":     0.0,
-	"step_timeout":        5 * time.Minute,
-	"mesh.heartbeat":      500 * time.Millisecond,
-	"mesh.idle":           3 * time.Second,
-	"transfer.handshake":  5 * time.Second,
-	"transfer.io":         15 * time.Second,
-	"transfer.idle":       15 * time.Second,
-	"transfer.keep_alive": 2 * time.Second,
-	"frontdoor":           true,
+	"rank":          0,
+	"group_config":  "",
+	"model":         "",
+	"listen":        "", // default: the rank's endpoint in the group config
+	"threads":       0,  // 0: every core
+	"memory_budget": "0",
+	"micro_batches": 0, // 0: the number of ranks
+	"max_batch":     64,
+	"prefill_chunk": 512,
+	"cache_dtype":   "bf16",
+	// The prefix-state cache: finished prompts' states kept in the memory
+	// budget for prompts that start the same (every rank of a group alike).
+	"prefix_cache.enabled": true,
+	"prefix_cache.stride":  0, // extra snapshots every stride tokens (multiple of 64); 0: the prompt's end only
+	"latent_norm_eps":      0.0,
+	"step_timeout":         5 * time.Minute,
+	"mesh.heartbeat":       500 * time.Millisecond,
+	"mesh.idle":            3 * time.Second,
+	"transfer.handshake":   5 * time.Second,
+	"transfer.io":          15 * time.Second,
+	"transfer.idle":        15 * time.Second,
+	"transfer.keep_alive":  2 * time.Second,
+	"frontdoor":            true,
 	// The mesh between ranks: tcp, rdma (Thunderbolt 5 RDMA; fail without
 	// it) or auto (RDMA where a device has the endpoint's address, else TCP,
 	// logged). Over RDMA a rank takes link bootstraps on its endpoint's
@@ -75,6 +79,8 @@ type config struct {
 	MaxBatch     int
 	PrefillChunk int
 	CacheDType   model.DType
+	PrefixCache  bool
+	PrefixStride int
 	LatentEps    float64
 	StepTimeout  time.Duration
 	Heartbeat    time.Duration
@@ -149,6 +155,7 @@ func loadConfig(args []string) (*config, error) {
 	c := &config{Rank: v.GetInt("rank"), GroupConfig: v.GetString("group_config"), Model: v.GetString("model"),
 		Listen: v.GetString("listen"), Threads: v.GetInt("threads"), MicroBatches: v.GetInt("micro_batches"),
 		MaxBatch: v.GetInt("max_batch"), PrefillChunk: v.GetInt("prefill_chunk"), LatentEps: v.GetFloat64("latent_norm_eps"),
+		PrefixCache: v.GetBool("prefix_cache.enabled"), PrefixStride: v.GetInt("prefix_cache.stride"),
 		StepTimeout: v.GetDuration("step_timeout"), Heartbeat: v.GetDuration("mesh.heartbeat"), Idle: v.GetDuration("mesh.idle"),
 		Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 		TransferIdle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive"),
@@ -178,6 +185,8 @@ func loadConfig(args []string) (*config, error) {
 		return nil, errors.New("--model is required")
 	case c.Rank < 0:
 		return nil, fmt.Errorf("--rank %d is negative", c.Rank)
+	case c.PrefixStride < 0 || c.PrefixStride%model.KDAChunk != 0:
+		return nil, fmt.Errorf("prefix_cache.stride %d: want a multiple of %d (0: snapshots at prompt ends only)", c.PrefixStride, model.KDAChunk)
 	}
 	return c, nil
 }

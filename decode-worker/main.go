@@ -105,9 +105,14 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer srv.Close()
 
+	modelID, err := modelinfo.Identity(cfg.Model)
+	if err != nil {
+		return err
+	}
 	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret,
 		Transport: tr, Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
-		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout, Log: base})
+		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout,
+		PrefixCache: pipeline.PrefixCacheConfig{Off: !cfg.PrefixCache, Stride: cfg.PrefixStride, ModelID: modelID}, Log: base})
 	if err != nil {
 		return err
 	}

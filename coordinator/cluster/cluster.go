@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/service"
 	decodecp "github.com/tandem-inference/tandem/decode-worker/cpadapter"
 	"github.com/tandem-inference/tandem/decode-worker/group"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -68,6 +69,9 @@ type Options struct {
 	PrefillBackend func() kernels.Backend
 	// DecodeMemory is each decode rank's state budget (0: unlimited).
 	DecodeMemory int64
+	// PrefixCache configures the decode ranks' prefix-state cache (on by
+	// default).
+	PrefixCache pipeline.PrefixCacheConfig
 	// Heartbeat is the workers' heartbeat interval (default: TTL/3).
 	Heartbeat time.Duration
 	// Transfer timeouts of the data plane (zero: kvtransfer's defaults).
@@ -171,7 +175,7 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 	}
 	c.Group, err = group.Start(ctx, group.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Group: opt.Group,
 		Threads: opt.Threads, MemoryBudget: opt.DecodeMemory, Timeouts: opt.Transfer,
-		Heartbeat: opt.MeshHeartbeat, Idle: opt.MeshIdle, Log: opt.Log.Named("decode")})
+		Heartbeat: opt.MeshHeartbeat, Idle: opt.MeshIdle, PrefixCache: opt.PrefixCache, Log: opt.Log.Named("decode")})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: decode group: %w", err)
 	}

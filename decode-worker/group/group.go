@@ -39,6 +39,8 @@ type Options struct {
 	MicroBatches, MaxBatch, PrefillChunk int
 	Heartbeat, Idle                      time.Duration
 	Timeouts                             kvtransfer.Timeouts
+	// PrefixCache configures every rank's prefix-state cache.
+	PrefixCache pipeline.PrefixCacheConfig
 	// Secret of the mesh (default: random).
 	Secret []byte
 	Log    *zap.Logger
@@ -131,7 +133,7 @@ func (g *Group) startRank(r int) error {
 	}
 	w, err := pipeline.Start(pipeline.Config{Rank: r, Layout: g.Layout, Model: mb.m.Model, Server: mb.srv, Secret: g.opt.Secret,
 		Timeouts: g.opt.Timeouts, MemoryBudget: g.opt.MemoryBudget, MicroBatches: g.opt.MicroBatches, MaxBatch: g.opt.MaxBatch,
-		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, Log: g.opt.Log})
+		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Log: g.opt.Log})
 	if err != nil {
 		return err
 	}

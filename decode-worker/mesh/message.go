@@ -60,6 +60,10 @@ type Header struct {
 	Rank   int    `msgpack:"r,omitempty"` // the rank a Ready, Failed or Reset comes from
 	Seq    string `msgpack:"s,omitempty"`
 	Reason string `msgpack:"why,omitempty"`
+	// Keep, on a Release, says the sequence ended well: each rank keeps its
+	// planned prefix-cache entry (on failures they are dropped, since the
+	// ranks may have stepped it unevenly).
+	Keep bool `msgpack:"keep,omitempty"`
 
 	Admit  *Admit  `msgpack:"a,omitempty"`
 	Step   *Step   `msgpack:"st,omitempty"`
@@ -83,6 +87,22 @@ type Admit struct {
 	Sampling    Sampling  `msgpack:"sampling"`
 	Stop        []int32   `msgpack:"stop,omitempty"`
 	Verdicts    []Verdict `msgpack:"verdicts,omitempty"`
+	// Prefix is the head's prefix-cache decision for the sequence.
+	Prefix *Prefix `msgpack:"prefix,omitempty"`
+	// Evicted lists the cache entries ranks dropped for room while this
+	// admission went around; the ranks after them and the head drop them
+	// too.
+	Evicted []uint64 `msgpack:"evicted,omitempty"`
+}
+
+// Prefix is the head's prefix-cache decision for one sequence: resume from
+// entry Hit at token At (its first At tokens are not run), and keep the
+// state at the Snaps positions as entry Keep when the sequence ends.
+type Prefix struct {
+	Hit   uint64 `msgpack:"hit,omitempty"`
+	At    int    `msgpack:"at,omitempty"`
+	Keep  uint64 `msgpack:"keep,omitempty"`
+	Snaps []int  `msgpack:"snaps,omitempty"`
 }
 
 // Session authenticates one rank's share of a remote state transfer.
@@ -103,6 +123,9 @@ type Sampling struct {
 type Verdict struct {
 	Rank   int    `msgpack:"r"`
 	Reason string `msgpack:"why"`
+	// Miss says the rank lacked the cache entry the head chose: the head
+	// admits the sequence again without it.
+	Miss bool `msgpack:"miss,omitempty"`
 }
 
 // Step is one micro-batch's pass through the pipeline. The payload holds the

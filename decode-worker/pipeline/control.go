@@ -8,6 +8,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
+	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -84,6 +86,10 @@ func (w *Worker) reset(err error) {
 		sl.members, sl.inflight = nil, false
 	}
 	clear(w.flights)
+	if w.cache != nil {
+		// A rank may have restarted with an empty cache: start again alike.
+		w.cache.Clear()
+	}
 	if w.head {
 		w.epoch++
 	}
@@ -159,13 +165,17 @@ func (w *Worker) onMsg(m *mesh.Msg) {
 		}
 		if len(m.Admit.Verdicts) == 0 {
 			if err := w.admitLocal(m.Seq, m.Admit); err != nil {
-				m.Admit.Verdicts = append(m.Admit.Verdicts, mesh.Verdict{Rank: w.cfg.Rank, Reason: err.Error()})
+				m.Admit.Verdicts = append(m.Admit.Verdicts, w.verdict(err))
+			}
+		} else if w.cache != nil {
+			for _, ev := range m.Admit.Evicted {
+				w.cache.Drop(ev)
 			}
 		}
 		w.forward(m)
 	case mesh.KindRelease:
 		if s := w.seqs[m.Seq]; s != nil {
-			w.free(s)
+			w.retire(s, m.Keep)
 		}
 		if !w.last {
 			w.forward(m)
@@ -234,9 +244,10 @@ func (w *Worker) onForm(m *mesh.Msg) {
 	w.forward(m)
 }
 
-// admitLocal reserves a sequence on this rank: its state memory, its
-// transfer session (remote) or an empty state (local), and on the last rank
-// its sampler.
+// admitLocal reserves a sequence on this rank: its state memory (cache
+// entries evicted for it first, least recently used first), its transfer
+// session (remote) or a state, empty or restored from the prefix cache
+// (local), its planned cache entry, and on the last rank its sampler.
 func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 	if model.DType(a.LatentDType) != w.dtype {
 		return fmt.Errorf("this rank keeps the MLA cache as %s, the group's head as %s", w.dtype, model.DType(a.LatentDType))
@@ -244,7 +255,21 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 	if a.Tokens < 1 || a.Cached < 0 || a.MaxTokens < 1 {
 		return fmt.Errorf("admission of %d tokens (%d cached) for %d new ones", a.Tokens, a.Cached, a.MaxTokens)
 	}
-	s := &seq{id: id, admit: a, slot: -1}
+	pre := a.Prefix
+	if pre == nil {
+		pre = &mesh.Prefix{}
+	}
+	if pre.At < 0 || pre.At%prefixcache.Block != 0 || (pre.Hit == 0) != (pre.At == 0) || a.Remote && (pre.Hit != 0 || pre.Keep != 0) {
+		return fmt.Errorf("prefix cache decision %+v for a %s sequence", *pre, map[bool]string{true: "remote", false: "local"}[a.Remote])
+	}
+	if w.cache != nil {
+		for _, ev := range a.Evicted {
+			w.cache.Drop(ev) // a rank before this one made room with it
+		}
+	} else if pre.Hit != 0 {
+		return fmt.Errorf("%w: this rank's prefix cache is off", prefixcache.ErrMissing)
+	}
+	s := &seq{id: id, admit: a, slot: -1, from: pre.At}
 	if w.last {
 		p := sampling.Params{Temperature: a.Sampling.Temperature, TopK: a.Sampling.TopK, TopP: a.Sampling.TopP, Seed: a.Sampling.Seed}
 		var err error
@@ -256,7 +281,7 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 			s.stop[t] = true
 		}
 	}
-	e, err := w.table.Admit(id, a.Cached+a.Tokens+a.MaxTokens)
+	e, err := w.reserve(id, a.Cached+pre.At+a.Tokens+a.MaxTokens, pre.Hit, a)
 	if err != nil {
 		return err
 	}
@@ -268,24 +293,78 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 		}
 	} else {
 		w.table.Create(e)
+		if pre.Hit != 0 {
+			if err := w.cache.Restore(e.State, pre.Hit, pre.At); err != nil {
+				w.table.Free(id)
+				return err
+			}
+		}
+		if pre.Keep != 0 && w.cache != nil {
+			s.pend = &prefixcache.Pending{ID: pre.Keep, Plan: pre.Snaps, From: pre.Hit, FromPos: pre.At}
+		}
 	}
 	w.seqs[id] = s
 	w.log.Debug("sequence admitted", zap.String("seq", id), zap.Int("tokens", a.Tokens), zap.Int("cached", a.Cached),
-		zap.Bool("remote", a.Remote), zap.Int64("reserved", e.Reserved))
+		zap.Int("from_prefix_cache", pre.At), zap.Bool("remote", a.Remote), zap.Int64("reserved", e.Reserved))
 	return nil
 }
 
-// free drops a sequence's state, reservation and pending transfer.
+// reserve admits a sequence of capacity tokens to the table, evicting
+// prefix-cache entries (never keep, the one it resumes from) while the
+// budget is short; each eviction is listed in the Admit so that the ranks
+// after this one and the head drop the entry too.
+func (w *Worker) reserve(id string, capacity int, keep uint64, a *mesh.Admit) (*rank.Entry, error) {
+	for {
+		e, err := w.table.Admit(id, capacity)
+		if err == nil || w.cache == nil || !errors.Is(err, rank.ErrNoMemory) {
+			return e, err
+		}
+		victim, ok := w.cache.EvictOne(keep)
+		if !ok {
+			return nil, err
+		}
+		a.Evicted = append(a.Evicted, victim)
+	}
+}
+
+// verdict is this rank's refusal of an admission.
+func (w *Worker) verdict(err error) mesh.Verdict {
+	return mesh.Verdict{Rank: w.cfg.Rank, Reason: err.Error(), Miss: errors.Is(err, prefixcache.ErrMissing)}
+}
+
+// free drops a sequence's state, reservation and pending transfer; a
+// planned cache entry is given up.
 func (w *Worker) free(s *seq) {
 	if s.in != nil {
 		s.in.Cancel()
 		s.in = nil
+	}
+	if s.pend != nil {
+		w.cache.Abandon(s.pend)
+		s.pend = nil
 	}
 	w.table.Free(s.id)
 	if w.seqs[s.id] == s {
 		delete(w.seqs, s.id)
 	}
 	w.unschedule(s)
+}
+
+// retire frees a sequence that ended; when keep (it ended well, so every
+// rank stepped it alike) its planned cache entry is kept, after its
+// reservation is released so that the entry can take the room.
+func (w *Worker) retire(s *seq, keep bool) {
+	pend, st := s.pend, s.e.State
+	s.pend = nil
+	w.free(s)
+	if pend == nil {
+		return
+	}
+	if keep && st != nil {
+		w.cache.Insert(pend, st, s.req.Tokens)
+		return
+	}
+	w.cache.Abandon(pend)
 }
 
 // expect registers this rank's transfer session for a remote sequence and

@@ -30,11 +30,17 @@ func pickSlot(sizes []int, maxBatch int) int {
 // already holds pos[i]. With budget 0 every queued prompt goes whole;
 // otherwise the step takes at most budget rows, and a sequence cut short
 // ends its share on a multiple of the KDA chunk counted from its start, so
-// that chunked prefill is bit-identical to prefilling it at once. It
-// returns the rows of each sequence taken (len(rows) <= len(pending)).
-func prefillRows(pending, pos []int, budget int) []int {
+// that chunked prefill is bit-identical to prefilling it at once. A
+// sequence whose stops[i] (its next prefix-cache snapshot, itself on the
+// grid; 0: none; stops may be nil) lies inside its share ends the share
+// there, so that its state can be kept at that position. It returns the
+// rows of each sequence taken (len(rows) <= len(pending)).
+func prefillRows(pending, pos, stops []int, budget int) []int {
 	var rows []int
 	for i, n := range pending {
+		if stops != nil && stops[i] > pos[i] {
+			n = min(n, stops[i]-pos[i])
+		}
 		if budget > 0 && n > budget {
 			n = (pos[i]+budget)/model.KDAChunk*model.KDAChunk - pos[i]
 		}

@@ -47,7 +47,7 @@ func TestPrefillRows(t *testing.T) {
 		{"nothing queued", nil, nil, 64, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := prefillRows(tc.pending, tc.pos, tc.budget)
+			got := prefillRows(tc.pending, tc.pos, nil, tc.budget)
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("prefillRows(%v, %v, %d) = %v, want %v", tc.pending, tc.pos, tc.budget, got, tc.want)
 			}
@@ -139,5 +139,31 @@ func TestOnFormAction(t *testing.T) {
 func TestStartable(t *testing.T) {
 	if !startable(false, 0, 3) || startable(true, 2, 3) || !startable(true, 3, 3) {
 		t.Fatal("a local sequence starts at once, a remote one when every rank holds its state")
+	}
+}
+
+// TestPrefillRowsStops: a planned prefix-cache snapshot ends a sequence's
+// share of a step at its position (so the state can be kept there), and
+// the step goes on with the next sequence.
+func TestPrefillRowsStops(t *testing.T) {
+	c := model.KDAChunk
+	for _, tc := range []struct {
+		name                string
+		pending, pos, stops []int
+		budget              int
+		want                []int
+	}{
+		{"a stop inside the share ends it", []int{149}, []int{0}, []int{2 * c}, 0, []int{2 * c}},
+		{"the next sequence follows", []int{149, 20}, []int{0, 0}, []int{2 * c, 0}, 0, []int{2 * c, 20}},
+		{"a stop at or behind the position is none", []int{21}, []int{2 * c}, []int{2 * c}, 0, []int{21}},
+		{"a stop past the share changes nothing", []int{100}, []int{0}, []int{3 * c}, 0, []int{100}},
+		{"the budget still cuts first", []int{300}, []int{0}, []int{4 * c}, 2 * c, []int{2 * c}},
+		{"a stop under the budget", []int{300, 10}, []int{c, 0}, []int{2 * c, 0}, 4 * c, []int{c, 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := prefillRows(tc.pending, tc.pos, tc.stops, tc.budget); !slices.Equal(got, tc.want) {
+				t.Fatalf("prefillRows(%v, %v, %v, %d) = %v, want %v", tc.pending, tc.pos, tc.stops, tc.budget, got, tc.want)
+			}
+		})
 	}
 }

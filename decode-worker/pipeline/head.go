@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -45,7 +46,7 @@ func (w *Worker) Submit(ctx context.Context, req Request) error {
 		_ = w.do(w.ctx, func() {
 			if s := w.seqs[req.ID]; s != nil && s.reply == reply {
 				w.free(s)
-				w.release(s.id)
+				w.release(s.id, false)
 			}
 		})
 		return ctx.Err()
@@ -84,6 +85,13 @@ func (w *Worker) Cancel(ctx context.Context, id string) error {
 
 // headAdmit starts an admission on the loop.
 func (w *Worker) headAdmit(req *Request, reply chan error) {
+	w.admitAs(req, reply, true, nil)
+}
+
+// admitAs starts an admission, with the prefix cache's decision unless
+// useCache is false (a rank missed the entry the head chose, which every
+// rank then drops: evicted).
+func (w *Worker) admitAs(req *Request, reply chan error, useCache bool, evicted []uint64) {
 	if !w.formed {
 		reply <- fmt.Errorf("%w: the ring of %d ranks is not formed (a rank is down or still starting)", ErrNotReady, w.n)
 		return
@@ -94,20 +102,29 @@ func (w *Worker) headAdmit(req *Request, reply chan error) {
 	}
 	a := &mesh.Admit{Tokens: len(req.Tokens), MaxTokens: req.MaxTokens, LatentDType: uint8(w.dtype),
 		Sampling: mesh.Sampling{Temperature: req.Sampling.Temperature, TopK: req.Sampling.TopK, TopP: req.Sampling.TopP, Seed: req.Sampling.Seed},
-		Stop:     req.Stop}
+		Stop:     req.Stop, Evicted: evicted}
 	if rm := req.Remote; rm != nil {
 		a.Remote, a.Cached, a.Deadline = true, rm.Tokens, rm.Deadline.UnixNano()
 		for _, s := range rm.Sessions {
 			a.Sessions = append(a.Sessions, mesh.Session{ID: s.ID, Secret: s.Secret})
 		}
+	} else if w.cache != nil {
+		a.Prefix = w.plan(req.Tokens, useCache)
+		if a.Prefix != nil {
+			a.Tokens -= a.Prefix.At
+		}
 	}
 	if err := w.admitLocal(req.ID, a); err != nil {
+		if useCache && errors.Is(err, prefixcache.ErrMissing) {
+			w.admitAs(req, reply, false, nil)
+			return
+		}
 		w.counters.refused++
 		reply <- &RefusedError{Seq: req.ID, Rank: 0, Reason: err.Error()}
 		return
 	}
 	s := w.seqs[req.ID]
-	s.req, s.reply, s.admitting = *req, reply, true
+	s.req, s.reply, s.admitting, s.retried = *req, reply, true, !useCache
 	s.ready = make([]bool, w.n)
 	if w.n == 1 {
 		w.admitted(s, nil)
@@ -121,25 +138,64 @@ func (w *Worker) headAdmit(req *Request, reply chan error) {
 	}
 }
 
+// plan is the head's prefix-cache decision for a local prompt: the longest
+// cached prefix it resumes from (none when !lookup), and the positions
+// where its state is kept as a new entry. nil: neither.
+func (w *Worker) plan(prompt []int32, lookup bool) *mesh.Prefix {
+	end := len(prompt) - 1 // the last prompt token runs as a decode step
+	var hit uint64
+	var at int
+	if lookup {
+		hit, at = w.cache.Lookup(prompt, end)
+	}
+	p := &mesh.Prefix{Hit: hit, At: at, Snaps: prefixcache.Snapshots(at, end, w.cfg.PrefixCache.Stride)}
+	if len(p.Snaps) > 0 {
+		p.Keep = w.cache.NewID()
+	}
+	if p.Hit == 0 && p.Keep == 0 {
+		return nil
+	}
+	return p
+}
+
 // onAdmitted: the Admit came back around the ring.
 func (w *Worker) onAdmitted(m *mesh.Msg) {
 	s := w.seqs[m.Seq]
 	if s == nil || !s.admitting {
 		return
 	}
+	if w.cache != nil {
+		for _, ev := range m.Admit.Evicted {
+			w.cache.Drop(ev) // a rank made room with it: no rank is to count on it
+		}
+	}
 	w.admitted(s, m.Admit.Verdicts)
 }
 
 // admitted settles an admission: refused (every rank frees what it
 // reserved) or admitted (local sequences are ready to step; remote ones wait
-// for their state on every rank).
+// for their state on every rank). A refusal because a rank lacked the
+// chosen cache entry is retried once without the cache.
 func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 	s.admitting = false
 	if len(verdicts) > 0 {
 		v := verdicts[0]
-		w.counters.refused++
 		w.free(s)
-		w.release(s.id)
+		w.release(s.id, false)
+		if v.Miss && !s.retried {
+			var gone []uint64
+			if pre := s.admit.Prefix; pre != nil && w.cache != nil {
+				w.cache.Drop(pre.Hit)
+				gone = []uint64{pre.Hit}
+			}
+			w.log.Info("prefix cache entry missing on a rank; admitting again without it", zap.String("seq", s.id), zap.Int("rank", v.Rank))
+			w.admitAs(&s.req, s.reply, false, gone)
+			if r := w.seqs[s.id]; r != nil && s.cancelled {
+				r.cancelled = true
+			}
+			return
+		}
+		w.counters.refused++
 		w.log.Info("sequence refused", zap.String("seq", s.id), zap.Int("by_rank", v.Rank), zap.String("reason", v.Reason))
 		s.reply <- &RefusedError{Seq: s.id, Rank: v.Rank, Reason: v.Reason}
 		return
@@ -148,7 +204,7 @@ func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 	s.timing.Admitted = time.Now()
 	s.reply <- nil // kept: it also identifies the Submit call (see its abandon path)
 	w.log.Info("sequence admitted", zap.String("seq", s.id), zap.Int("tokens", len(s.req.Tokens)),
-		zap.Int("cached", s.admit.Cached), zap.Bool("remote", s.admit.Remote), zap.Int("max_tokens", s.req.MaxTokens))
+		zap.Int("cached", s.admit.Cached), zap.Int("from_prefix_cache", s.from), zap.Bool("remote", s.admit.Remote), zap.Int("max_tokens", s.req.MaxTokens))
 	switch {
 	case s.cancelled:
 		w.end(s, Result{Reason: ReasonCancelled})
@@ -184,15 +240,17 @@ func (w *Worker) stateFailed(s *seq, r int, reason string) {
 // start schedules a sequence whose state is in place on every rank.
 func (w *Worker) start(s *seq) {
 	s.timing.Ready = time.Now()
-	t := s.req.Tokens
+	t := s.req.Tokens[s.from:]
 	s.pending, s.next = t[:len(t)-1], t[len(t)-1]
 	w.ready(s)
 }
 
-// end finishes a sequence on the head and releases it on every rank.
+// end finishes a sequence on the head and releases it on every rank; one
+// that ended well leaves its planned prefix-cache entry on every rank.
 func (w *Worker) end(s *seq, r Result) {
-	w.free(s)
-	w.release(s.id)
+	keep := r.Reason != ReasonError
+	w.retire(s, keep)
+	w.release(s.id, keep)
 	w.counters.finished++
 	if r.Reason == ReasonError {
 		w.counters.failed++
@@ -218,10 +276,11 @@ func (w *Worker) finish(s *seq, r Result) {
 	s.req.Sink.End(s.id, r)
 }
 
-// release tells the other ranks to free a sequence.
-func (w *Worker) release(id string) {
+// release tells the other ranks to free a sequence, keeping its planned
+// cache entry or not.
+func (w *Worker) release(id string, keep bool) {
 	if w.ring != nil {
-		w.send(&mesh.Header{Kind: mesh.KindRelease, Epoch: w.epoch, Seq: id}, nil)
+		w.send(&mesh.Header{Kind: mesh.KindRelease, Epoch: w.epoch, Seq: id, Keep: keep}, nil)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -124,11 +125,14 @@ func (w *Worker) schedule() {
 // launchPrefill takes prompt chunks from the queue, in order, up to
 // PrefillChunk rows.
 func (w *Worker) launchPrefill() {
-	pending, pos := make([]int, len(w.queue)), make([]int, len(w.queue))
+	pending, pos, stops := make([]int, len(w.queue)), make([]int, len(w.queue)), make([]int, len(w.queue))
 	for i, s := range w.queue {
 		pending[i], pos[i] = len(s.pending), s.e.State.Tokens
+		if s.pend != nil {
+			stops[i] = prefixcache.NextStop(s.pend.Plan, pos[i])
+		}
 	}
-	rows := prefillRows(pending, pos, w.cfg.PrefillChunk)
+	rows := prefillRows(pending, pos, stops, w.cfg.PrefillChunk)
 	if len(rows) == 0 {
 		return
 	}
@@ -180,6 +184,9 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	b.Advance()
 	if phase == model.PhasePrefill {
 		for i, s := range ss {
+			if s.pend != nil {
+				w.cache.Snapshot(s.pend, s.e.State)
+			}
 			// The next chunk, or the last prompt token's decode step, can
 			// follow at once: every rank runs a sequence's steps in order.
 			s.pending = s.pending[rows[i]:]

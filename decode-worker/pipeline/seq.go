@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 	"github.com/tandem-inference/tandem/kvtransfer"
@@ -15,6 +16,7 @@ type seq struct {
 	e     *rank.Entry
 	admit *mesh.Admit
 	in    *kvtransfer.Incoming // remote state not yet committed
+	pend  *prefixcache.Pending // the cache entry it will leave, if any
 
 	// Last rank.
 	sampler   *sampling.Sampler
@@ -23,6 +25,8 @@ type seq struct {
 
 	// Head.
 	req       Request
+	from      int        // prompt tokens restored from the prefix cache
+	retried   bool       // admitted again without the cache after a rank missed its entry
 	admitting bool       // the admission is going around the ring
 	reply     chan error // answers Submit, once
 	cancelled bool       // Cancel came during the admission

@@ -87,13 +87,23 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		return
 	}
 	b.Advance()
+	if phase == model.PhasePrefill {
+		for _, s := range ss {
+			if s.pend != nil {
+				w.cache.Snapshot(s.pend, s.e.State)
+			}
+		}
+	}
 	if w.last {
 		results := w.sample(ss, phase, b)
 		compute := time.Since(t1)
 		tr.Compute[w.cfg.Rank] = int64(compute)
 		for _, r := range results {
 			if r.Done {
-				if s := w.seqs[r.Seq]; s != nil {
+				// A sequence that leaves a cache entry waits for the
+				// head's Release, as every other rank does, so that all
+				// keep it at the same point of the ring's order.
+				if s := w.seqs[r.Seq]; s != nil && (s.pend == nil || r.Reason == string(ReasonError)) {
 					w.free(s)
 				}
 			}

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"time"
 
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
+
 	"go.uber.org/zap"
 )
 
@@ -15,6 +17,11 @@ type Stats struct {
 	Sequences     int   // sequences held (admitted and not yet freed)
 	ReservedBytes int64 // state memory reserved for them
 	BudgetBytes   int64 // 0: unlimited
+
+	// Cache is the rank's prefix cache (zero when off): its entries and
+	// bytes (drawn on the same budget as the sequences), and on the head
+	// its lookups, hits and the prompt tokens the hits saved.
+	Cache prefixcache.Stats
 
 	Steps       int64         // steps this rank computed
 	ComputeTime time.Duration // spent in this rank's layers (and sampling on the last rank)
@@ -54,12 +61,15 @@ func (w *Worker) Stats() Stats {
 func (w *Worker) publish() {
 	c := &w.counters
 	s := Stats{Rank: w.cfg.Rank, Ranks: w.n, Epoch: w.epoch, Formed: w.formed,
-		Sequences: w.table.Len(), ReservedBytes: w.table.Used(), BudgetBytes: w.table.Limit(),
+		Sequences: w.table.Len(), ReservedBytes: w.table.Reserved(), BudgetBytes: w.table.Limit(),
 		Steps: c.steps, ComputeTime: c.compute,
 		Admitted: c.admitted, Refused: c.refused, Finished: c.finished, Failed: c.failed,
 		Queued: len(w.queue) + len(w.overflow), InFlight: len(w.flights), Tokens: c.tokens,
 		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows, LargestDecodeStep: c.largest,
 		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh}
+	if w.cache != nil {
+		s.Cache = w.cache.Stats()
+	}
 	w.mu.Lock()
 	w.snap = s
 	w.mu.Unlock()

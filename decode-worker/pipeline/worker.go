@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -65,8 +66,29 @@ type Config struct {
 	StepTimeout time.Duration
 	// FormRetry is how often rank 0 retries forming the ring (default 250 ms).
 	FormRetry time.Duration
+	// PrefixCache sets up the rank's prefix-state cache; every rank of a
+	// group must be given the same settings.
+	PrefixCache PrefixCacheConfig
 	// Log receives the rank's logs, with the group and rank added.
 	Log *zap.Logger
+}
+
+// PrefixCacheConfig configures the prefix-state cache (package
+// prefixcache). It is on unless Off: finished prompts' states stay in the
+// rank's memory budget until a sequence needs the room.
+type PrefixCacheConfig struct {
+	Off bool
+	// Stride adds a snapshot every Stride prefilled tokens (a multiple of
+	// model.KDAChunk; 0: only at the prompt's end), so that prompts that
+	// share only the start of a cached one (a system prompt) find a
+	// resumable state. Each snapshot costs the rank's KDA states (about
+	// 434 MB at K3's full size over all ranks).
+	Stride int
+	// ModelID names the model (its checkpoint's identity); it seeds the
+	// cache's hashes together with the cache dtype.
+	ModelID string
+	// Hash replaces the chain's hash (tests force collisions with it).
+	Hash prefixcache.HashFunc
 }
 
 // Worker is one rank of a decode group.
@@ -90,6 +112,7 @@ type Worker struct {
 
 	// Owned by the loop.
 	table    *rank.Table
+	cache    *prefixcache.Cache // nil when off
 	seqs     map[string]*seq
 	epoch    uint64
 	formed   bool
@@ -168,6 +191,13 @@ func Start(cfg Config) (*Worker, error) {
 		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now()}
 	for range w.maxSteps {
 		w.slots = append(w.slots, &slot{})
+	}
+	if pc := cfg.PrefixCache; !pc.Off {
+		if pc.Stride < 0 {
+			return nil, fmt.Errorf("pipeline: prefix cache stride %d is negative", pc.Stride)
+		}
+		w.cache = prefixcache.New(prefixcache.Config{Model: cfg.Model.Cfg, Lo: spec.Lo, Hi: spec.Hi, DType: dtype,
+			Salt: prefixcache.Salt(pc.ModelID, dtype), Hash: pc.Hash, Budget: w.table.Budget(), Index: head})
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if w.n > 1 {

@@ -103,6 +103,19 @@ func (t *Table) IDs() []string {
 	return out
 }
 
+// Budget is the table's memory accounting, which the rank's prefix cache
+// shares: cached states count against the same bytes as sequences.
+func (t *Table) Budget() *Budget { return t.budget }
+
+// Reserved is what the table's sequences hold of the budget.
+func (t *Table) Reserved() int64 {
+	var n int64
+	for _, e := range t.seqs {
+		n += e.Reserved
+	}
+	return n
+}
+
 // Len is the number of sequences; Used and Limit the reserved and budgeted bytes.
 func (t *Table) Len() int             { return len(t.seqs) }
 func (t *Table) Used() int64          { return t.budget.Used() }

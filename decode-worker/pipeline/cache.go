@@ -1,0 +1,59 @@
+package pipeline
+
+import (
+	"context"
+
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
+)
+
+// CacheEntries lists the rank's prefix-cache entries, the most recently
+// used first (nil when the cache is off).
+func (w *Worker) CacheEntries(ctx context.Context) ([]prefixcache.Info, error) {
+	out := make(chan []prefixcache.Info, 1)
+	if err := w.do(ctx, func() {
+		if w.cache == nil {
+			out <- nil
+			return
+		}
+		out <- w.cache.List()
+	}); err != nil {
+		return nil, err
+	}
+	select {
+	case l := <-out:
+		return l, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// DropCache drops prefix-cache entries from this rank: the entry id, or
+// every entry when id is 0. It returns how many went. A rank that lacks an
+// entry the head later chooses refuses that admission as a miss and the
+// head admits the sequence again without the cache, so dropping on one
+// rank is safe; an operator drops on every rank.
+func (w *Worker) DropCache(ctx context.Context, id uint64) (int, error) {
+	out := make(chan int, 1)
+	if err := w.do(ctx, func() {
+		switch {
+		case w.cache == nil:
+			out <- 0
+		case id == 0:
+			n := len(w.cache.List())
+			w.cache.Clear()
+			out <- n
+		case w.cache.Drop(id):
+			out <- 1
+		default:
+			out <- 0
+		}
+	}); err != nil {
+		return 0, err
+	}
+	select {
+	case n := <-out:
+		return n, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}

@@ -1,0 +1,110 @@
+// Package prefixcache is a decode rank's prefix-state cache: the states of
+// prompts the group has prefilled, kept after their sequences end so that a
+// later prompt that starts with the same tokens (the next turn of an agent
+// session, another session with the same system prompt) prefills only the
+// rest.
+//
+// K3's state is hybrid. The MLA layers' latent rows are per token, so any
+// prefix of them is reusable; the KDA layers' recurrent state cannot be cut
+// back, so it is kept as snapshots at chosen positions. A prefix is
+// reusable up to the last snapshot within the matched tokens. Snapshots are
+// taken only at multiples of model.KDAChunk of prefilled (chunked-form)
+// tokens: there a resumed prefill is bit-identical to a from-scratch one,
+// while states that went through decode steps (generated text) are not
+// (TestSnapshotForms), so a continuation from the cache gives exactly the
+// from-scratch result.
+//
+// Entries are found by a hash chain over blocks of Block tokens, seeded by
+// the model's identity and the cache dtype, and the tokens are compared on
+// every hit: a hash only narrows the search.
+//
+// The group's head decides (lookups, the positions to snapshot, the entry
+// ids) and carries its decisions to the other ranks in the admission; each
+// rank holds its own layers' share of every entry, accounted in its memory
+// budget. The decisions are pure functions here, tested without a group.
+package prefixcache
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+
+	"github.com/tandem-inference/tandem/model"
+)
+
+// Block is the token block the hash chain covers and the grid snapshots lie
+// on: the KDA chunk, where resumed prefills are exact.
+const Block = model.KDAChunk
+
+// Hash is one link of a prefix's hash chain.
+type Hash uint64
+
+// HashFunc chains one block of tokens onto the previous link.
+type HashFunc func(prev Hash, block []int32) Hash
+
+// SHA256 is the default chain: the first 8 bytes of SHA-256 over the
+// previous link and the block's tokens (little-endian int32s).
+func SHA256(prev Hash, block []int32) Hash {
+	h := sha256.New()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(prev))
+	h.Write(b[:])
+	buf := make([]byte, 4*len(block))
+	for i, t := range block {
+		binary.LittleEndian.PutUint32(buf[4*i:], uint32(t))
+	}
+	h.Write(buf)
+	return Hash(binary.LittleEndian.Uint64(h.Sum(nil)))
+}
+
+// Salt seeds a chain with what makes a state valid: the model's identity
+// and the MLA cache dtype. A rank serving another model or dtype computes
+// other hashes, so nothing cached for the old one matches.
+func Salt(modelID string, dtype model.DType) Hash {
+	h := sha256.Sum256(append([]byte(modelID+"\x00"), byte(dtype)))
+	return Hash(binary.LittleEndian.Uint64(h[:8]))
+}
+
+// Chain returns the links of tokens' full blocks: out[i] covers
+// tokens[:(i+1)*Block].
+func Chain(f HashFunc, salt Hash, tokens []int32) []Hash {
+	n := len(tokens) / Block
+	out := make([]Hash, n)
+	prev := salt
+	for i := range n {
+		prev = f(prev, tokens[i*Block:(i+1)*Block])
+		out[i] = prev
+	}
+	return out
+}
+
+// Snapshots plans the positions at which a sequence's state is kept: every
+// multiple of stride after from (the position it resumed at) and the last
+// multiple of Block not after end (the prompt's prefilled end), in order.
+// stride <= 0 keeps only the end; a stride that is not a multiple of Block
+// is rounded up to one.
+func Snapshots(from, end, stride int) []int {
+	last := end / Block * Block
+	if last <= from {
+		return nil
+	}
+	var out []int
+	if stride > 0 {
+		stride = (stride + Block - 1) / Block * Block
+		for p := (from/stride + 1) * stride; p < last; p += stride {
+			out = append(out, p)
+		}
+	}
+	return append(out, last)
+}
+
+// NextStop is the first planned position after pos, or 0 when none is
+// left: a prefill step of the sequence ends there so that its state can be
+// kept.
+func NextStop(plan []int, pos int) int {
+	for _, p := range plan {
+		if p > pos {
+			return p
+		}
+	}
+	return 0
+}
