@@ -15,9 +15,12 @@ import (
 )
 
 // Tensor is an fp32 activation or state tensor [Rows, Cols], row-major.
-// Data holds the values when the tensor lives in host-visible memory (the CPU
+// Data holds the values when the tensor lives in host memory (the CPU
 // backend, Apple unified memory); a device backend keeps its own handle in
-// Dev and moves data only through Backend.Upload / Download.
+// Dev and leaves Data nil. Code above the backend (model, executor) never
+// reads or writes Data of a tensor it did not make itself: it moves values
+// only through Backend.Upload / Download / CopyBlock and the state
+// attachments, so that the same code runs on every backend.
 type Tensor struct {
 	Rows, Cols int
 	Data       []float32
@@ -27,9 +30,33 @@ type Tensor struct {
 // Row returns row r of a host tensor.
 func (t *Tensor) Row(r int) []float32 { return t.Data[r*t.Cols : (r+1)*t.Cols] }
 
-// RowsView returns rows [lo, hi) of a host tensor, sharing storage.
+// RowsViewer is implemented by a device handle that can address a band of
+// rows of its tensor without a copy.
+type RowsViewer interface {
+	// RowsView returns the handle of rows [lo, hi) of a tensor of cols columns.
+	RowsView(lo, hi, cols int) any
+}
+
+// RowsView returns rows [lo, hi) of a tensor, sharing storage: a slice of
+// Data on the host, a view of the device handle elsewhere (nil when the
+// handle cannot address rows).
 func (t *Tensor) RowsView(lo, hi int) *Tensor {
-	return &Tensor{Rows: hi - lo, Cols: t.Cols, Data: t.Data[lo*t.Cols : hi*t.Cols]}
+	v := &Tensor{Rows: hi - lo, Cols: t.Cols}
+	if t.Data != nil {
+		v.Data = t.Data[lo*t.Cols : hi*t.Cols]
+	}
+	if rv, ok := t.Dev.(RowsViewer); ok {
+		v.Dev = rv.RowsView(lo, hi, t.Cols)
+	}
+	return v
+}
+
+// Truncate keeps the first rows rows of the tensor (its storage stays).
+func (t *Tensor) Truncate(rows int) {
+	t.Rows = rows
+	if t.Data != nil {
+		t.Data = t.Data[:rows*t.Cols]
+	}
 }
 
 func (t *Tensor) String() string { return fmt.Sprintf("Tensor[%d,%d]", t.Rows, t.Cols) }
@@ -121,11 +148,15 @@ func (m *Matrix) Check() error {
 func (m *Matrix) Bytes() int { return len(m.Data) + len(m.Scales) }
 
 // LatentCache is one MLA layer's cache rows [Rows, Cols] (normalised c_kv
-// then k_pe), stored as F32 or as BF16 bit patterns; exactly one is set.
+// then k_pe), stored as F32 or as BF16 bit patterns; exactly one is set. The
+// host slices are the sequence state's own bytes; a device backend attaches
+// a device copy in Dev (Memory.AttachLatent) for the ops of one layer and
+// writes it back when the layer is done (Memory.DetachLatent).
 type LatentCache struct {
 	F32        []float32
 	BF16       []uint16
 	Rows, Cols int
+	Dev        any
 }
 
 // Span is one sequence's rows [Lo, Hi) inside a batch tensor.
@@ -136,12 +167,28 @@ func (s Span) Len() int { return s.Hi - s.Lo }
 
 // Backend runs the K3 ops. Methods panic only on programmer error (shape
 // mismatches the model code guarantees); data errors are the loader's job.
+//
+// The contract for device memory: activations, the KDA state and conv
+// tails, the MLA latent cache and the AttnRes stack live in backend tensors
+// between ops, and the code above the backend moves values between host and
+// backend only at these points: token ids in (Embed), a layer's sequence
+// state attached before the layer and detached (written back to its host
+// bytes) after it, and logits out (Download). The router's choice
+// (RouterTopK's ids and weights, 8 bytes per routed row) is the one other
+// host crossing: a device backend needs the per-expert row counts on the
+// host to launch one GEMM per expert in any case.
 type Backend interface {
 	Name() string
 	// Threads is the degree of parallelism the backend uses on the host.
 	Threads() int
+	Memory
+	Ops
+}
 
-	// Memory. AllocHost returns staging memory the weight streamer reads into:
+// Memory is where a backend's tensors, weights and attached state live, and
+// the only ways values cross between the host and the backend.
+type Memory interface {
+	// AllocHost returns staging memory the weight streamer reads into:
 	// page-aligned (usable with direct I/O) and, on device backends, pinned so
 	// that Bind copies from it with DMA and no intermediate copy.
 	AllocHost(n int) ([]byte, error)
@@ -150,11 +197,36 @@ type Backend interface {
 	// upload to device memory elsewhere); Release frees the device copy.
 	Bind(m *Matrix) error
 	Release(m *Matrix)
-	// NewTensor allocates a zeroed activation tensor.
+	// NewTensor allocates a zeroed activation tensor; Free returns its
+	// storage (a no-op on the CPU backend, where the collector does it). A
+	// tensor must not be used after Free.
 	NewTensor(rows, cols int) *Tensor
+	Free(t *Tensor)
+	// Upload and Download copy a whole tensor's values from or to the host.
 	Upload(dst *Tensor, src []float32)
 	Download(dst []float32, src *Tensor)
+	// CopyBlock copies the block of rows×cols values at (sr, sc) of src to
+	// (dr, dc) of dst. dst and src may be the same tensor with overlapping
+	// blocks only when dr <= sr (squeezing rows out moves them up).
+	CopyBlock(dst *Tensor, dr, dc int, src *Tensor, sr, sc, rows, cols int)
 
+	// AttachState makes a sequence state array (host memory, the state's own
+	// bytes: a KDA state or conv tail) usable by ops as a [rows, cols]
+	// tensor: on the CPU the tensor shares host's memory; a device backend
+	// uploads it. DetachState writes the tensor's values back into host and
+	// frees the tensor; after it host holds the op's result.
+	AttachState(host []float32, rows, cols int) *Tensor
+	DetachState(t *Tensor, host []float32)
+	// AttachLatent makes a latent cache usable by WriteLatent and
+	// MLAAttention; its first valid rows hold values (the rest are about to
+	// be written). DetachLatent writes rows [from, Rows) back into the host
+	// slices and frees the device copy.
+	AttachLatent(c *LatentCache, valid int)
+	DetachLatent(c *LatentCache, from int)
+}
+
+// Ops are the model's compute ops over backend tensors.
+type Ops interface {
 	// Embed writes rows ids of table into dst [len(ids), table.Cols].
 	Embed(dst *Tensor, table *Matrix, ids []int32)
 	// MatMul computes dst[T, W.Rows] = x[T, W.Cols] · Wᵀ.
@@ -174,7 +246,7 @@ type Backend interface {
 	// SiTUMLP computes dst = W_down · SiTU(W_gate x, W_up x) with
 	// SiTU(g, u) = β1·tanh(g/β1)·σ(g)·β2·tanh(u/β2) (spec §3.5): the dense FFN
 	// and the shared experts. The hidden activations stay in fp64 inside the
-	// op; only the output is rounded.
+	// op on the CPU; only the output is rounded.
 	SiTUMLP(dst, x *Tensor, gate, up, down *Matrix, beta1, beta2 float32)
 	// AttnResMix writes, per row, the softmax(score)-weighted sum of the raw
 	// sources, score = Σ (v/rms(v)) ⊙ proj (spec §3.2; proj = wn ⊙ wp).
@@ -182,7 +254,7 @@ type Backend interface {
 
 	// ShortConvSiLU is the KDA depthwise causal conv + SiLU over the rows of
 	// span, continuing from and updating tail [P, K-1] (oldest first).
-	ShortConvSiLU(dst, x *Tensor, span Span, w *Tensor, tail []float32)
+	ShortConvSiLU(dst, x *Tensor, span Span, w *Tensor, tail *Tensor)
 	// KDAGate maps z to the per-channel log decay g = lower·σ(exp(aLog[h])·z)
 	// for head h = column / headDim, in place.
 	KDAGate(z *Tensor, aLog []float32, headDim int, lower float32)
@@ -190,16 +262,21 @@ type Backend interface {
 	// continuing from and updating S [H*d_k, d_v] (spec §3.3); q is already
 	// normalised and scaled, g is the log decay, beta [T, H]. chunk 0 runs the
 	// sequential recurrence; chunk C > 0 the chunked (UT/WY) form with tiles of C.
-	KDA(o, q, k, v, g, beta *Tensor, span Span, S []float32, heads, dk, dv, chunk int)
+	KDA(o, q, k, v, g, beta *Tensor, span Span, S *Tensor, heads, dk, dv, chunk int)
+	// WriteLatent writes rows [srcRow, srcRow+n) of src (cache.Cols wide)
+	// into cache rows [row, row+n), rounded to the cache's dtype (BF16:
+	// round to nearest even).
+	WriteLatent(cache *LatentCache, row int, src *Tensor, srcRow, n int)
 	// MLAAttention attends the rows of span, which are the last span.Len()
 	// rows of cache (already written), over the cache with a causal mask
 	// (spec §3.4). q [T, H*(nope+rope)]; kvb = kv_b_proj [H*(nope+v), kvLora];
 	// o [T, H*v]. absorb selects the weight-absorbed form (attention over the
 	// latent rows directly, for decode steps) instead of expanding K and V
 	// (for prefill); the two are equal in exact arithmetic.
-	MLAAttention(o, q *Tensor, span Span, cache LatentCache, kvb *Matrix, heads, nope, rope, vdim int, scale float32, absorb bool)
+	MLAAttention(o, q *Tensor, span Span, cache *LatentCache, kvb *Matrix, heads, nope, rope, vdim int, scale float32, absorb bool)
 	// RouterTopK selects top-k experts per row by σ(logit)+bias and returns
-	// their ids and weights σ(logit)/Σ (renormalised when renorm) × scale.
+	// their ids and weights σ(logit)/Σ (renormalised when renorm) × scale
+	// into host slices [T*k].
 	RouterTopK(logits *Tensor, bias []float32, k int, renorm bool, scale float32, ids []int32, weights []float32)
 	// RoutedExperts computes, for every row r of z, the mixture
 	// u[r] = Σ_j weights[r*k+j] · w2·SiTU(w1 z[r], w3 z[r]) of the experts

@@ -17,15 +17,25 @@ func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, ph
 	proj := func(w *kernels.Matrix) *kernels.Tensor { return m.linear(x, w) }
 	qp, kp, vp := proj(w.QProj), proj(w.KProj), proj(w.VProj)
 	q, k, v := be.NewTensor(T, P), be.NewTensor(T, P), be.NewTensor(T, P)
+	K1 := w.QConv.Cols - 1
 	for i, s := range b.Seqs {
 		ls := s.Layers[L]
-		be.ShortConvSiLU(q, qp, b.Spans[i], w.QConv, ls.Part(PartConvQ).F32())
-		be.ShortConvSiLU(k, kp, b.Spans[i], w.KConv, ls.Part(PartConvK).F32())
-		be.ShortConvSiLU(v, vp, b.Spans[i], w.VConv, ls.Part(PartConvV).F32())
+		for _, c := range []struct {
+			dst, src, w *kernels.Tensor
+			part        PartKind
+		}{{q, qp, w.QConv, PartConvQ}, {k, kp, w.KConv, PartConvK}, {v, vp, w.VConv, PartConvV}} {
+			host := ls.Part(c.part).F32()
+			tail := be.AttachState(host, P, K1)
+			be.ShortConvSiLU(c.dst, c.src, b.Spans[i], c.w, tail)
+			be.DetachState(tail, host)
+		}
 	}
+	free(be, qp, kp, vp)
 
 	// Decay: z = W_fb (W_fa x) + dt_bias, g = g_min·σ(exp(A_log[h])·z).
-	g := m.linear(proj(w.FAProj), w.FBProj)
+	fa := proj(w.FAProj)
+	g := m.linear(fa, w.FBProj)
+	be.Free(fa)
 	be.AddBias(g, w.DtBias)
 	be.KDAGate(g, w.ALog, D, float32(c.GateLowerBound))
 	beta := proj(w.BProj)
@@ -40,14 +50,27 @@ func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, ph
 		chunk = 0
 	}
 	for i, s := range b.Seqs {
-		S := s.Layers[L].Part(PartKDAState).F32()
+		host := s.Layers[L].Part(PartKDAState).F32()
+		S := be.AttachState(host, H*D, D)
 		be.KDA(o, q, k, v, g, beta, b.Spans[i], S, H, D, D, chunk)
+		be.DetachState(S, host)
 	}
+	free(be, q, k, v, g, beta)
 
 	// ô = RMSNorm(o_h; o_norm) ⊙ σ(W_g x), then y = W_o ô.
 	be.RMSNorm(o, o, w.ONorm, D, float32(c.KDAOutNormEps))
-	be.MulSigmoid(o, proj(w.GProj))
+	gate := proj(w.GProj)
+	be.MulSigmoid(o, gate)
+	be.Free(gate)
 	y := be.NewTensor(T, c.HiddenSize)
 	be.MatMul(y, o, w.OProj)
+	be.Free(o)
 	return y
+}
+
+// free returns temporaries to the backend.
+func free(be kernels.Backend, ts ...*kernels.Tensor) {
+	for _, t := range ts {
+		be.Free(t)
+	}
 }

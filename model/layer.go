@@ -21,6 +21,9 @@ func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
 
 	x := be.NewTensor(inAttn.Rows, inAttn.Cols)
 	be.RMSNorm(x, inAttn, l.InputNorm, 0, float32(c.RMSNormEps))
+	if inAttn != b.Partial {
+		be.Free(inAttn)
+	}
 	var a *kernels.Tensor
 	switch l.Kind {
 	case KDA:
@@ -28,10 +31,12 @@ func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
 	case MLA:
 		a = m.mlaForward(L, l.MLA, x, b, phase)
 	}
+	be.Free(x)
 	if partial == nil {
 		partial = a
 	} else {
 		be.Add(partial, partial, a)
+		be.Free(a)
 	}
 
 	inMLP := m.attnResMix(partial, b.Stack, l.mlpProj)
@@ -42,6 +47,8 @@ func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
 	} else {
 		f = m.moeForward(l.MoE, inMLP)
 	}
+	be.Free(inMLP)
 	be.Add(partial, partial, f)
+	be.Free(f)
 	b.Partial = partial
 }

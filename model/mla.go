@@ -4,7 +4,6 @@ import (
 	"math"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // mlaForward is gated NoPE MLA (spec §3.4) over normed input x. Each
@@ -24,46 +23,36 @@ func (m *Model) mlaForward(L int, w *MLAWeights, x *kernels.Tensor, b *Batch, ph
 	kv := m.linear(x, w.KVAProj) // [T, kv_lora + rope]
 	// Normalise the c_kv columns only; k_pe stays raw (NoPE: never rotated).
 	ckv := be.NewTensor(T, c.KVLoraRank)
-	for r := 0; r < T; r++ {
-		copy(ckv.Row(r), kv.Row(r)[:c.KVLoraRank])
-	}
+	be.CopyBlock(ckv, 0, 0, kv, 0, 0, T, c.KVLoraRank)
 	be.RMSNorm(ckv, ckv, w.KVANorm, 0, eps)
-	for r := 0; r < T; r++ {
-		copy(kv.Row(r)[:c.KVLoraRank], ckv.Row(r))
-	}
+	be.CopyBlock(kv, 0, 0, ckv, 0, 0, T, c.KVLoraRank)
+	free(be, cq, ckv)
 
 	o := be.NewTensor(T, H*c.VHeadDim)
 	scale := float32(1 / math.Sqrt(float64(c.QHeadDim())))
 	for i, s := range b.Seqs {
 		span := b.Spans[i]
 		part := s.Layers[L].Part(PartLatent)
-		appendLatentRows(part, kv.Data[span.Lo*lat:span.Hi*lat], lat)
-		cache := kernels.LatentCache{Rows: part.Shape[0], Cols: lat, F32: part.F32(), BF16: part.U16()}
+		old := part.Shape[0]
+		growLatent(part, span.Len(), lat)
+		cache := &kernels.LatentCache{Rows: part.Shape[0], Cols: lat, F32: part.F32(), BF16: part.U16()}
+		be.AttachLatent(cache, old)
+		be.WriteLatent(cache, old, kv, span.Lo, span.Len())
 		be.MLAAttention(o, q, span, cache, w.KVBProj, H, c.QKNopeDim, c.QKRopeDim, c.VHeadDim, scale, phase == PhaseDecode)
+		be.DetachLatent(cache, old)
 	}
-	be.MulSigmoid(o, m.linear(x, w.GProj))
-	return m.linear(o, w.OProj)
+	free(be, q, kv)
+	gate := m.linear(x, w.GProj)
+	be.MulSigmoid(o, gate)
+	be.Free(gate)
+	y := m.linear(o, w.OProj)
+	be.Free(o)
+	return y
 }
 
-// appendLatentRows appends rows (fp32, width w) to an MLA cache part,
-// rounding to BF16 when the cache is BF16.
-func appendLatentRows(p *Part, rows []float32, w int) {
-	n := len(rows) / w
-	switch p.DType {
-	case F32:
-		for _, v := range rows {
-			p.Data = appendF32(p.Data, v)
-		}
-	case BF16:
-		for _, v := range rows {
-			u := mxfp.F32ToBF16(v)
-			p.Data = append(p.Data, byte(u), byte(u>>8))
-		}
-	}
+// growLatent makes room for n more rows (width w) at the end of an MLA
+// cache part; the backend writes them (Ops.WriteLatent).
+func growLatent(p *Part, n, w int) {
+	p.Data = append(p.Data, make([]byte, n*w*p.DType.Size())...)
 	p.Shape[0] += n
-}
-
-func appendF32(b []byte, v float32) []byte {
-	u := math.Float32bits(v)
-	return append(b, byte(u), byte(u>>8), byte(u>>16), byte(u>>24))
 }

@@ -78,7 +78,7 @@ func (m *Model) Logits(b *Batch) ([][]float32, error) {
 	last := func(t *kernels.Tensor) *kernels.Tensor {
 		out := be.NewTensor(n, d)
 		for i, sp := range b.Spans {
-			copy(out.Row(i), t.Row(sp.Hi-1))
+			be.CopyBlock(out, i, 0, t, sp.Hi-1, 0, 1, d)
 		}
 		return out
 	}
@@ -86,13 +86,20 @@ func (m *Model) Logits(b *Batch) ([][]float32, error) {
 	for i, s := range b.Stack {
 		stack[i] = last(s)
 	}
-	z := m.attnResMix(last(b.Partial), stack, m.Globals.outProj)
+	p := last(b.Partial)
+	z := m.attnResMix(p, stack, m.Globals.outProj)
+	free(be, p)
+	free(be, stack...)
 	be.RMSNorm(z, z, m.Globals.Norm, 0, float32(m.Cfg.RMSNormEps))
 	logits := m.linear(z, m.Globals.LMHead)
+	be.Free(z)
+	v := m.Cfg.VocabSize
+	flat := make([]float32, n*v)
+	be.Download(flat, logits)
+	be.Free(logits)
 	out := make([][]float32, n)
 	for i := range out {
-		out[i] = make([]float32, m.Cfg.VocabSize)
-		copy(out[i], logits.Row(i))
+		out[i] = flat[i*v : (i+1)*v : (i+1)*v]
 	}
 	return out, nil
 }
@@ -126,6 +133,7 @@ func (m *Model) run(ctx context.Context, seqs []*SeqState, tokens [][]int32, pha
 	if err != nil {
 		return nil, err
 	}
+	defer m.FreeBatch(b)
 	if err := m.ForwardLayers(ctx, 0, m.Cfg.NumLayers, b, phase); err != nil {
 		return nil, err
 	}
@@ -134,6 +142,17 @@ func (m *Model) run(ctx context.Context, seqs []*SeqState, tokens [][]int32, pha
 		return nil, nil
 	}
 	return m.Logits(b)
+}
+
+// FreeBatch returns the batch's activations (partial sum and block stack)
+// to the backend; the batch must not be used afterwards.
+func (m *Model) FreeBatch(b *Batch) {
+	if b.Partial != nil {
+		m.Backend.Free(b.Partial)
+		b.Partial = nil
+	}
+	free(m.Backend, b.Stack...)
+	b.Stack = nil
 }
 
 // Start is the monolithic reference of the disaggregated flow: it prefills

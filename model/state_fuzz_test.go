@@ -15,7 +15,7 @@ func FuzzDecodeState(f *testing.F) {
 	s := c.NewSeqState(0, c.NumLayers, StateOptions{LatentDType: BF16})
 	for _, ls := range s.Layers {
 		if ls.Kind == MLA {
-			appendLatentRows(&ls.Parts[0], make([]float32, 2*c.LatentWidth()), c.LatentWidth())
+			growLatent(&ls.Parts[0], 2, c.LatentWidth())
 		}
 	}
 	s.Tokens = 2

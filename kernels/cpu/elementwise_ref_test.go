@@ -49,3 +49,6 @@ func refMulSigmoid(x, gate *kernels.Tensor) {
 		x.Data[i] *= sigmoid(gate.Data[i])
 	}
 }
+
+// stateT views a state array as the tensor the state ops take.
+func stateT(s []float32) *kernels.Tensor { return &kernels.Tensor{Rows: 1, Cols: len(s), Data: s} }

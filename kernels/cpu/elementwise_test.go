@@ -40,7 +40,7 @@ func TestElementwiseMatchesReference(t *testing.T) {
 				refShortConvSiLU(want, x, span, w, wantTail)
 				got := b.NewTensor(sh.T+2, sh.P)
 				tail := append([]float32(nil), tail0...)
-				b.ShortConvSiLU(got, x, span, w, tail)
+				b.ShortConvSiLU(got, x, span, w, stateT(tail))
 				if i := sameF32(got.Data, want.Data); i >= 0 {
 					t.Fatalf("%s ShortConvSiLU: out %d = %g, want %g", name, i, got.Data[i], want.Data[i])
 				}
@@ -50,7 +50,7 @@ func TestElementwiseMatchesReference(t *testing.T) {
 				// In place, continuing from the state just written.
 				in := &kernels.Tensor{Rows: x.Rows, Cols: x.Cols, Data: append([]float32(nil), x.Data...)}
 				refShortConvSiLU(want, x, span, w, wantTail)
-				b.ShortConvSiLU(in, in, span, w, tail)
+				b.ShortConvSiLU(in, in, span, w, stateT(tail))
 				if i := sameF32(in.Data[span.Lo*sh.P:span.Hi*sh.P], want.Data[span.Lo*sh.P:span.Hi*sh.P]); i >= 0 {
 					t.Fatalf("%s ShortConvSiLU in place: out %d differs", name, i)
 				}

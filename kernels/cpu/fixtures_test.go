@@ -96,13 +96,13 @@ func TestFixtureShortConv(t *testing.T) {
 	tail := make([]float32, C*(K-1))
 	x := host(T, C, in.Data)
 	out := b.NewTensor(T, C)
-	b.ShortConvSiLU(out, x, kernels.Span{Lo: 0, Hi: T}, wt, tail)
+	b.ShortConvSiLU(out, x, kernels.Span{Lo: 0, Hi: T}, wt, stateT(tail))
 	expectClose(t, "shortconv out", out.Data, tensor(t, f, "out").Data)
 	expectClose(t, "shortconv state", tail, tensor(t, f, "state_after").Data)
 	// The continuation token uses the carried tail.
 	next := host(1, C, tensor(t, f, "in_next").Data)
 	outNext := b.NewTensor(1, C)
-	b.ShortConvSiLU(outNext, next, kernels.Span{Lo: 0, Hi: 1}, wt, tail)
+	b.ShortConvSiLU(outNext, next, kernels.Span{Lo: 0, Hi: 1}, wt, stateT(tail))
 	expectClose(t, "shortconv next", outNext.Data, tensor(t, f, "out_next").Data)
 }
 
@@ -137,7 +137,7 @@ func kdaRecurFixture(t *testing.T, name string, chunk int) {
 	}
 	S := make([]float32, H*dk*dv)
 	o := b.NewTensor(T, H*dv)
-	b.KDA(o, qt, host(T, H*dk, k.Data), host(T, H*dv, v.Data), g, host(T, H, beta.Data), kernels.Span{Lo: 0, Hi: T}, S, H, dk, dv, chunk)
+	b.KDA(o, qt, host(T, H*dk, k.Data), host(T, H*dv, v.Data), g, host(T, H, beta.Data), kernels.Span{Lo: 0, Hi: T}, stateT(S), H, dk, dv, chunk)
 	expectClose(t, name+" out", o.Data, tensor(t, f, "out").Data)
 	expectClose(t, name+" state", S, tensor(t, f, "state_out").Data)
 }

@@ -13,8 +13,9 @@ import (
 // come from tail [P, K-1] (oldest first), which is updated to the last K-1
 // inputs. Each worker takes a block of channels and walks the tokens with
 // a window of the last K inputs (so dst may be x), summing in j order.
-func (b *Backend) ShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *kernels.Tensor, tail []float32) {
+func (b *Backend) ShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *kernels.Tensor, tt *kernels.Tensor) {
 	P, K := w.Rows, w.Cols
+	tail := tt.Data
 	if x.Cols != P || dst.Cols != P || len(tail) != P*(K-1) {
 		panic(fmt.Sprintf("cpu.ShortConvSiLU: x %v, w %v, tail %d", x, w, len(tail)))
 	}
@@ -82,7 +83,8 @@ func gateGo(x []float32, negA float64, lower float32) {
 // Internally it works in fp64 per head; S is stored back as fp32 after every
 // chunk (and every token of the recurrence), so that splitting a sequence at
 // a multiple of the chunk size gives bit-identical results.
-func (b *Backend) KDA(o, q, k, v, g, beta *kernels.Tensor, span kernels.Span, S []float32, heads, dk, dv, chunk int) {
+func (b *Backend) KDA(o, q, k, v, g, beta *kernels.Tensor, span kernels.Span, st *kernels.Tensor, heads, dk, dv, chunk int) {
+	S := st.Data
 	if q.Cols != heads*dk || k.Cols != heads*dk || g.Cols != heads*dk || v.Cols != heads*dv || o.Cols != heads*dv ||
 		beta.Cols != heads || len(S) != heads*dk*dv {
 		panic(fmt.Sprintf("cpu.KDA: q %v k %v v %v g %v beta %v o %v S %d for %d heads %dx%d", q, k, v, g, beta, o, len(S), heads, dk, dv))

@@ -61,7 +61,7 @@ func TestKDAMatchesReference(t *testing.T) {
 					name := fmt.Sprintf("%s/threads%d/H%d_dk%d_dv%d_T%d_chunk%d", kn.name, threads, H, dk, dv, T, chunk)
 					o := &kernels.Tensor{Rows: T + 3, Cols: H * dv, Data: make([]float32, (T+3)*H*dv)}
 					S := append([]float32(nil), S0...)
-					New(threads).KDA(o, q, k, v, g, beta, span, S, H, dk, dv, chunk)
+					New(threads).KDA(o, q, k, v, g, beta, span, stateT(S), H, dk, dv, chunk)
 					if i := sameF32(o.Data, wantO.Data); i >= 0 {
 						t.Fatalf("%s: output %d = %g, want %g", name, i, o.Data[i], wantO.Data[i])
 					}
@@ -213,7 +213,7 @@ func TestKDAChunkedEqualsRecurrence(t *testing.T) {
 		run := func(chunk int) ([]float32, []float32) {
 			o := b.NewTensor(T, H*D)
 			S := append([]float32(nil), S0...)
-			b.KDA(o, q, k, v, g, beta, kernels.Span{Lo: 0, Hi: T}, S, H, D, D, chunk)
+			b.KDA(o, q, k, v, g, beta, kernels.Span{Lo: 0, Hi: T}, stateT(S), H, D, D, chunk)
 			return o.Data, S
 		}
 		wantO, wantS := run(0)

@@ -26,7 +26,8 @@ func cacheRowF32(dst []float32, c kernels.LatentCache, s int) {
 }
 
 // MLAAttention is gated NoPE MLA's attention core (spec §3.4).
-func (b *Backend) MLAAttention(o, q *kernels.Tensor, span kernels.Span, cache kernels.LatentCache, kvb *kernels.Matrix, heads, nope, rope, vdim int, scale float32, absorb bool) {
+func (b *Backend) MLAAttention(o, q *kernels.Tensor, span kernels.Span, cp *kernels.LatentCache, kvb *kernels.Matrix, heads, nope, rope, vdim int, scale float32, absorb bool) {
+	cache := *cp
 	lora := cache.Cols - rope
 	n := span.Len()
 	if q.Cols != heads*(nope+rope) || o.Cols != heads*vdim || kvb.Rows != heads*(nope+vdim) || kvb.Cols != lora || n > cache.Rows {

@@ -141,9 +141,14 @@ func (e *Executor) Run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 		return st, e.failAll(r.seqs, fmt.Errorf("pass %d: %w", opt.Pass, err))
 	}
 	r.b = &model.Batch{}
+	defer func() { e.Model.FreeBatch(r.b) }()
 	r.relayout()
+	if err := be.Bind(table); err != nil {
+		return st, e.failAll(r.seqs, fmt.Errorf("pass %d: embedding rows: %w", opt.Pass, err))
+	}
 	r.b.Partial = be.NewTensor(len(ids), cfg.HiddenSize)
 	be.Embed(r.b.Partial, table, local)
+	be.Release(table)
 	st.Embed = time.Since(t0)
 
 	lastLog := time.Now()
@@ -272,10 +277,10 @@ func (r *run) drop(i int, err error) {
 	}
 	sp := r.b.Spans[i]
 	d := r.e.Model.Cfg.HiddenSize
+	be := r.e.Model.Backend
 	squeeze := func(t *kernels.Tensor) {
-		copy(t.Data[sp.Lo*d:], t.Data[sp.Hi*d:])
-		t.Rows -= sp.Len()
-		t.Data = t.Data[:t.Rows*d]
+		be.CopyBlock(t, sp.Lo, 0, t, sp.Hi, 0, t.Rows-sp.Hi, d)
+		t.Truncate(t.Rows - sp.Len())
 	}
 	squeeze(r.b.Partial)
 	for _, t := range r.b.Stack {
@@ -338,8 +343,10 @@ func (r *run) emit(L int, timeout time.Duration) {
 func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 	m := r.e.Model
 	rows := r.b.Rows()
-	// Tiles are host row views; tensors in device memory run whole.
-	if r.tile <= 0 || rows <= r.tile || r.b.Partial.Data == nil {
+	// Tiles are row views; a device tensor that cannot address rows runs
+	// whole.
+	_, devView := r.b.Partial.Dev.(kernels.RowsViewer)
+	if r.tile <= 0 || rows <= r.tile || r.b.Partial.Data == nil && !devView {
 		return m.RunLayer(ctx, l, r.b, model.PhasePrefill)
 	}
 	lens := make([]int, len(r.b.Spans))
@@ -369,7 +376,8 @@ func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 			return err
 		}
 		if blockStart {
-			copy(next.Data[tl.Lo*d:tl.Hi*d], sub.Partial.Data)
+			m.Backend.CopyBlock(next, tl.Lo, 0, sub.Partial, 0, 0, tl.Hi-tl.Lo, d)
+			m.Backend.Free(sub.Partial)
 		}
 		// Elsewhere the tile's partial sum was updated in place in the view.
 	}
