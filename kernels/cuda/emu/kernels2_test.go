@@ -41,7 +41,7 @@ func checkShortConv(bin string, rng *rand.Rand) error {
 		return err
 	}
 	want, wantTail := tensor(rows, P, x), append([]float32(nil), tail...)
-	ref.ShortConvSiLU(want, want, kernels.Span{Lo: lo, Hi: lo + n}, tensor(P, K, w), wantTail)
+	ref.ShortConvSiLU(want, want, kernels.Span{Lo: lo, Hi: lo + n}, tensor(P, K, w), &kernels.Tensor{Rows: P, Cols: K - 1, Data: wantTail})
 	// Four fp32 products summed (the reference rounds each product, the
 	// device may fuse) and SiLU through ex2.approx: a few ulps of |y|.
 	if err := within(got, want.Data, func(i int) float64 { return 2e-6 * (1 + math.Abs(float64(want.Data[i]))) }); err != nil {
@@ -156,7 +156,7 @@ func checkKDA(bin string, rng *rand.Rand, H, dk, dv, chunk, rows, lo, n int) err
 	}
 	want, wantS := ref.NewTensor(rows, H*dv), append([]float32(nil), S...)
 	ref.KDA(want, tensor(rows, H*dk, q), tensor(rows, H*dk, k), tensor(rows, H*dv, v), tensor(rows, H*dk, g), tensor(rows, H, beta),
-		kernels.Span{Lo: lo, Hi: lo + n}, wantS, H, dk, dv, chunk)
+		kernels.Span{Lo: lo, Hi: lo + n}, &kernels.Tensor{Rows: H * dk, Cols: dv, Data: wantS}, H, dk, dv, chunk)
 	// fp32 against fp64 through dk-term dot products, a 16-step forward
 	// substitution and the state carried across chunks: 1e-4 of the
 	// largest magnitude (observed errors are ~1e-6 of it).
@@ -202,7 +202,7 @@ func checkMLA(bin string, rng *rand.Rand, H, nope, rope, vdim, lora, Tc, rows, l
 		return err
 	}
 	want := ref.NewTensor(rows, H*vdim)
-	ref.MLAAttention(want, tensor(rows, H*(nope+rope), q), kernels.Span{Lo: lo, Hi: lo + n}, cache, kvb, H, nope, rope, vdim, scale, false)
+	ref.MLAAttention(want, tensor(rows, H*(nope+rope), q), kernels.Span{Lo: lo, Hi: lo + n}, &cache, kvb, H, nope, rope, vdim, scale, false)
 	// The expansion rounds c_kv to bf16 (exact for a BF16 cache, 2⁻⁹
 	// relative for F32) with fp32 accumulation; scores, softmax and the V
 	// sum are fp32. The output is a convex mix of V rows: 4e-3 of the
