@@ -28,6 +28,7 @@ var defaults = map[string]any{
 	"model":              "",
 	"mem_budget":         "8GiB",
 	"backend":            "cpu",
+	"cuda.device":        0,
 	"threads":            0,  // 0: every core
 	"depth":              -1, // -1: the planner chooses from the budget
 	"cache_dtype":        "bf16",
@@ -65,6 +66,7 @@ type config struct {
 	Model        string
 	Budget       int64
 	Backend      string
+	CUDADevice   int
 	Threads      int
 	Depth        int
 	CacheDType   model.DType
@@ -98,7 +100,8 @@ func loadConfig(args []string) (*config, error) {
 	fs.String("model", "", "checkpoint directory: config.json + safetensors shards (required)")
 	fs.String("config", "", "optional config file (YAML/JSON/TOML) with any of the keys in config.go")
 	fs.String("mem-budget", "8GiB", "memory budget for weights ring, states, activations and temporaries, e.g. 512MiB, 24GiB")
-	fs.String("backend", "cpu", "compute backend: cpu (cuda and metal plug into the same executor later)")
+	fs.String("backend", "cpu", "compute backend: cpu, cuda (an NVIDIA GPU through the driver, libcuda.so.1) or auto (cuda if usable, else cpu)")
+	fs.Int("cuda-device", 0, "CUDA device ordinal (--backend cuda or auto)")
 	fs.Int("threads", 0, "CPU threads for compute (0: all)")
 	fs.Int("depth", -1, "prefetch depth: layers read ahead of compute (-1: chosen from the budget)")
 	fs.String("cache-dtype", "bf16", "MLA latent cache dtype: bf16 (the state contract) or f32")
@@ -134,7 +137,7 @@ func loadConfig(args []string) (*config, error) {
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
 	for key, flag := range map[string]string{"model": "model", "mem_budget": "mem-budget", "backend": "backend",
-		"threads": "threads", "depth": "depth", "cache_dtype": "cache-dtype", "latent_norm_eps": "latent-norm-eps",
+		"cuda.device": "cuda-device", "threads": "threads", "depth": "depth", "cache_dtype": "cache-dtype", "latent_norm_eps": "latent-norm-eps",
 		"io": "io", "read_size": "read-size", "readers": "readers", "max_tile": "max-tile", "prompt": "prompt",
 		"prompts_file": "prompts-file", "out": "out", "dry_run": "dry-run", "log.level": "log-level", "log.format": "log-format",
 		"nats.url": "nats-url", "nats.credentials": "nats-credentials", "worker_id": "worker-id", "registry.ttl": "registry-ttl"} {
@@ -148,7 +151,7 @@ func loadConfig(args []string) (*config, error) {
 			return nil, fmt.Errorf("config %s: %w", f, err)
 		}
 	}
-	c := &config{Model: v.GetString("model"), Backend: v.GetString("backend"), Threads: v.GetInt("threads"),
+	c := &config{Model: v.GetString("model"), Backend: v.GetString("backend"), CUDADevice: v.GetInt("cuda.device"), Threads: v.GetInt("threads"),
 		Depth: v.GetInt("depth"), LatentEps: v.GetFloat64("latent_norm_eps"), Readers: v.GetInt("readers"),
 		MaxTile: v.GetInt("max_tile"), SinkQueue: v.GetInt("sink.queue"), SinkTimeout: v.GetDuration("sink.timeout"),
 		CloseTimeout: v.GetDuration("sink.close_timeout"), Out: v.GetString("out"), DryRun: v.GetBool("dry_run"),
@@ -198,8 +201,10 @@ func loadConfig(args []string) (*config, error) {
 	switch {
 	case c.Model == "":
 		return nil, errors.New("--model is required")
-	case c.Backend != "cpu":
-		return nil, fmt.Errorf("backend %q: this build has the cpu backend only", c.Backend)
+	case c.Backend != "cpu" && c.Backend != "cuda" && c.Backend != "auto":
+		return nil, fmt.Errorf("backend %q: want cpu, cuda or auto", c.Backend)
+	case c.CUDADevice < 0:
+		return nil, fmt.Errorf("cuda.device %d: want a device ordinal >= 0", c.CUDADevice)
 	case c.Depth < -1:
 		return nil, fmt.Errorf("depth %d: want -1 (auto) or a depth >= 0", c.Depth)
 	case c.SinkQueue < 1:

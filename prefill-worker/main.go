@@ -71,6 +71,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		LatentDType: cfg.CacheDType, LatentNormEps: cfg.LatentEps, ReadSize: cfg.ReadSize, Readers: cfg.Readers,
 		IO: cfg.IO, MaxTile: cfg.MaxTile, SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout,
 		CloseTimeout: cfg.CloseTimeout, Log: log}
+	be, kind, closeBackend, err := openBackend(cfg.Backend, cfg.Threads, cfg.CUDADevice, log)
+	if err != nil {
+		return err
+	}
+	defer closeBackend()
+	wc.Backend, cfg.Backend = be, kind
 	if cfg.DryRun {
 		return dryRun(wc, cfg.Prompts, stdout)
 	}

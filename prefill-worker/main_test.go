@@ -3,14 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kernels/cuda"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -106,7 +110,7 @@ func TestConfig(t *testing.T) {
 		{[]string{"--model", "m", "--mem-budget", "lots"}, "mem_budget"},
 		{[]string{"--model", "m", "--prompt", "1,x"}, "prompt 1"},
 		{[]string{"--model", "m", "--prompt", "1,2"}, "--out is required"},
-		{[]string{"--model", "m", "--backend", "tpu"}, "cpu backend only"},
+		{[]string{"--model", "m", "--backend", "tpu"}, "want cpu, cuda or auto"},
 		{[]string{"--model", "m", "--cache-dtype", "fp8"}, "cache_dtype"},
 		{[]string{"--model", "m", "--io", "mmap"}, "I/O mode"},
 		{[]string{"--model", "m", "stray"}, "unexpected arguments"},
@@ -118,5 +122,58 @@ func TestConfig(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--model", "nowhere"}, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "no prompts") {
 		t.Errorf("no prompts: %v", err)
+	}
+}
+
+// TestCUDABackendWithoutDriver: `prefill-worker --backend cuda` where the
+// driver cannot be loaded exits non-zero at once, naming the missing
+// library and what to do; `--backend auto` computes on the CPU and says why.
+// TANDEM_CUDA_LIB points at a file that does not exist, so the check holds
+// on a GPU machine too.
+func TestCUDABackendWithoutDriver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	t.Setenv("TANDEM_PREFILL_MEMORY_LIMIT", "false")
+	missing := filepath.Join(t.TempDir(), "libcuda.so.1")
+	t.Setenv(cuda.LibEnv, missing)
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	bin := filepath.Join(t.TempDir(), "prefill-worker")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--model", dir, "--backend", "cuda", "--prompt", "1,2,3", "--out", t.TempDir())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	t.Logf("exit %v after %v:\n%s", err, time.Since(start).Round(time.Millisecond), out.String())
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("want a non-zero exit, got %v", err)
+	}
+	for _, want := range []string{"--backend cuda", "libcuda.so.1", missing, "--backend cpu", "NVIDIA driver"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output does not mention %q", want)
+		}
+	}
+	if strings.Contains(out.String(), "panic") {
+		t.Error("the binary panicked")
+	}
+
+	// auto falls back to the CPU, logged, and prefills.
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"--model", dir, "--backend", "auto", "--prompt", "1,2,3", "--out", t.TempDir(), "--log-format", "json"}, &stdout, &stderr); err != nil {
+		t.Fatalf("--backend auto: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "CUDA is not usable") || !strings.Contains(stderr.String(), "libcuda.so.1") {
+		t.Errorf("--backend auto did not log why it uses the CPU:\n%s", stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "1 jobs done, 0 failed") {
+		t.Errorf("--backend auto report: %s", stdout.String())
 	}
 }
