@@ -46,6 +46,11 @@ type Faults struct {
 	// Downstream applies cuts, stalls and flips to the target-to-client
 	// direction too; by default only client-to-target traffic is damaged.
 	Downstream bool
+	// Silent swallows everything both ways while it is set, and keeps
+	// every connection open until the proxy closes, even one whose other
+	// end closed: a peer that hangs (stopped, wedged) without closing its
+	// sockets.
+	Silent bool
 }
 
 // Config configures a proxy.
@@ -286,6 +291,10 @@ func (p *Proxy) pump(pr *pair, src, dst net.Conn, extra time.Duration, upstream 
 		}
 	}()
 	defer func() {
+		if p.current().Silent {
+			// Silent passes on nothing, not even a close.
+			<-p.done
+		}
 		pr.close()
 		for range q { // let the reader finish
 		}
@@ -305,6 +314,9 @@ func (p *Proxy) pump(pr *pair, src, dst net.Conn, extra time.Duration, upstream 
 			return
 		}
 		f = p.current()
+		if f.Silent {
+			continue
+		}
 		if f.Rate > 0 && !p.sleep(lim.take(int64(len(s.b)), f.Rate)) {
 			return
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
@@ -209,21 +211,44 @@ func TestReadDeadlineAndClose(t *testing.T) {
 }
 
 // A peer that goes silent (its data path and its anchor) is detected
-// within a second.
+// within a second: the anchor runs through a proxy that stops forwarding
+// while both sockets stay open, as when the peer process hangs; nothing is
+// closed, so only the missing heartbeats can tell.
 func TestDeadPeerDetected(t *testing.T) {
 	p := newPair(t, fakeverbs.Faults{}, rdma.Config{})
-	c, s := p.conns(t)
+	px, err := faultproxy.Start(faultproxy.Config{Target: p.listener.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.dialer.Dial(ctx, px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := p.listener.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	sendRecv(t, c, s, []int{10})
 	p.fab.Silence("b")
+	px.SetFaults(faultproxy.Faults{Silent: true})
 	start := time.Now()
-	p.listener.Close() // the anchor socket goes with the server
-	_, _, err := readAll(c)
-	if err == nil {
-		t.Fatal("read from a dead peer succeeded")
+	_, _, err = readAll(c)
+	d := time.Since(start)
+	if !errors.Is(err, rdma.ErrPeerDead) || !strings.Contains(err.Error(), "no heartbeat") {
+		t.Fatalf("read from a silent peer: %v, want ErrPeerDead for missing heartbeats", err)
 	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("dead peer detected after %v", d)
+	if d > time.Second {
+		t.Errorf("silent peer detected after %v", d)
 	}
+	if st := px.Stats(); st.Cuts != 0 {
+		t.Fatalf("the proxy closed a connection (%+v): the test must keep the anchor open", st)
+	}
+	t.Logf("detected in %v: %v", d.Round(time.Millisecond), err)
 }
 
 // A silent data path with a live anchor fails after bounded retransmits.
