@@ -44,6 +44,17 @@ type Options struct {
 	// Secret of the mesh (default: random).
 	Secret []byte
 	Log    *zap.Logger
+	// Transport, when set, gives rank r's transport: its server listens
+	// and its mesh link dials with it (default TCP).
+	Transport func(r int) kvtransfer.Transport
+}
+
+// transport is rank r's transport (nil: kvtransfer's default, TCP).
+func (g *Group) transport(r int) kvtransfer.Transport {
+	if g.opt.Transport == nil {
+		return nil
+	}
+	return g.opt.Transport(r)
 }
 
 // Group is a running in-process decode group.
@@ -85,7 +96,7 @@ func Start(ctx context.Context, opt Options) (*Group, error) {
 	g := &Group{opt: opt, ranks: make([]*member, opt.Ranks)}
 	var eps []string
 	for r := range g.ranks {
-		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0", Timeouts: opt.Timeouts})
+		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0", Timeouts: opt.Timeouts, Transport: g.transport(r)})
 		if err != nil {
 			g.Close()
 			return nil, err
@@ -115,7 +126,7 @@ func Start(ctx context.Context, opt Options) (*Group, error) {
 func (g *Group) startRank(r int) error {
 	mb := g.ranks[r]
 	if mb.srv == nil {
-		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: g.Layout.Ranks[r].Endpoint, Timeouts: g.opt.Timeouts})
+		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: g.Layout.Ranks[r].Endpoint, Timeouts: g.opt.Timeouts, Transport: g.transport(r)})
 		if err != nil {
 			return fmt.Errorf("group: rank %d: %w", r, err)
 		}
@@ -133,7 +144,8 @@ func (g *Group) startRank(r int) error {
 	}
 	w, err := pipeline.Start(pipeline.Config{Rank: r, Layout: g.Layout, Model: mb.m.Model, Server: mb.srv, Secret: g.opt.Secret,
 		Timeouts: g.opt.Timeouts, MemoryBudget: g.opt.MemoryBudget, MicroBatches: g.opt.MicroBatches, MaxBatch: g.opt.MaxBatch,
-		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Log: g.opt.Log})
+		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Log: g.opt.Log,
+		Transport: g.transport(r)})
 	if err != nil {
 		return err
 	}
