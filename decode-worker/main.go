@@ -11,6 +11,11 @@
 // publishes their tokens (package cpadapter). Without it, rank 0 serves
 // clients of its front door only.
 //
+//	decode-worker rdma-probe [--listen ADDR | --peer ADDR]
+//
+// reports the machine's RDMA environment and measures an RDMA link to
+// another rank (rdmaprobe.go).
+//
 // Configuration comes from flags, TANDEM_DECODE_* environment variables and
 // an optional --config file; see config.go for every key and its default.
 package main
@@ -53,8 +58,11 @@ func main() {
 	}
 }
 
-// run starts the rank and serves until ctx ends.
+// run starts the rank and serves until ctx ends, or runs rdma-probe.
 func run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "rdma-probe" {
+		return rdmaProbe(ctx, args[1:], os.Stdout)
+	}
 	cfg, err := loadConfig(args)
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -129,6 +130,9 @@ func load(path string) (*syms, error) {
 	}
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
+		if strings.Contains(err.Error(), path) {
+			return nil, fmt.Errorf("%w: %v", verbs.ErrNoLibrary, err)
+		}
 		return nil, fmt.Errorf("%w: %s: %v", verbs.ErrNoLibrary, path, err)
 	}
 	s := &syms{path: path}
