@@ -230,7 +230,7 @@ the policies compared on a workload.
 			return err
 		}
 		out.BreakEven[s.Name] = be
-		out.RouterBreakEven[s.Name] = router.BreakEven(sim.SeedRates(s, 8192), m.Shape(), 1<<20)
+		out.RouterBreakEven[s.Name] = router.BreakEven(m.Cost, sim.SeedRates(s, 8192), 1<<20)
 		out.PassFloorS[s.Name] = round3(sim.PassFloor(s).Seconds())
 	}
 	if m.Name == "k3" {

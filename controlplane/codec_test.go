@@ -263,6 +263,13 @@ func TestValidateRejects(t *testing.T) {
 		{"worker with bad endpoint", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Endpoints: Endpoints{Metrics: "nohost"}}, "endpoints.metrics"},
 		{"worker with negative prefill chunk", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, PrefillChunk: -1}, "prefill_chunk"},
 		{"worker with NaN rate", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Rates: Rates{DecodeTokensPerSec: math.NaN()}}, "decode_tok_s"},
+		{"worker with negative read rate", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Rates: Rates{ReadBytesPerSec: -1}}, "rates.read_bytes_s"},
+		{"worker with infinite attention term", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when,
+			Rates: Rates{Compute: &ComputeTerms{KDA: 1, Attn: math.Inf(1)}}}, "rates.compute.attn_gflops"},
+		{"worker with negative layer cost", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when,
+			Rates: Rates{Compute: &ComputeTerms{Layer: -1}}}, "rates.compute.layer_ns"},
+		{"progress with negative samples", &Progress{JobID: "j", WorkerID: "w", Stage: StateDone, Time: when,
+			Measured: &Rates{Compute: &ComputeTerms{Samples: -2}}}, "measured.compute.samples"},
 		{"placement with a gap", func() Message {
 			a := *ok[15].(*Assignment)
 			a.Placement = append([]LayerPlacement(nil), a.Placement...)

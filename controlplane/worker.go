@@ -5,6 +5,8 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/tandem-inference/tandem/costmodel"
 )
 
 // WorkerKind is what a worker does.
@@ -52,19 +54,81 @@ type Rates struct {
 	PassFloor time.Duration `msgpack:"pass_floor_ns,omitempty" json:"pass_floor_ns,omitempty"`
 	// LinkBytesPerSec: measured state-transfer bandwidth towards decode ranks.
 	LinkBytesPerSec float64 `msgpack:"link_bytes_s,omitempty" json:"link_bytes_s,omitempty"`
+	// ReadBytesPerSec: a prefill worker's measured weight read rate (bytes
+	// read over the time reads were in flight, so a pass that compute held
+	// back still measures the disk); PassFloor is its weights' bytes over
+	// this rate.
+	ReadBytesPerSec float64 `msgpack:"read_bytes_s,omitempty" json:"read_bytes_s,omitempty"`
+	// Compute is the worker's compute per cost-model term, fitted to its
+	// finished prefills (a prefill worker's passes, a decode group's own
+	// prefills, advertised by its rank 0); nil before the first.
+	Compute *ComputeTerms `msgpack:"compute,omitempty" json:"compute,omitempty"`
+}
+
+// ComputeTerms are fitted compute rates per cost-model term (package
+// costmodel): GFLOP/s of the KDA layers' work, the MLA projections, the MLA
+// attention over the cache, the MoE and the dense feed-forward layers, and
+// the fixed cost of one layer call.
+type ComputeTerms struct {
+	KDA     float64       `msgpack:"kda_gflops" json:"kda_gflops"`
+	MLA     float64       `msgpack:"mla_gflops" json:"mla_gflops"`
+	Attn    float64       `msgpack:"attn_gflops" json:"attn_gflops"`
+	MoE     float64       `msgpack:"moe_gflops" json:"moe_gflops"`
+	Dense   float64       `msgpack:"dense_gflops" json:"dense_gflops"`
+	Layer   time.Duration `msgpack:"layer_ns" json:"layer_ns"`
+	Samples int           `msgpack:"samples" json:"samples"`
+	// WorstError is the fit's largest relative error over its samples.
+	WorstError float64 `msgpack:"worst_error" json:"worst_error"`
+}
+
+// TermsOf is the heartbeat form of fitted terms (nil before any sample).
+func TermsOf(c costmodel.Compute, samples int, worst float64) *ComputeTerms {
+	if samples <= 0 {
+		return nil
+	}
+	return &ComputeTerms{KDA: c.KDA, MLA: c.MLA, Attn: c.Attention(), MoE: c.MoE, Dense: c.Dense, Layer: c.Layer,
+		Samples: samples, WorstError: worst}
+}
+
+// Compute is the cost model's view of the terms.
+func (c *ComputeTerms) Compute() costmodel.Compute {
+	return costmodel.Compute{KDA: c.KDA, MLA: c.MLA, MLAAttention: c.Attn, MoE: c.MoE, Dense: c.Dense, Layer: c.Layer}
+}
+
+func (c *ComputeTerms) validate(msg, field string) error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"kda_gflops", c.KDA}, {"mla_gflops", c.MLA}, {"attn_gflops", c.Attn}, {"moe_gflops", c.MoE}, {"dense_gflops", c.Dense},
+		{"worst_error", c.WorstError}} {
+		if err := checkRate(msg, field+"."+f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if c.Layer < 0 {
+		return fieldErr(msg, field+".layer_ns", "is %d, must be >= 0", c.Layer)
+	}
+	if c.Samples < 0 {
+		return fieldErr(msg, field+".samples", "is %d, must be >= 0", c.Samples)
+	}
+	return nil
 }
 
 func (r *Rates) validate(msg, field string) error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"prefill_tok_s", r.PrefillTokensPerSec}, {"decode_tok_s", r.DecodeTokensPerSec}, {"link_bytes_s", r.LinkBytesPerSec}} {
+	}{{"prefill_tok_s", r.PrefillTokensPerSec}, {"decode_tok_s", r.DecodeTokensPerSec}, {"link_bytes_s", r.LinkBytesPerSec},
+		{"read_bytes_s", r.ReadBytesPerSec}} {
 		if err := checkRate(msg, field+"."+f.name, f.v); err != nil {
 			return err
 		}
 	}
 	if r.PassFloor < 0 {
 		return fieldErr(msg, field+".pass_floor_ns", "is %d, must be >= 0", r.PassFloor)
+	}
+	if r.Compute != nil {
+		return r.Compute.validate(msg, field+".compute")
 	}
 	return nil
 }

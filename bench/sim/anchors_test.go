@@ -85,7 +85,7 @@ func TestK3SizesMatchTheRelease(t *testing.T) {
 	between(t, "300k-token prefill PFLOP", PromptFLOPs(m.Cfg, 0, 300000).Total()/1e15, 110, 135)
 	// K3-SPEC §4: 27,648 B/token of latent rows and 434 MB of KDA state
 	// (plus fp32 conv tails).
-	sh := m.Shape()
+	sh := m.Cost.Shape
 	if sh.StateBytesPerToken != 27648 || sh.LastLayerBytesPerToken != 1152 || m.StateBytes(0) != 434110464+69*3*12288*3*4 {
 		t.Fatalf("state shape %+v, fixed %d", sh, m.StateBytes(0))
 	}
@@ -151,7 +151,7 @@ func TestK3BreakEven(t *testing.T) {
 		}
 		between(t, box+" break-even tokens", float64(n), 1500, 5000)
 		// The router's own model, seeded from the same profiles, agrees.
-		rn := router.BreakEven(SeedRates(s, 8192), s.Model.Shape(), 1<<20)
+		rn := router.BreakEven(s.Model.Cost, SeedRates(s, 8192), 1<<20)
 		between(t, box+" router break-even / simulated", float64(rn)/float64(n), 0.95, 1.05)
 	}
 }

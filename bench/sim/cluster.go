@@ -9,6 +9,7 @@ import (
 
 	"github.com/tandem-inference/tandem/bench/workload"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 )
@@ -149,22 +150,21 @@ type Result struct {
 }
 
 // SeedRates are the router's starting rates for a setup, from its
-// profiles: the pass floor is a pass's read time, the compute rates are
-// those of a prompt of seedTokens.
+// profiles: the pass floor is a pass's read time, the compute terms are the
+// profiles' (the decode group's measured rate points as terms, see
+// groupRates). seedTokens is unused since the cost model prices every
+// prompt length by its terms; it is kept for the callers' flags.
 func SeedRates(s Setup, seedTokens int) router.Rates {
+	_ = seedTokens
 	var r router.Rates
 	g := s.Decode
 	r.DecodeStep = seconds(g.DecodeStepMS / 1e3)
-	r.LocalPrefillTokPerS = float64(seedTokens) / newGroupCost(g, s.Model).Prefill(seedTokens, chunkOf(g)).Seconds()
+	r.Local = groupRates(g, s.Model)
 	if s.Prefill != nil {
 		for _, d := range readTimes(s) {
 			r.PassFloor += d
 		}
-		var c time.Duration
-		for L := range s.Model.Layers {
-			c += layerCompute(s, L, []planner.Piece{{Lo: 0, Hi: seedTokens}})
-		}
-		r.PrefillTokPerS = float64(seedTokens) / c.Seconds()
+		r.Prefill = withOverhead(s.Prefill.Compute, s.Prefill.LayerOverheadMS)
 		r.LinkBytesPerS = s.Link.GBps * 1e9
 		r.LinkRTT = seconds(s.Link.RTTUS / 1e6)
 	}
@@ -195,7 +195,7 @@ func layerCompute(s Setup, L int, pieces []planner.Piece) time.Duration {
 	for _, p := range pieces {
 		f = f.Add(LayerFLOPs(s.Model.Cfg, L, p.Lo, p.Hi))
 	}
-	return f.Time(s.Prefill.Compute) + seconds(s.Prefill.LayerOverheadMS/1e3)
+	return withOverhead(s.Prefill.Compute, s.Prefill.LayerOverheadMS).Time(f, 1)
 }
 
 // Run simulates the jobs on the setup under opt.Policy.
@@ -317,10 +317,12 @@ func (c *cluster) load() router.Load {
 		l.PassRunning, l.PassRemaining = true, max(0, c.runEnd-now)
 	}
 	for _, j := range c.waiting {
-		l.NextPassTokens += j.total - j.done
+		l.NextPass = append(l.NextPass, j.total-j.done)
 	}
 	for _, j := range c.progress {
-		l.NextPassTokens += j.total - j.done - c.inPass[j]
+		if n := j.total - j.done - c.inPass[j]; n > 0 {
+			l.NextPass = append(l.NextPass, n)
+		}
 	}
 	for _, j := range c.gq {
 		l.LocalQueue = append(l.LocalQueue, j.total-j.done)
@@ -340,7 +342,7 @@ func (c *cluster) refuse(j *simJob, why string) {
 func (c *cluster) arrive(j *simJob) {
 	now := c.loop.Now()
 	j.res = JobResult{ID: j.w.ID, Session: j.w.Session, Turn: j.w.Turn, Prompt: j.w.Prompt, Output: j.w.Output, Arrival: now}
-	d := router.Route(c.opt.Policy, c.est.Rates(), c.s.Model.Shape(), c.load(), j.w.Prompt)
+	d := router.Route(c.opt.Policy, c.s.Model.Cost, c.est.Rates(), c.load(), j.w.Prompt)
 	j.res.Decision, j.res.Target = d, d.Target
 	// The group reserves the sequence's state before anything runs; a job
 	// that cannot be placed is refused, not queued.
@@ -504,7 +506,14 @@ func (c *cluster) endPass(plan planner.Plan, js []*simJob, pr PassResult) {
 	now := c.loop.Now()
 	c.running = false
 	c.passes = append(c.passes, pr)
-	c.est.ObservePass(pr.Read, pr.Compute, plan.Tokens)
+	// As the prefill worker does: the floor is the pass's read time, and
+	// the compute terms are fitted to the pass's work and compute time.
+	c.est.ObserveFloor(pr.Read)
+	var work costmodel.FLOPs
+	for _, pc := range plan.Pieces {
+		work = work.Add(c.s.Model.Cost.Work(pc.Lo, pc.Hi))
+	}
+	c.est.ObservePrefill(costmodel.Sample{Work: work, Calls: len(c.s.Model.Layers), Took: pr.Compute})
 	for _, pc := range plan.Pieces {
 		j := js[pc.Job]
 		delete(c.inPass, j)
@@ -620,7 +629,10 @@ func (c *cluster) prefillChunk() {
 				continue
 			}
 			j.res.Prefill = now - j.start
-			c.est.ObserveLocalPrefill(j.total, j.res.Prefill)
+			// As the decode group does: the prompt's work against the time
+			// from its first chunk to its last.
+			chunks := (j.total + chunkOf(c.s.Decode) - 1) / chunkOf(c.s.Decode)
+			c.est.ObserveLocal(costmodel.Sample{Work: c.s.Model.Cost.Work(0, j.total), Calls: chunks * len(c.s.Model.Layers), Took: j.res.Prefill})
 			j.ready = now
 			c.readyQ = append(c.readyQ, j)
 		}

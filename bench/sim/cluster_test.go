@@ -188,9 +188,13 @@ func TestFitRate(t *testing.T) {
 	if _, b := fitRate([]RatePoint{{Tokens: 100, TokPerS: 50}, {Tokens: 1000, TokPerS: 80}}); b != 0 {
 		t.Fatalf("rising rate: b=%v, want 0", b)
 	}
-	// The chunked sum matches the closed form of the average.
-	c := groupCost{a: a, b: b}
-	c.a, c.b = 0.005, 1e-7
+	// The chunked sum, priced by the cost model's terms, matches the
+	// closed form of the average.
+	m, err := LoadModel("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newGroupCost(&DecodeGroup{PrefillRate: []RatePoint{pt(8192), pt(65536), pt(131072)}}, m)
 	if got, want := c.Prefill(10000, 512).Seconds(), 10000*(0.005+1e-7*9999/2); got < want*0.999999 || got > want*1.000001 {
 		t.Fatalf("chunked prefill %v s, want %v", got, want)
 	}

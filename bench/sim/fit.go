@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -87,7 +88,7 @@ func FitCompute(c *model.Config, samples []LayerSample) (ComputeFit, error) {
 			a, b = append(a, row), append(b, 0)
 		}
 	}
-	x, err := nnls(a, b)
+	x, err := costmodel.NNLS(a, b)
 	if err != nil {
 		return ComputeFit{}, fmt.Errorf("fit: %w", err)
 	}
@@ -112,120 +113,6 @@ func FitCompute(c *model.Config, samples []LayerSample) (ComputeFit, error) {
 	return fit, nil
 }
 
-// nnls solves min |Ax - b| subject to x >= 0 (Lawson and Hanson's active
-// set method; the problems here have a handful of columns).
-func nnls(a [][]float64, b []float64) ([]float64, error) {
-	n := len(a[0])
-	x := make([]float64, n)
-	passive := make([]bool, n)
-	const tol = 1e-12
-	grad := func() []float64 { // Aᵀ(b - Ax)
-		w := make([]float64, n)
-		for i, row := range a {
-			r := b[i]
-			for j, v := range row {
-				r -= v * x[j]
-			}
-			for j, v := range row {
-				w[j] += v * r
-			}
-		}
-		return w
-	}
-	for iter := 0; iter < 10*n; iter++ {
-		w := grad()
-		best, bj := tol, -1
-		for j := range w {
-			if !passive[j] && w[j] > best {
-				best, bj = w[j], j
-			}
-		}
-		if bj < 0 {
-			return x, nil
-		}
-		passive[bj] = true
-		for inner := 0; inner < 10*n; inner++ {
-			s, err := lsq(a, b, passive)
-			if err != nil {
-				return nil, err
-			}
-			ok := true
-			for j := range s {
-				if passive[j] && s[j] <= tol {
-					ok = false
-				}
-			}
-			if ok {
-				copy(x, s)
-				break
-			}
-			alpha := math.Inf(1)
-			for j := range s {
-				if passive[j] && s[j] <= tol {
-					alpha = min(alpha, x[j]/(x[j]-s[j]))
-				}
-			}
-			for j := range x {
-				x[j] += alpha * (s[j] - x[j])
-				if passive[j] && x[j] <= tol {
-					passive[j], x[j] = false, 0
-				}
-			}
-		}
-	}
-	return x, nil
-}
-
-// lsq solves the least-squares problem on the passive columns (the others
-// are zero) by the normal equations.
-func lsq(a [][]float64, b []float64, passive []bool) ([]float64, error) {
-	var cols []int
-	for j, p := range passive {
-		if p {
-			cols = append(cols, j)
-		}
-	}
-	m := len(cols)
-	g := make([][]float64, m) // [AᵀA | Aᵀb]
-	for r := range g {
-		g[r] = make([]float64, m+1)
-	}
-	for i, row := range a {
-		for r, jr := range cols {
-			for c, jc := range cols {
-				g[r][c] += row[jr] * row[jc]
-			}
-			g[r][m] += row[jr] * b[i]
-		}
-	}
-	for col := 0; col < m; col++ { // Gaussian elimination, partial pivoting
-		p := col
-		for r := col + 1; r < m; r++ {
-			if math.Abs(g[r][col]) > math.Abs(g[p][col]) {
-				p = r
-			}
-		}
-		if math.Abs(g[p][col]) < 1e-300 {
-			return nil, errors.New("the samples cannot tell the layer types apart (singular system)")
-		}
-		g[col], g[p] = g[p], g[col]
-		for r := 0; r < m; r++ {
-			if r == col {
-				continue
-			}
-			f := g[r][col] / g[col][col]
-			for c := col; c <= m; c++ {
-				g[r][c] -= f * g[col][c]
-			}
-		}
-	}
-	x := make([]float64, len(passive))
-	for r, j := range cols {
-		x[j] = g[r][m] / g[r][r]
-	}
-	return x, nil
-}
-
 // FitReads fits per-layer read times to latency + bytes/rate (non-negative,
 // relative errors) and returns the rate in GB/s and the latency in ms.
 func FitReads(bytes []int64, seconds []float64) (gbps, latencyMS float64, err error) {
@@ -242,7 +129,7 @@ func FitReads(bytes []int64, seconds []float64) (gbps, latencyMS float64, err er
 		a[i] = []float64{float64(bytes[i]) / 1e9 * w, w}
 		b[i] = 1
 	}
-	x, err := nnls(a, b)
+	x, err := costmodel.NNLS(a, b)
 	if err != nil {
 		return 0, 0, fmt.Errorf("fit reads: %w", err)
 	}
@@ -279,39 +166,21 @@ func FitGroup(c *model.Config, base Compute, chunk int, step float64, samples []
 	if len(samples) < 3 || chunk < 1 {
 		return GroupFit{}, fmt.Errorf("fit group: %d samples with chunks of %d, want at least 3 and a positive chunk", len(samples), chunk)
 	}
-	lin := base
-	lin.MLAAttention = math.Inf(1) // attention apart
-	parts := func(n int) (l, at, calls float64) {
-		for lo := 0; lo < n-1; lo += chunk {
-			f := PromptFLOPs(c, lo, min(n-1, lo+chunk))
-			l += f.Time(lin).Seconds()
-			at += f.Attn / base.attention() / 1e9
-			calls += float64(c.NumLayers)
-		}
-		return
-	}
-	a := make([][]float64, len(samples))
-	b := make([]float64, len(samples))
+	ss := make([]costmodel.Sample, len(samples))
 	for i, s := range samples {
 		if s.Prompt < 2 || !(s.Seconds > step) {
 			return GroupFit{}, fmt.Errorf("fit group: sample %d (%d tokens in %v s, step %v s) is not a measured prefill", i, s.Prompt, s.Seconds, step)
 		}
-		l, at, calls := parts(s.Prompt)
-		w := 1 / s.Seconds
-		a[i] = []float64{l * w, at * w, calls * w}
-		b[i] = 1 - step*w
+		n := s.Prompt - 1
+		ss[i] = costmodel.Sample{Work: PromptFLOPs(c, 0, n), Calls: (n + chunk - 1) / chunk * c.NumLayers, Took: seconds(s.Seconds - step)}
 	}
-	x, err := scaleFit(a, b)
+	fit, worst, err := costmodel.Fit(base, ss)
 	if err != nil {
 		return GroupFit{}, fmt.Errorf("fit group: %w", err)
 	}
-	g := GroupFit{OverheadMS: x[2] * 1e3}
-	g.Rates = Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.attention() / x[1], MoE: base.MoE / x[0], Dense: base.Dense / x[0]}
-	for _, s := range samples {
-		l, at, calls := parts(s.Prompt)
-		p := x[0]*l + x[1]*at + x[2]*calls + step
-		g.WorstError = max(g.WorstError, math.Abs(p-s.Seconds)/s.Seconds)
-	}
+	g := GroupFit{OverheadMS: float64(fit.Layer) / 1e6, WorstError: worst}
+	fit.Layer = 0
+	g.Rates = fit
 	return g, nil
 }
 
@@ -334,61 +203,19 @@ func FitPasses(c *model.Config, base Compute, samples []PassSample) (ComputeFit,
 	if len(samples) < 3 {
 		return ComputeFit{}, fmt.Errorf("fit passes: %d samples, want at least 3", len(samples))
 	}
-	lin := base
-	lin.MLAAttention = math.Inf(1) // attention apart
-	parts := func(n int) (l, at float64) {
-		f := PromptFLOPs(c, 0, n)
-		return f.Time(lin).Seconds(), f.Attn / base.attention() / 1e9
-	}
-	a := make([][]float64, len(samples))
-	b := make([]float64, len(samples))
+	ss := make([]costmodel.Sample, len(samples))
 	for i, s := range samples {
 		if s.Tokens < 1 || !(s.Seconds > 0) {
 			return ComputeFit{}, fmt.Errorf("fit passes: sample %d (%d tokens in %v s) is not a measured pass", i, s.Tokens, s.Seconds)
 		}
-		l, at := parts(s.Tokens)
-		w := 1 / s.Seconds
-		a[i] = []float64{l * w, at * w, float64(c.NumLayers) * w}
-		b[i] = 1
+		ss[i] = costmodel.Sample{Work: PromptFLOPs(c, 0, s.Tokens), Calls: c.NumLayers, Took: seconds(s.Seconds)}
 	}
-	x, err := scaleFit(a, b)
+	fit, worst, err := costmodel.Fit(base, ss)
 	if err != nil {
 		return ComputeFit{}, fmt.Errorf("fit passes: %w", err)
 	}
-	fit := ComputeFit{OverheadMS: x[2] * 1e3,
-		Rates: Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.attention() / x[1], MoE: base.MoE / x[0], Dense: base.Dense / x[0]}}
-	for _, s := range samples {
-		l, at := parts(s.Tokens)
-		p := x[0]*l + x[1]*at + x[2]*float64(c.NumLayers)
-		fit.WorstResidual = max(fit.WorstResidual, math.Abs(p-s.Seconds)/s.Seconds)
-	}
-	return fit, nil
-}
-
-// scaleFit solves the scaling fits of FitGroup and FitPasses: rows of
-// (linear work, attention work, fixed-cost count) against their targets,
-// for a factor on each kind of work and the fixed cost. When the samples
-// do not tell the attention apart (its factor fits to zero: too little
-// attention work for the noise, as in short prompts on a small model), one
-// factor is fitted for both kinds of work instead.
-func scaleFit(a [][]float64, b []float64) ([]float64, error) {
-	x, err := nnls(a, b)
-	if err != nil {
-		return nil, err
-	}
-	if x[0] > 0 && x[1] > 0 {
-		return x, nil
-	}
-	one := make([][]float64, len(a))
-	for i, r := range a {
-		one[i] = []float64{r[0] + r[1], r[2]}
-	}
-	y, err := nnls(one, b)
-	if err != nil {
-		return nil, err
-	}
-	if !(y[0] > 0) {
-		return nil, errors.New("the time does not grow with the prompt as compute does; measure longer prompts")
-	}
-	return []float64{y[0], y[0], y[1]}, nil
+	out := ComputeFit{OverheadMS: float64(fit.Layer) / 1e6, WorstResidual: worst}
+	fit.Layer = 0
+	out.Rates = fit
+	return out, nil
 }

@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-	"time"
 )
 
 // samplesAt times every layer of the small preset at the given lengths with
@@ -112,7 +111,7 @@ func TestFitGroupRecoversScaledRates(t *testing.T) {
 	}
 	base := Compute{KDA: 6, MLA: 12, MLAAttention: 1.5, MoE: 9, Dense: 11}
 	group := Compute{KDA: 3, MLA: 6, MLAAttention: 0.5, MoE: 4.5, Dense: 5.5} // linear x2 slower, attention x3
-	cost := groupCost{compute: &group, overhead: 200 * time.Microsecond, model: m}
+	cost := groupCost{rates: withOverhead(group, 0.2), model: m}
 	step := 0.0015
 	var samples []GroupSample
 	for _, n := range []int{128, 512, 1024, 1536} {

@@ -2,26 +2,51 @@ package sim
 
 import (
 	"time"
+
+	"github.com/tandem-inference/tandem/costmodel"
 )
 
-// groupCost prices the decode group's own prefill, chunk by chunk. With
-// measured rate points, a token at context position p costs a + b·p seconds
-// (attention grows with the context), fitted through the points; with
-// compute rates, a chunk costs its FLOPs layer by layer, as on a prefill
-// box, plus a fixed cost per layer.
+// groupCost prices the decode group's own prefill, chunk by chunk, with
+// the cost model's terms (costmodel.Compute): the profile's compute rates
+// per layer type and fixed cost per layer, or, from measured rate points,
+// the rates that give a token at context position p a cost of a + b·p
+// seconds (attention grows with the context), fitted through the points.
 type groupCost struct {
-	a, b     float64
-	compute  *Compute
-	overhead time.Duration
-	model    *Model
+	rates costmodel.Compute
+	model *Model
 }
 
 func newGroupCost(g *DecodeGroup, m *Model) groupCost {
-	c := groupCost{compute: g.Compute, overhead: seconds(g.LayerOverheadMS / 1e3), model: m}
-	if g.Compute == nil {
-		c.a, c.b = fitRate(g.PrefillRate)
+	return groupCost{rates: groupRates(g, m), model: m}
+}
+
+// groupRates is the decode group's own prefill as the cost model's terms.
+func groupRates(g *DecodeGroup, m *Model) costmodel.Compute {
+	if g.Compute != nil {
+		return withOverhead(*g.Compute, g.LayerOverheadMS)
 	}
-	return c
+	a, b := fitRate(g.PrefillRate)
+	// a seconds per token of linear work, b per token and position of
+	// attention: the rates per term that cost the same.
+	lin := m.Cost.Work(0, 1)
+	lin.Attn = 0
+	perPair := m.Cost.Work(0, 2).Attn - m.Cost.Work(0, 1).Attn // one MLA pair's work over every layer, x2
+	r := costmodel.Uniform(lin.Total()/1e9/positive(a), 0)
+	r.MLAAttention = 1e12 // no attention cost measured: effectively free
+	if b > 0 && perPair > 0 && a > b {
+		// The cost model's attention counts a token's own key (p+1
+		// pairs at position p): b of each token's a moves there.
+		r = costmodel.Uniform(lin.Total()/1e9/(a-b), 0)
+		r.MLAAttention = perPair / 2 / 1e9 / b
+	}
+	return r
+}
+
+func positive(v float64) float64 {
+	if v > 0 {
+		return v
+	}
+	return 1e-300
 }
 
 // fitRate fits 1/rate = a + b·(T-1)/2 (the average per-token cost over a
@@ -55,12 +80,7 @@ func (c groupCost) Chunk(lo, hi int) time.Duration {
 	if hi <= lo {
 		return 0
 	}
-	if c.compute != nil {
-		return PromptFLOPs(c.model.Cfg, lo, hi).Time(*c.compute) + time.Duration(len(c.model.Layers))*c.overhead
-	}
-	n := float64(hi - lo)
-	pos := (float64(hi)*float64(hi-1) - float64(lo)*float64(lo-1)) / 2 // sum of positions lo..hi-1
-	return seconds(c.a*n + c.b*pos)
+	return c.rates.Time(c.model.Cost.Work(lo, hi), c.model.Cost.Layers)
 }
 
 // groupPiece is one prompt's chunk in a prefill step of the group.
@@ -70,22 +90,16 @@ type groupPiece struct {
 }
 
 // Step is the time of one prefill step carrying several prompts' chunks:
-// their work together, and with compute rates one fixed cost per layer.
+// their work together, and one fixed cost per layer.
 func (c groupCost) Step(ps []groupPiece) time.Duration {
-	if c.compute == nil {
-		var d time.Duration
-		for _, p := range ps {
-			d += c.Chunk(p.lo, p.hi)
-		}
-		return d
-	}
-	var f FLOPs
+	var f costmodel.FLOPs
 	for _, p := range ps {
-		if p.hi > p.lo {
-			f = f.Add(PromptFLOPs(c.model.Cfg, p.lo, p.hi))
-		}
+		f = f.Add(c.model.Cost.Work(p.lo, p.hi))
 	}
-	return f.Time(*c.compute) + time.Duration(len(c.model.Layers))*c.overhead
+	if f.Total() == 0 {
+		return 0
+	}
+	return c.rates.Time(f, c.model.Cost.Layers)
 }
 
 // Prefill is the time to prefill tokens positions in chunks of chunk.

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/tandem-inference/tandem/configs"
-	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
@@ -43,11 +43,13 @@ type Model struct {
 	ReadBytes, EmbedRowBytes int64
 	// SlotBytes is the largest layer's read: one ring slot.
 	SlotBytes int64
+	// Cost is the cost model's view of the model (the router's).
+	Cost *costmodel.Model
 }
 
 // NewModel derives the sizes of cfg.
 func NewModel(name string, cfg *model.Config) *Model {
-	m := &Model{Name: name, Cfg: cfg, Layers: make([]Layer, cfg.NumLayers)}
+	m := &Model{Name: name, Cfg: cfg, Layers: make([]Layer, cfg.NumLayers), Cost: costmodel.New(&cfg.Config, model.BF16.Size())}
 	plan := synth.Plan(cfg)
 	lat := int64(cfg.LatentWidth()) * int64(model.BF16.Size())
 	kda := int64(cfg.KDAHeads*cfg.KDAHeadDim*cfg.KDAHeadDim+3*cfg.KDAProjDim()*(cfg.ConvKernel-1)) * 4
@@ -105,18 +107,6 @@ func (m *Model) StateBytes(tokens int) int64 {
 		n += l.State(tokens)
 	}
 	return n
-}
-
-// Shape is the router's view of the state sizes.
-func (m *Model) Shape() router.Shape {
-	var s router.Shape
-	for _, l := range m.Layers {
-		s.StateBytesFixed += float64(l.StateFixed)
-		s.StateBytesPerToken += float64(l.StatePerToken)
-	}
-	last := m.Layers[len(m.Layers)-1]
-	s.LastLayerBytesFixed, s.LastLayerBytesPerToken = float64(last.StateFixed), float64(last.StatePerToken)
-	return s
 }
 
 // Costs is the planner's memory model of the model on a box of the given

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tandem-inference/tandem/configs"
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 )
 
@@ -33,26 +34,12 @@ type Profile struct {
 	Measured map[string]string `yaml:"measured,omitempty"`
 }
 
-// Compute is an effective compute rate per layer type, in GFLOP/s (1e9
-// FLOP/s), over the FLOPs this package counts (flops.go): KDA and MLA are
-// the attention sublayers (MLAAttention, if set, the MLA layers' causal
-// attention over the cache apart from their projections), MoE and Dense the
-// feed-forward ones.
-type Compute struct {
-	KDA          float64 `yaml:"kda"`
-	MLA          float64 `yaml:"mla"`
-	MLAAttention float64 `yaml:"mla_attention,omitempty"`
-	MoE          float64 `yaml:"moe"`
-	Dense        float64 `yaml:"dense"`
-}
-
-// attention is the MLA attention's rate (the MLA rate when not given).
-func (c Compute) attention() float64 {
-	if c.MLAAttention > 0 {
-		return c.MLAAttention
-	}
-	return c.MLA
-}
+// Compute is an effective compute rate per layer type, in GFLOP/s, the
+// cost model's terms (costmodel.Compute): KDA and MLA are the attention
+// sublayers (MLAAttention, if set, the MLA layers' causal attention over
+// the cache apart from their projections), MoE and Dense the feed-forward
+// ones. A profile gives the fixed cost per layer apart (layer_overhead_ms).
+type Compute = costmodel.Compute
 
 // PrefillBox is the machine that prefills by streaming the weights.
 type PrefillBox struct {
@@ -209,7 +196,7 @@ func nonNegativeField(key string, v float64) error {
 	return nil
 }
 
-func (c Compute) validate(key string) error {
+func validateCompute(c Compute, key string) error {
 	for _, f := range []struct {
 		k string
 		v float64
@@ -233,7 +220,7 @@ func (b *PrefillBox) validate() error {
 			return err
 		}
 	}
-	if err := b.Compute.validate("compute_gflops"); err != nil {
+	if err := validateCompute(b.Compute, "compute_gflops"); err != nil {
 		return err
 	}
 	if _, err := b.Budget(); err != nil {
@@ -285,7 +272,7 @@ func (g *DecodeGroup) validate() error {
 	case len(g.PrefillRate) == 0 && g.Compute == nil:
 		return errors.New("prefill_rate or compute_gflops is missing: the group's own prefill cost")
 	case g.Compute != nil:
-		if err := g.Compute.validate("compute_gflops"); err != nil {
+		if err := validateCompute(*g.Compute, "compute_gflops"); err != nil {
 			return err
 		}
 	}

@@ -280,7 +280,7 @@ func TestConfigFileAndEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Policy != cp.PolicyRemote || cfg.Rates.PrefillTokPerS != 800 || cfg.MaxPromptTokens != 4096 ||
+	if cfg.Policy != cp.PolicyRemote || cfg.SeedPrefillTokPerS != 800 || cfg.MaxPromptTokens != 4096 ||
 		cfg.AssignTimeout != 3*time.Second || cfg.DefaultMaxTokens != 99 || cfg.Registry.TTL != 10*time.Second {
 		t.Fatalf("resolved %+v", cfg)
 	}
@@ -353,7 +353,7 @@ func TestLayoutsLoad(t *testing.T) {
 		if _, _, err := serverConfig(v, nil); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if cfg.Rates.PrefillTokPerS <= 0 || cfg.Rates.LocalPrefillTokPerS <= 0 || cfg.Registry.TTL != 10*time.Second {
+		if cfg.SeedPrefillTokPerS <= 0 || cfg.SeedLocalTokPerS <= 0 || cfg.Registry.TTL != 10*time.Second {
 			t.Fatalf("%s: %+v", name, cfg)
 		}
 	}

@@ -191,7 +191,14 @@ func printWorkers(w io.Writer, ws []cp.WorkerInfo, now time.Time) {
 			rates = append(rates, fmt.Sprintf("step %.0f/s", r.DecodeTokensPerSec))
 		}
 		if r := x.Rates; r.PassFloor > 0 {
-			rates = append(rates, "pass floor "+client.Duration(r.PassFloor))
+			floor := "pass floor " + client.Duration(r.PassFloor)
+			if r.ReadBytesPerSec > 0 {
+				floor += fmt.Sprintf(" (reads %.2f GB/s)", r.ReadBytesPerSec/1e9)
+			}
+			rates = append(rates, floor)
+		}
+		if t := x.Rates.Compute; t != nil {
+			rates = append(rates, fmt.Sprintf("fitted %s (%d samples, worst %.0f%%)", t.Compute(), t.Samples, 100*t.WorstError))
 		}
 		state := "ready"
 		if x.Draining {

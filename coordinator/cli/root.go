@@ -263,9 +263,9 @@ func serviceConfig(v *viper.Viper) (service.Config, error) {
 	}
 	return service.Config{
 		Policy: policy,
-		Rates: router.Rates{PassFloor: v.GetDuration("router.pass_floor"), PrefillTokPerS: v.GetFloat64("router.prefill_tok_s"),
-			LocalPrefillTokPerS: v.GetFloat64("router.local_prefill_tok_s"), LinkBytesPerS: v.GetFloat64("router.link_bytes_s"),
+		Rates: router.Rates{PassFloor: v.GetDuration("router.pass_floor"), LinkBytesPerS: v.GetFloat64("router.link_bytes_s"),
 			LinkRTT: v.GetDuration("router.link_rtt"), DecodeStep: v.GetDuration("router.decode_step")},
+		SeedPrefillTokPerS: v.GetFloat64("router.prefill_tok_s"), SeedLocalTokPerS: v.GetFloat64("router.local_prefill_tok_s"),
 		Alpha:            v.GetFloat64("router.alpha"),
 		MaxPromptTokens:  v.GetInt("limits.max_prompt_tokens"),
 		DefaultMaxTokens: v.GetInt("limits.default_max_tokens"),

@@ -124,8 +124,8 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 		}
 	}
 	r := c.Coordinator().Rates()
-	p("\nmeasured on a %d-token warm-up, both ways: prefill worker %.0f tokens/s (weight pass %s), decode group's own prefill %.0f tokens/s, decode step %s; link taken as %.0f MB/s\n",
-		len(warm), r.PrefillTokPerS, client.Duration(r.PassFloor), r.LocalPrefillTokPerS, client.Duration(r.DecodeStep), r.LinkBytesPerS/1e6)
+	p("\nmeasured on a %d-token warm-up, both ways: prefill worker %s (weight pass %s), decode group's own prefill %s, decode step %s; link taken as %.0f MB/s\n",
+		len(warm), r.Prefill, client.Duration(r.PassFloor), r.Local, client.Duration(r.DecodeStep), r.LinkBytesPerS/1e6)
 
 	long := longPrompt(c.Tokenizer, opt.LongTokens)
 	if _, err := job(ctx, nc, out, "short prompt", shortPrompt, cp.PolicyAuto, opt.MaxTokens); err != nil {

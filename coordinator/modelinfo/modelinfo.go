@@ -12,7 +12,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/internal/modelconfig"
 )
 
@@ -30,9 +30,10 @@ type Info struct {
 	EOSTokenID   int // -1 when the config names none
 	// MLALayers and KDALayers are 0-based layer indices of each kind.
 	MLALayers, KDALayers []int
-	// Shape is the per-sequence decode state the router prices (bf16 MLA
-	// rows, fp32 KDA state and conv tails).
-	Shape router.Shape
+	// Cost is what the router prices: each prompt's work per term and the
+	// per-sequence decode state (bf16 MLA rows, fp32 KDA state and conv
+	// tails, in Cost.Shape).
+	Cost *costmodel.Model
 
 	mlaRow, kdaFixed int64 // bytes: one token's MLA row; one KDA layer's state and conv tails
 }
@@ -82,8 +83,7 @@ func Parse(config []byte) (*Info, error) {
 		EOSTokenID: c.EOSTokenID, MLALayers: c.MLALayers, KDALayers: c.KDALayers}
 	const latentBytes = 2 // bf16 rows: the state contract
 	heads, headDim, conv := c.KDAHeads, c.KDAHeadDim, c.ConvKernel
-	info.Shape = router.ShapeOf(len(info.MLALayers), len(info.KDALayers), c.KVLoraRank, c.QKRopeDim, latentBytes, heads, headDim, conv,
-		c.LayerKind(c.NumLayers-1) == modelconfig.MLA)
+	info.Cost = costmodel.New(c, latentBytes)
 	info.mlaRow = int64(c.LatentWidth() * latentBytes)
 	info.kdaFixed = int64(heads*headDim*headDim*4 + 3*heads*headDim*(conv-1)*4)
 	return info, nil

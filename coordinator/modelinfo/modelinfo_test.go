@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/tandem-inference/tandem/configs"
-	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -29,9 +28,13 @@ func TestReleasedK3(t *testing.T) {
 	if m.EOSTokenID != 163586 || m.MaxPositions != 1<<20 {
 		t.Fatalf("eos %d, max positions %d", m.EOSTokenID, m.MaxPositions)
 	}
-	// The router's own K3 figures (its tests check them against the spec).
-	if want := router.ShapeOf(24, 69, 512, 64, 2, 96, 128, 4, true); m.Shape != want {
-		t.Fatalf("shape %+v, want %+v", m.Shape, want)
+	// K3-SPEC §4: 27,648 B/token of latent rows; 434,110,464 B of KDA
+	// state plus 69 x 3 x 12288 x 3 x 4 B of fp32 conv tails; the last
+	// layer (MLA) 1,152 B/token.
+	sh := m.Cost.Shape
+	if sh.StateBytesPerToken != 27648 || sh.StateBytesFixed != 434110464.0+69*3*12288*3*4 ||
+		sh.LastLayerBytesPerToken != 1152 || sh.LastLayerBytesFixed != 0 {
+		t.Fatalf("shape %+v", sh)
 	}
 }
 

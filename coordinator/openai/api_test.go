@@ -57,8 +57,8 @@ func startDeployment(t *testing.T, mod func(*openai.Config)) *deployment {
 		// The coordinator drives 32 jobs at a time (the rest wait in its
 		// queue): 200 admissions at once around the decode ring of a
 		// loaded 2-core machine can outlast any assignment timeout.
-		Coordinator: service.Config{AssignTimeout: time.Minute, MaxRunning: 32, Rates: router.Rates{PassFloor: 20 * time.Millisecond, PrefillTokPerS: 3000,
-			LocalPrefillTokPerS: 2500, LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}},
+		Coordinator: service.Config{AssignTimeout: time.Minute, MaxRunning: 32, Rates: router.Rates{PassFloor: 20 * time.Millisecond,
+			LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}, SeedPrefillTokPerS: 3000, SeedLocalTokPerS: 2500},
 		Threads: 1, Log: testLogger(t),
 	})
 	if err != nil {

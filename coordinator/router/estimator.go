@@ -3,13 +3,20 @@ package router
 import (
 	"sync"
 	"time"
+
+	"github.com/tandem-inference/tandem/costmodel"
 )
 
-// Estimator keeps the cost model's rates as exponentially weighted moving
-// averages of measured job figures, starting from seed values (config, or
-// docs/HARDWARE.md for the real cluster). Safe for concurrent use.
+// Estimator keeps the cost model's rates: the pass floor, the link and the
+// decode step as exponentially weighted moving averages of measured
+// figures, and the compute terms of each path fitted to measured prefills
+// (costmodel.Fitter), starting from seed values (config, a hardware
+// profile, or docs/HARDWARE.md for the real cluster). Workers that fit
+// their own terms advertise them in their heartbeats; the coordinator
+// prefers those. Safe for concurrent use.
 type Estimator struct {
-	alpha float64
+	alpha          float64
+	prefill, local *costmodel.Fitter
 
 	mu sync.Mutex
 	r  Rates
@@ -21,14 +28,21 @@ func NewEstimator(seed Rates, alpha float64) *Estimator {
 	if !(alpha > 0 && alpha <= 1) {
 		alpha = 0.2
 	}
-	return &Estimator{alpha: alpha, r: seed}
+	return &Estimator{alpha: alpha, r: seed, prefill: costmodel.NewFitter(seed.Prefill), local: costmodel.NewFitter(seed.Local)}
 }
 
 // Rates returns the current estimates.
 func (e *Estimator) Rates() Rates {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.r
+	r := e.r
+	e.mu.Unlock()
+	if c, n, _ := e.prefill.Compute(); n > 0 {
+		r.Prefill = c
+	}
+	if c, n, _ := e.local.Compute(); n > 0 {
+		r.Local = c
+	}
+	return r
 }
 
 func (e *Estimator) mix(old, v float64) float64 {
@@ -42,28 +56,25 @@ func (e *Estimator) mixDur(old, v time.Duration) time.Duration {
 	return time.Duration(e.mix(float64(old), float64(v)))
 }
 
-// ObservePass records a finished weight pass: the time spent reading
-// weights (the floor) and computing, and the tokens it carried.
-func (e *Estimator) ObservePass(read, compute time.Duration, tokens int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if read > 0 {
-		e.r.PassFloor = e.mixDur(e.r.PassFloor, read)
-	}
-	if compute > 0 && tokens > 0 {
-		e.r.PrefillTokPerS = e.mix(e.r.PrefillTokPerS, float64(tokens)/compute.Seconds())
-	}
-}
-
-// ObserveLocalPrefill records a prefill done by the decode group.
-func (e *Estimator) ObserveLocalPrefill(tokens int, d time.Duration) {
-	if tokens <= 0 || d <= 0 {
+// ObserveFloor records a measured pass floor: the time to read one pass's
+// weights with nothing to compute.
+func (e *Estimator) ObserveFloor(floor time.Duration) {
+	if floor <= 0 {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.r.LocalPrefillTokPerS = e.mix(e.r.LocalPrefillTokPerS, float64(tokens)/d.Seconds())
+	e.r.PassFloor = e.mixDur(e.r.PassFloor, floor)
 }
+
+// ObservePrefill records a prefill worker's measured compute inside a
+// pass (the work of the pass's pieces, its layer calls, its compute time);
+// ObserveLocal a decode group's measured prefill of one prompt. A sample
+// that is not a measurement is ignored.
+func (e *Estimator) ObservePrefill(s costmodel.Sample) { _ = e.prefill.Add(s) }
+
+// ObserveLocal: see ObservePrefill.
+func (e *Estimator) ObserveLocal(s costmodel.Sample) { _ = e.local.Add(s) }
 
 // ObserveTransfer records bytes moved over the data plane in d.
 func (e *Estimator) ObserveTransfer(bytes int64, d time.Duration) {

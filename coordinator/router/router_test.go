@@ -5,42 +5,51 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-inference/tandem/configs"
+	"github.com/tandem-inference/tandem/costmodel"
+	"github.com/tandem-inference/tandem/internal/modelconfig"
 )
 
-// k3 is the full K3 shape (BF16 latent rows): 24 MLA, 69 KDA layers.
-var k3 = ShapeOf(24, 69, 512, 64, 2, 96, 128, 4, true)
+// k3 is the full K3 model (BF16 latent rows): 24 MLA, 69 KDA layers.
+var k3 = func() *costmodel.Model {
+	b, err := configs.ModelPreset("k3")
+	if err != nil {
+		panic(err)
+	}
+	c, err := modelconfig.Parse(b)
+	if err != nil {
+		panic(err)
+	}
+	return costmodel.New(c, 2)
+}()
 
-// rtx5090 seeds from the published figures (docs/HARDWARE.md): a 28 s pass floor, ~800 tok/s
-// prefill, 10 GbE, 4 Macs prefilling at ~75 tok/s.
+// rtx5090 seeds from the published figures (docs/HARDWARE.md): a 28 s pass
+// floor, ~800 tok/s prefill at 8k tokens, 10 GbE, 4 Macs prefilling at ~75
+// tok/s at 8k tokens (equal rates per term: only tokens/s are published).
 var rtx5090 = Rates{
-	PassFloor: 28 * time.Second, PrefillTokPerS: 800, LocalPrefillTokPerS: 75,
+	PassFloor: 28 * time.Second, Prefill: k3.Seed(800, 8192), Local: k3.Seed(75, 8192),
 	LinkBytesPerS: 1.15e9, LinkRTT: 300 * time.Microsecond, DecodeStep: 50 * time.Millisecond,
 }
 
-func TestShapeMatchesSpec(t *testing.T) {
-	// K3-SPEC §4: 27,648 B/token of latent rows; 434,110,464 B of KDA state
-	// plus 69 x 3 x 12288 x 3 x 4 B of fp32 conv tails.
-	if k3.StateBytesPerToken != 27648 {
-		t.Fatalf("per-token state %v, want 27648", k3.StateBytesPerToken)
-	}
-	if want := 434110464.0 + 69*3*12288*3*4; k3.StateBytesFixed != want {
-		t.Fatalf("fixed state %v, want %v", k3.StateBytesFixed, want)
-	}
-	if k3.LastLayerBytesPerToken != 1152 {
-		t.Fatalf("last layer %v B/token, want 1152", k3.LastLayerBytesPerToken)
-	}
-}
+var (
+	PredictRemote = costmodel.PredictRemote
+	PredictLocal  = costmodel.PredictLocal
+	LocalAhead    = costmodel.LocalAhead
+)
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func TestShortPromptsStayLocalLongGoRemote(t *testing.T) {
 	idle := Load{PrefillUp: true}
-	if d := Route(Auto, rtx5090, k3, idle, 500); d.Target != TargetLocal {
+	if d := Route(Auto, k3, rtx5090, idle, 500); d.Target != TargetLocal {
 		t.Fatalf("500 tokens went %s (%s)", d.Target, d.Reason)
 	}
-	if d := Route(Auto, rtx5090, k3, idle, 300000); d.Target != TargetRemote {
+	if d := Route(Auto, k3, rtx5090, idle, 300000); d.Target != TargetRemote {
 		t.Fatalf("300k tokens went %s (%s)", d.Target, d.Reason)
 	}
 	// The pass floor dominates below ~22k tokens (28 s x 800 tok/s).
-	p := PredictRemote(rtx5090, k3, idle, 10000)
+	p := PredictRemote(k3, rtx5090, idle, 10000)
 	if p.Pass != rtx5090.PassFloor {
 		t.Fatalf("10k-token pass %v, want the floor %v", p.Pass, rtx5090.PassFloor)
 	}
@@ -48,12 +57,12 @@ func TestShortPromptsStayLocalLongGoRemote(t *testing.T) {
 
 func TestBreakEvenNearAnchors(t *testing.T) {
 	// docs/HARDWARE.md: break-even at roughly 1.5k-5k uncached tokens.
-	n := BreakEven(rtx5090, k3, 1<<20)
+	n := BreakEven(k3, rtx5090, 1<<20)
 	if n < 1500 || n > 5000 {
 		t.Fatalf("break-even %d tokens, want 1.5k-5k", n)
 	}
-	local := PredictLocal(rtx5090, Load{}, n)
-	remote := PredictRemote(rtx5090, k3, Load{PrefillUp: true}, n)
+	local := PredictLocal(k3, rtx5090, Load{}, n)
+	remote := PredictRemote(k3, rtx5090, Load{PrefillUp: true}, n)
 	if remote.Total >= local.Total {
 		t.Fatalf("at break-even remote %v is not below local %v", remote.Total, local.Total)
 	}
@@ -63,66 +72,71 @@ func TestQueueingShiftsTheDecision(t *testing.T) {
 	// A long pass in progress makes a mid-size prompt cheaper locally.
 	busy := Load{PrefillUp: true, PassRunning: true, PassRemaining: 25 * time.Second}
 	idle := Load{PrefillUp: true}
-	if d := Route(Auto, rtx5090, k3, idle, 3000); d.Target != TargetRemote {
+	if d := Route(Auto, k3, rtx5090, idle, 3000); d.Target != TargetRemote {
 		t.Fatalf("idle: 3000 tokens went %s", d.Target)
 	}
-	if d := Route(Auto, rtx5090, k3, busy, 3000); d.Target != TargetLocal {
+	if d := Route(Auto, k3, rtx5090, busy, 3000); d.Target != TargetLocal {
 		t.Fatalf("busy pass: 3000 tokens went %s (%s)", d.Target, d.Reason)
 	}
 	// Sharing a pass: tokens already waiting lengthen it only past the floor.
-	shared := Load{PrefillUp: true, NextPassTokens: 100000}
-	if p := PredictRemote(rtx5090, k3, shared, 1000); p.Pass <= rtx5090.PassFloor {
+	shared := Load{PrefillUp: true, NextPass: []int{100000}}
+	if p := PredictRemote(k3, rtx5090, shared, 1000); p.Pass <= rtx5090.PassFloor {
 		t.Fatalf("a pass carrying 101k tokens should exceed the floor, is %v", p.Pass)
 	}
 }
 
 func TestTransferTailIsTheLastLayerWhenTheLinkKeepsUp(t *testing.T) {
-	p := PredictRemote(rtx5090, k3, Load{PrefillUp: true}, 300000)
+	p := PredictRemote(k3, rtx5090, Load{PrefillUp: true}, 300000)
 	last := time.Duration(1152 * 299999 / rtx5090.LinkBytesPerS * float64(time.Second))
 	if p.TransferTail > last+time.Millisecond {
 		t.Fatalf("tail %v, want about the last layer's %v", p.TransferTail, last)
 	}
-	// A link too slow to keep up with the pass (8.3 GB at 10 MB/s against a
-	// 375 s pass): the backlog shows in the tail.
+	// A link too slow to keep up with the pass (8.3 GB at 10 MB/s, 830 s,
+	// against a ~700 s pass): the backlog shows in the tail.
 	slow := rtx5090
 	slow.LinkBytesPerS = 10e6
-	q := PredictRemote(slow, k3, Load{PrefillUp: true}, 300000)
-	if q.TransferTail < 400*time.Second {
-		t.Fatalf("100 MB/s link: tail %v, want the unhidden backlog", q.TransferTail)
+	q := PredictRemote(k3, slow, Load{PrefillUp: true}, 300000)
+	backlog := secs(k3.Shape.StateBytes(299999)/10e6) - q.Pass + slow.LinkRTT
+	if q.TransferTail < 60*time.Second || q.TransferTail != backlog {
+		t.Fatalf("10 MB/s link: tail %v, want the unhidden backlog %v", q.TransferTail, backlog)
 	}
 }
 
 func TestPoliciesAndNoPrefillWorker(t *testing.T) {
 	l := Load{PrefillUp: true, Threshold: 1000}
-	if d := Route(Local, rtx5090, k3, l, 300000); d.Target != TargetLocal {
+	if d := Route(Local, k3, rtx5090, l, 300000); d.Target != TargetLocal {
 		t.Fatal("policy local ignored")
 	}
-	if d := Route(Remote, rtx5090, k3, l, 10); d.Target != TargetRemote {
+	if d := Route(Remote, k3, rtx5090, l, 10); d.Target != TargetRemote {
 		t.Fatal("policy remote ignored")
 	}
-	if d := Route(Threshold, rtx5090, k3, l, 1001); d.Target != TargetRemote {
+	if d := Route(Threshold, k3, rtx5090, l, 1001); d.Target != TargetRemote {
 		t.Fatal("threshold rule ignored")
 	}
-	if d := Route(Remote, rtx5090, k3, Load{}, 300000); d.Target != TargetLocal || d.Remote.Total != 0 {
+	if d := Route(Remote, k3, rtx5090, Load{}, 300000); d.Target != TargetLocal || d.Remote.Total != 0 {
 		t.Fatalf("no prefill worker: went %s", d.Target)
 	}
 }
 
 func TestEstimatorMovesTowardMeasurements(t *testing.T) {
 	e := NewEstimator(rtx5090, 0.5)
-	e.ObservePass(20*time.Second, 10*time.Second, 20000) // 2000 tok/s
+	e.ObserveFloor(20 * time.Second)
 	r := e.Rates()
-	if r.PassFloor != 24*time.Second {
-		t.Fatalf("floor %v, want 24s", r.PassFloor)
+	if r.PassFloor != 24*time.Second || r.Prefill != rtx5090.Prefill || r.Local != rtx5090.Local {
+		t.Fatalf("floor %v, want 24s; compute %v, %v, want the seeds", r.PassFloor, r.Prefill, r.Local)
 	}
-	if r.PrefillTokPerS != 1400 {
-		t.Fatalf("rate %v, want 1400", r.PrefillTokPerS)
+	// A measured pass: the prefill terms are fitted to it (one sample:
+	// the seed's terms scaled to explain it).
+	w := k3.Work(0, 20000)
+	e.ObservePrefill(costmodel.Sample{Work: w, Calls: k3.Layers, Took: 10 * time.Second})
+	if got := e.Rates().Prefill.Time(w, k3.Layers); got < 10*time.Second-time.Millisecond || got > 10*time.Second+time.Millisecond {
+		t.Fatalf("fitted prefill prices the measured pass at %v, want 10s", got)
 	}
-	e.ObserveLocalPrefill(0, time.Second) // ignored
+	e.ObserveLocal(costmodel.Sample{Work: w, Calls: 1}) // no time: ignored
 	e.ObserveTransfer(2e9, time.Second)
 	e.ObserveDecodeStep(30 * time.Millisecond)
 	r = e.Rates()
-	if r.LocalPrefillTokPerS != 75 || r.LinkBytesPerS != (1.15e9+2e9)/2 || r.DecodeStep != 40*time.Millisecond {
+	if r.Local != rtx5090.Local || r.LinkBytesPerS != (1.15e9+2e9)/2 || r.DecodeStep != 40*time.Millisecond {
 		t.Fatalf("rates %+v", r)
 	}
 }
@@ -153,15 +167,15 @@ func TestShortPromptBehindLongLocalPrefillStaysLocal(t *testing.T) {
 	// it stays local; in arrival order it would wait the whole prefill and
 	// be sent through a 28 s weight pass instead.
 	busy := Load{PrefillUp: true, LocalQueue: []int{100000}, LocalChunk: 512}
-	d := Route(Auto, rtx5090, k3, busy, 300)
+	d := Route(Auto, k3, rtx5090, busy, 300)
 	if d.Target != TargetLocal {
 		t.Fatalf("300 tokens behind a long local prefill went %s (%s)", d.Target, d.Reason)
 	}
-	if want := secs(512.0 / 75); d.Local.QueueWait != want {
+	if want := rtx5090.Local.Time(k3.Work(0, 512), 0); d.Local.QueueWait != want {
 		t.Fatalf("local queue wait %v, want one chunk of the long prompt, %v", d.Local.QueueWait, want)
 	}
 	busy.LocalChunk = 0
-	if d := Route(Auto, rtx5090, k3, busy, 300); d.Target != TargetRemote {
+	if d := Route(Auto, k3, rtx5090, busy, 300); d.Target != TargetRemote {
 		t.Fatalf("arrival order: 300 tokens behind a 22-minute prefill went %s (%s)", d.Target, d.Reason)
 	}
 }
@@ -171,13 +185,13 @@ func TestShortPromptBehindLongLocalPrefillStaysLocal(t *testing.T) {
 // placeholder's 2305843009.21s.
 func TestUnmeasuredRatesPrintAsUnknown(t *testing.T) {
 	unmeasured := rtx5090
-	unmeasured.PrefillTokPerS = 0
-	d := Route(Auto, unmeasured, k3, Load{PrefillUp: true}, 300000)
+	unmeasured.Prefill = costmodel.Compute{}
+	d := Route(Auto, k3, unmeasured, Load{PrefillUp: true}, 300000)
 	if d.Target != TargetLocal || d.Reason != fmt.Sprintf("local %.2fs <= remote unknown", d.Local.Total.Seconds()) {
 		t.Fatalf("went %s: %q", d.Target, d.Reason)
 	}
-	unmeasured.LocalPrefillTokPerS = 0
-	d = Route(Auto, unmeasured, k3, Load{PrefillUp: true}, 300000)
+	unmeasured.Local = costmodel.Compute{}
+	d = Route(Auto, k3, unmeasured, Load{PrefillUp: true}, 300000)
 	if strings.Contains(d.Reason, "2305843009") || d.Reason != "local unknown <= remote unknown" {
 		t.Fatalf("reason %q", d.Reason)
 	}

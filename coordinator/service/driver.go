@@ -252,13 +252,14 @@ func (r *run) exec(acts []jobrun.Action) {
 				r.cancelReply = nil
 			}
 		case jobrun.ObservePass:
-			c.est.ObservePass(a.Floor, a.Compute, a.Tokens)
+			// The compute terms come fitted in the workers' heartbeats.
+			c.est.ObserveFloor(a.Floor)
 		case jobrun.ObserveTransfer:
 			c.est.ObserveTransfer(a.BytesPerSec, time.Second)
 		case jobrun.ObserveDecodeStep:
 			c.est.ObserveDecodeStep(a.Step)
 		case jobrun.ObserveLocalPrefill:
-			c.est.ObserveLocalPrefill(a.Tokens, a.Time)
+			// The decode group fits its own prefill terms (its heartbeat).
 		case jobrun.LoadPrefill:
 			c.load.addPrefill(a.Worker, r.id, a.Tokens)
 		case jobrun.LoadLocal:

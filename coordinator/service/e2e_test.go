@@ -32,8 +32,8 @@ func testOptions(t testing.TB) cluster.Options {
 		Coordinator: service.Config{AssignTimeout: 10 * time.Second, PlacementWait: 10 * time.Second,
 			StallTimeout: 10 * time.Second, ShutdownGrace: 2 * time.Second,
 			// The tiny model on this machine, roughly (measured jobs refine it).
-			Rates: router.Rates{PassFloor: 20 * time.Millisecond, PrefillTokPerS: 3000, LocalPrefillTokPerS: 2500,
-				LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}},
+			Rates:              router.Rates{PassFloor: 20 * time.Millisecond, LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond},
+			SeedPrefillTokPerS: 3000, SeedLocalTokPerS: 2500},
 		Threads:       1,
 		MeshHeartbeat: 100 * time.Millisecond, MeshIdle: 2 * time.Second,
 		Transfer: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 3 * time.Second, Idle: 3 * time.Second,

@@ -6,6 +6,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/costmodel"
 )
 
 // loadTracker is what the coordinator knows of the work it has handed out:
@@ -67,28 +68,27 @@ func (t *loadTracker) forget(job string) {
 
 // routerLoad prices the queues in front of a new job on prefill worker pf
 // (empty: none up) and decode group g, which prefills chunk rows per step,
-// at rates r.
-func (t *loadTracker) routerLoad(pf, g string, chunk int, r router.Rates) router.Load {
+// at rates r for model m.
+func (t *loadTracker) routerLoad(m *costmodel.Model, pf, g string, chunk int, r router.Rates) router.Load {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l := router.Load{PrefillUp: pf != ""}
 	if pf != "" {
-		running, next := 0, 0
+		var running costmodel.FLOPs
 		frac := 1.0
 		for _, pl := range t.prefill[pf] {
 			if pl.total > 0 && pl.done > 0 {
-				running += pl.tokens
+				running = running.Add(m.Work(0, pl.tokens))
 				frac = min(frac, float64(pl.done)/float64(pl.total))
 			} else {
-				next += pl.tokens
+				l.NextPass = append(l.NextPass, pl.tokens)
 			}
 		}
-		if running > 0 {
-			pass := max(r.PassFloor, durationOf(float64(running), r.PrefillTokPerS))
+		if running.Total() > 0 {
+			pass := max(r.PassFloor, r.Prefill.Time(running, m.Layers))
 			l.PassRunning = true
 			l.PassRemaining = time.Duration(float64(pass) * (1 - frac))
 		}
-		l.NextPassTokens = next
 	}
 	for _, n := range t.local[g] {
 		l.LocalQueue = append(l.LocalQueue, n)
@@ -101,22 +101,20 @@ func (t *loadTracker) routerLoad(pf, g string, chunk int, r router.Rates) router
 // figure for a rate of zero.
 const unknown = 1000 * time.Hour
 
-func durationOf(tokens, perSec float64) time.Duration {
-	if tokens <= 0 || perSec <= 0 {
-		return 0
-	}
-	return time.Duration(tokens / perSec * float64(time.Second))
-}
-
-// rates are the cost model's rates, with any rate still unmeasured taken
-// from the workers' heartbeats.
+// rates are the cost model's rates: the workers' own measurements where
+// their heartbeats carry them (the compute terms each fitted to its
+// finished prefills, the prefill worker's pass floor from its measured
+// read rate), the estimator's (seeded from config, moved by finished jobs)
+// for the rest.
 func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
 	r := c.est.Rates()
 	if pf != nil {
-		if r.PrefillTokPerS <= 0 {
-			r.PrefillTokPerS = pf.Rates.PrefillTokensPerSec
+		if t := pf.Rates.Compute; t != nil && t.Samples > 0 {
+			r.Prefill = t.Compute()
 		}
-		if r.PassFloor <= 0 {
+		if pf.Rates.ReadBytesPerSec > 0 && pf.Rates.PassFloor > 0 {
+			r.PassFloor = pf.Rates.PassFloor
+		} else if r.PassFloor <= 0 {
 			r.PassFloor = pf.Rates.PassFloor
 		}
 		if r.LinkBytesPerS <= 0 {
@@ -125,8 +123,8 @@ func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
 	}
 	if g != nil {
 		h := g.Head()
-		if r.LocalPrefillTokPerS <= 0 {
-			r.LocalPrefillTokPerS = h.Rates.PrefillTokensPerSec
+		if t := h.Rates.Compute; t != nil && t.Samples > 0 {
+			r.Local = t.Compute()
 		}
 		if r.DecodeStep <= 0 && h.Rates.DecodeTokensPerSec > 0 {
 			r.DecodeStep = time.Duration(float64(time.Second) / h.Rates.DecodeTokensPerSec)
@@ -145,7 +143,8 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n in
 		pfID = pf.ID
 	}
 	pol := router.Policy(policy)
-	d := router.Route(pol, r, c.cfg.Model.Shape, c.load.routerLoad(pfID, g.ID, g.Head().PrefillChunk, r), n)
+	m := c.cfg.Model.Cost
+	d := router.Route(pol, m, r, c.load.routerLoad(m, pfID, g.ID, g.Head().PrefillChunk, r), n)
 	if n <= 1 && pf != nil {
 		d.Reason = "a one-token prompt has nothing to prefill: " + d.Reason
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -38,10 +39,16 @@ type Config struct {
 	// Policy is the routing policy of jobs that do not name one (auto).
 	Policy cp.Policy
 	// Rates seed the cost model; measured job figures move them (EWMA
-	// with weight Alpha, default 0.2). A zero rate is taken from the
-	// workers' heartbeats until a job measures it.
+	// with weight Alpha, default 0.2), and the workers' heartbeats replace
+	// the compute terms and the pass floor with their own measurements. A
+	// zero rate is taken from the heartbeats until a job measures it.
 	Rates router.Rates
 	Alpha float64
+	// SeedPrefillTokPerS and SeedLocalTokPerS, when Rates has no compute
+	// terms for a path, seed them from a tokens/s figure: equal rates per
+	// term such that a prompt of SeedTokens (default 1,024) takes that long.
+	SeedPrefillTokPerS, SeedLocalTokPerS float64
+	SeedTokens                           int
 
 	// MaxPromptTokens refuses longer prompts at submission (default: the
 	// model's longest sequence). DefaultMaxTokens is the output length of
@@ -106,6 +113,15 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if d.Policy == "" {
 		d.Policy = cp.PolicyAuto
+	}
+	if d.SeedTokens <= 0 {
+		d.SeedTokens = 1024
+	}
+	if d.Rates.Prefill == (costmodel.Compute{}) && d.SeedPrefillTokPerS > 0 {
+		d.Rates.Prefill = d.Model.Cost.Seed(d.SeedPrefillTokPerS, d.SeedTokens)
+	}
+	if d.Rates.Local == (costmodel.Compute{}) && d.SeedLocalTokPerS > 0 {
+		d.Rates.Local = d.Model.Cost.Seed(d.SeedLocalTokPerS, d.SeedTokens)
 	}
 	switch {
 	case d.MaxPromptTokens <= 0:

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
@@ -88,6 +89,11 @@ type Adapter struct {
 	ended   *cp.Ended
 	closing bool
 	wg      sync.WaitGroup // streams
+
+	// The group's own prefill as the cost model's terms, fitted to its
+	// finished local prefills (rank 0 advertises them).
+	cost *costmodel.Model
+	fit  *costmodel.Fitter
 }
 
 // Start registers the rank and, on rank 0, starts serving assignments.
@@ -124,7 +130,8 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	}
 	spec := cfg.Layout.Ranks[cfg.Rank]
 	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{}, ended: cp.NewEnded(0, cfg.Remember),
-		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20}
+		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20,
+		cost: costmodel.New(&cfg.Model.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
@@ -215,7 +222,32 @@ func (a *Adapter) info() cp.WorkerInfo {
 	if st.DecodeSteps > 0 && st.StepTime > 0 {
 		w.Rates.DecodeTokensPerSec = float64(st.DecodeSteps) / st.StepTime.Seconds()
 	}
+	if a.cfg.Rank == 0 {
+		c, n, worst := a.fit.Compute()
+		w.Rates.Compute = cp.TermsOf(c, n, worst)
+	}
 	return w
+}
+
+// observeLocal fits the group's prefill terms to a local prefill of prompt
+// tokens (all but the last prefilled, in chunks) that took from the
+// sequence's state being in place to its first token, less one decode
+// step (the last prompt token's).
+func (a *Adapter) observeLocal(prompt int, ready, first time.Time) {
+	st := a.cfg.Worker.Stats()
+	var step time.Duration
+	if st.DecodeSteps > 0 {
+		step = st.StepTime / time.Duration(st.DecodeSteps)
+	}
+	n, chunk := prompt-1, max(a.cfg.Worker.PrefillChunk(), 1)
+	took := first.Sub(ready) - step
+	if n < 1 || ready.IsZero() || took <= 0 {
+		return
+	}
+	s := costmodel.Sample{Work: a.cost.Work(0, n), Calls: (n + chunk - 1) / chunk * a.cost.Layers, Took: took}
+	if err := a.fit.Add(s); err != nil {
+		a.log.Debug("local prefill not fitted", zap.Error(err))
+	}
 }
 
 // maxTokens is the longest sequence whose state on this rank's layers fits

@@ -243,6 +243,7 @@ func (s *stream) end(r pipeline.Result) {
 		}
 		if s.local && !r.Timing.Admitted.IsZero() && r.Timing.FirstToken.After(r.Timing.Admitted) {
 			m.PrefillTokensPerSec = float64(s.prompt) / r.Timing.FirstToken.Sub(r.Timing.Admitted).Seconds()
+			s.a.observeLocal(s.prompt, r.Timing.Ready, r.Timing.FirstToken)
 		}
 		p.Measured = m
 	}

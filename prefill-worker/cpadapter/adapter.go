@@ -168,7 +168,8 @@ func (a *Adapter) info() cp.WorkerInfo {
 	a.mu.Unlock()
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindPrefill, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress,
-		Rates:   cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor},
+		Rates: cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor, ReadBytesPerSec: st.ReadBytesPerSec,
+			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst)},
 		Started: a.started, Time: time.Now(), Draining: closing}
 	if a.cfg.MemoryTotal > 0 {
 		w.MemoryTotal = uint64(a.cfg.MemoryTotal)
@@ -386,7 +387,7 @@ func (a *Adapter) status(_ context.Context, req *cp.JobStatusRequest) (*cp.JobSt
 // so they are left out).
 func (a *Adapter) measured(computed, committed time.Time, tailBytes int64) *cp.Rates {
 	st := a.cfg.Worker.Stats()
-	r := &cp.Rates{PassFloor: st.PassFloor}
+	r := &cp.Rates{PassFloor: st.PassFloor, ReadBytesPerSec: st.ReadBytesPerSec}
 	if lp := st.LastPass; lp != nil && lp.Stats.Compute > 0 && lp.Stats.Tokens > 0 {
 		r.PrefillTokensPerSec = float64(lp.Stats.Tokens) / lp.Stats.Compute.Seconds()
 	}

@@ -70,6 +70,7 @@ type Stats struct {
 	Wall           time.Duration // pass start to last layer done
 	ReadWait       time.Duration // compute idle, waiting for weights
 	ReadWall       time.Duration // pass start to the last byte read
+	ReadBusy       time.Duration // time with a read in flight (Bytes / ReadBusy: the read rate)
 	Compute        time.Duration // binding and running layers
 	Emit           time.Duration // handing states to sink queues
 	Embed          time.Duration
@@ -205,7 +206,7 @@ func (e *Executor) Run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 		s.State.Tokens += r.b.Spans[i].Len()
 	}
 	ps := pass.Stats()
-	st.Bytes, st.ReadWait, st.ReadWall, st.Wall = ps.Bytes, ps.Wait, ps.ReadWall, time.Since(start)
+	st.Bytes, st.ReadWait, st.ReadWall, st.ReadBusy, st.Wall = ps.Bytes, ps.Wait, ps.ReadWall, ps.ReadBusy, time.Since(start)
 	st.Tokens = len(ids)
 	if err := pass.Close(); err != nil && st.Layers == cfg.NumLayers {
 		log.Warn("pass read error after the last layer was consumed", zap.Error(err))

@@ -68,6 +68,13 @@ type Pass struct {
 	lastRead atomic.Int64 // ns after start when the last request landed
 	wait     time.Duration
 	closed   bool
+
+	// Reads in flight and the time at least one was: the disk's busy
+	// time, apart from the time the ring was full (compute behind).
+	busyMu   sync.Mutex
+	inFlight int
+	busyFrom time.Time
+	busy     time.Duration
 }
 
 // PassStats are a pass's I/O figures.
@@ -78,6 +85,10 @@ type PassStats struct {
 	ReadWall time.Duration
 	// Wait is the time Next spent waiting for bytes (compute idle on I/O).
 	Wait time.Duration
+	// ReadBusy is the time at least one read was in flight: Bytes over it
+	// is the read rate even when compute held the reads back (a full
+	// ring), which ReadWall is not.
+	ReadBusy time.Duration
 }
 
 // Start begins a pass that reads up to depth layers ahead of the one being
@@ -202,7 +213,10 @@ func (p *Pass) read() {
 		case <-p.ctx.Done():
 			return
 		}
-		if err := p.readOne(r); err != nil {
+		p.readStarts()
+		err := p.readOne(r)
+		p.readEnds()
+		if err != nil {
 			p.fail(err)
 			return
 		}
@@ -211,6 +225,24 @@ func (p *Pass) read() {
 			r.slot.ready <- struct{}{}
 		}
 	}
+}
+
+func (p *Pass) readStarts() {
+	p.busyMu.Lock()
+	if p.inFlight == 0 {
+		p.busyFrom = time.Now()
+	}
+	p.inFlight++
+	p.busyMu.Unlock()
+}
+
+func (p *Pass) readEnds() {
+	p.busyMu.Lock()
+	p.inFlight--
+	if p.inFlight == 0 {
+		p.busy += time.Since(p.busyFrom)
+	}
+	p.busyMu.Unlock()
 }
 
 // readOne reads a request fully; a file that ends before the request's
@@ -275,7 +307,13 @@ func (p *Pass) Next(ctx context.Context) (*Slot, error) {
 
 // Stats reports the pass's I/O so far.
 func (p *Pass) Stats() PassStats {
-	return PassStats{Bytes: p.bytes.Load(), ReadWall: time.Duration(p.lastRead.Load()), Wait: p.wait}
+	p.busyMu.Lock()
+	busy := p.busy
+	if p.inFlight > 0 {
+		busy += time.Since(p.busyFrom)
+	}
+	p.busyMu.Unlock()
+	return PassStats{Bytes: p.bytes.Load(), ReadWall: time.Duration(p.lastRead.Load()), Wait: p.wait, ReadBusy: busy}
 }
 
 // Close stops the pass, waits for in-flight reads, closes its files and

@@ -15,10 +15,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -70,6 +72,15 @@ type Worker struct {
 	depth  int
 	cancel context.CancelFunc
 	done   chan error
+
+	// The cost model's measured inputs: compute terms fitted to finished
+	// passes, and the weights' read rate (bytes over the time reads were
+	// in flight, over every pass so far).
+	cost     *costmodel.Model
+	fit      *costmodel.Fitter
+	readMu   sync.Mutex
+	read     int64
+	readBusy time.Duration
 }
 
 // Info is what a worker knows of its model before it allocates anything:
@@ -155,9 +166,10 @@ func New(cfg Config) (*Worker, error) {
 	m := model.New(mc, be)
 	m.State.LatentDType = cfg.LatentDType
 	exec := &executor.Executor{Model: m, Stream: st, Embed: emb, Log: cfg.Log}
-	w := &Worker{cfg: cfg, exec: exec, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1)}
+	w := &Worker{cfg: cfg, exec: exec, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1),
+		cost: costmodel.New(&mc.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
 	w.sched = scheduler.New(scheduler.Config{Exec: exec, Costs: costs, Budget: cfg.Budget, Depth: p.Depth, MaxTile: cfg.MaxTile,
-		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: cfg.OnPass})
+		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: w.onPass})
 	cfg.Log.Info("prefill worker ready", zap.String("model", cfg.Model), zap.Int("layers", mc.NumLayers),
 		zap.String("layer_bytes", humanBytes(lay.TensorBytes)), zap.String("budget", humanBytes(cfg.Budget)),
 		zap.Int("depth", p.Depth), zap.String("ring", humanBytes(p.Mem.Ring)), zap.String("io", st.IOName()),
@@ -184,14 +196,66 @@ func (w *Worker) SubmitAll(specs []Spec) ([]*Job, error) { return w.sched.Submit
 // Cancel cancels a job; a job in a pass leaves it at the next layer.
 func (w *Worker) Cancel(id string) bool { return w.sched.Cancel(id) }
 
+// onPass feeds a finished pass to the cost model's inputs, then calls the
+// configured OnPass.
+func (w *Worker) onPass(rep scheduler.PassReport) {
+	st := rep.Stats
+	if st.ReadBusy > 0 && st.Bytes > 0 {
+		w.readMu.Lock()
+		w.read += st.Bytes
+		w.readBusy += st.ReadBusy
+		w.readMu.Unlock()
+	}
+	if s, ok := passSample(w.cost, rep); ok {
+		if err := w.fit.Add(s); err != nil {
+			w.cfg.Log.Debug("pass not fitted", zap.Int("pass", rep.Pass), zap.Error(err))
+		}
+	}
+	if w.cfg.OnPass != nil {
+		w.cfg.OnPass(rep)
+	}
+}
+
+// passSample is a whole pass as a sample of the compute terms: the work of
+// its pieces, one layer call per layer and tile, its compute time. A pass
+// that failed or that jobs left before its end ran less work than planned
+// and is not one.
+func passSample(m *costmodel.Model, rep scheduler.PassReport) (costmodel.Sample, bool) {
+	st, plan := rep.Stats, rep.Plan
+	if rep.Err != nil || st.Layers != m.Layers || st.Compute <= 0 || st.Tokens != plan.Tokens || len(plan.Pieces) == 0 {
+		return costmodel.Sample{}, false
+	}
+	var work costmodel.FLOPs
+	lens := make([]int, len(plan.Pieces))
+	for i, pc := range plan.Pieces {
+		work = work.Add(m.Work(pc.Lo, pc.Hi))
+		lens[i] = pc.Len()
+	}
+	calls := m.Layers
+	if plan.Tile > 0 && plan.Tokens > plan.Tile {
+		calls *= len(planner.Tiles(lens, plan.Tile))
+	}
+	return costmodel.Sample{Work: work, Calls: calls, Took: st.Compute}, true
+}
+
 // Stats are the worker's counters and rates.
 type Stats struct {
 	scheduler.Stats
-	// PrefillTokensPerSec is tokens prefilled per second of compute;
-	// PassFloor the mean time to read one pass's weights (the floor of a
-	// pass with nothing to compute). Zero before the first pass.
+	// PrefillTokensPerSec is tokens prefilled per second of compute.
 	PrefillTokensPerSec float64
-	PassFloor           time.Duration
+	// ReadBytesPerSec is the weights' read rate: bytes read over the time
+	// reads were in flight, over every pass (a pass that compute held back
+	// still measures the disk). PassFloor is what one pass's reads take at
+	// that rate: the floor of a pass with nothing to compute. Zero before
+	// the first pass.
+	ReadBytesPerSec float64
+	PassFloor       time.Duration
+	// Compute is the compute per cost-model term fitted to the finished
+	// passes (zero before the first), from ComputeSamples of them, with a
+	// largest relative error of ComputeWorst.
+	Compute        costmodel.Compute
+	ComputeSamples int
+	ComputeWorst   float64
 }
 
 // Stats returns the counters and the rates a control plane reports.
@@ -200,11 +264,19 @@ func (w *Worker) Stats() Stats {
 	if s.ComputeTime > 0 {
 		s.PrefillTokensPerSec = float64(s.TokensPrefilled) / s.ComputeTime.Seconds()
 	}
-	if s.Passes > 0 && s.LastPass != nil {
-		s.PassFloor = s.LastPass.Stats.ReadWall
+	w.readMu.Lock()
+	read, busy := w.read, w.readBusy
+	w.readMu.Unlock()
+	if read > 0 && busy > 0 {
+		s.ReadBytesPerSec = float64(read) / busy.Seconds()
+		s.PassFloor = time.Duration(float64(w.stream.Layout().ReadBytes) / s.ReadBytesPerSec * float64(time.Second))
 	}
+	s.Compute, s.ComputeSamples, s.ComputeWorst = w.fit.Compute()
 	return s
 }
+
+// CostModel is the cost model's view of the worker's model.
+func (w *Worker) CostModel() *costmodel.Model { return w.cost }
 
 // Plan is what a pass over jobs of the given prompt lengths (tokens to
 // prefill each) would do, without running it: the --dry-run answer.

@@ -336,3 +336,50 @@ func TestDryRunPlan(t *testing.T) {
 		t.Fatalf("plan line %q", s)
 	}
 }
+
+// TestPassFloorIsTheReadCostNotAComputeBoundPassWall: after a pass that
+// compute held back (a long prompt on a small model: the ring stays full
+// and the last byte lands near the pass's end), the pass floor the worker
+// advertises is what reading the weights costs (bytes over the time reads
+// were in flight), far below that pass's read wall time and near a plain
+// read of the same files; and the compute terms are fitted to the pass.
+func TestPassFloorIsTheReadCostNotAComputeBoundPassWall(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	w := newWorker(t, dir, 256<<20, 1, nil)
+	p := prompt(1025, 256, 1)
+	s := submit(t, w, "long", p, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.job.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := w.Stats()
+	wall := st.LastPass.Stats.ReadWall
+	if st.PassFloor <= 0 || st.ReadBytesPerSec <= 0 {
+		t.Fatalf("no pass floor after a pass: %+v", st)
+	}
+	if st.LastPass.Stats.Compute < 5*st.LastPass.Stats.ReadBusy {
+		t.Fatalf("the pass was not compute-bound (compute %v, reads busy %v): the test's premise", st.LastPass.Stats.Compute, st.LastPass.Stats.ReadBusy)
+	}
+	if st.PassFloor*3 > wall {
+		t.Fatalf("pass floor %v against the compute-bound pass's read wall %v: the floor must be the read cost", st.PassFloor, wall)
+	}
+	n, raw, err := w.Streamer().RawRead(ctx, w.Streamer().Readers())
+	if err != nil || n <= 0 {
+		t.Fatal(n, err)
+	}
+	// The page cache and the load of a shared machine move both by
+	// several times; a compute-bound wall is tens of times more.
+	if st.PassFloor > 20*raw+20*time.Millisecond {
+		t.Fatalf("pass floor %v, a plain read of the same bytes %v", st.PassFloor, raw)
+	}
+	if st.ComputeSamples != 1 || !st.Compute.Known() {
+		t.Fatalf("compute terms %v from %d samples after one pass", st.Compute, st.ComputeSamples)
+	}
+	m := w.CostModel()
+	fitted := st.Compute.Time(m.Work(0, len(p)-1), m.Layers)
+	if r := fitted.Seconds() / st.LastPass.Stats.Compute.Seconds(); r < 0.99 || r > 1.01 {
+		t.Fatalf("the fit prices the pass at %v, it took %v", fitted, st.LastPass.Stats.Compute)
+	}
+	t.Logf("read wall %v, pass floor %v (%.2f GB/s), raw read %v, compute %v", wall, st.PassFloor, st.ReadBytesPerSec/1e9, raw, st.LastPass.Stats.Compute)
+}

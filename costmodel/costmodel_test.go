@@ -1,0 +1,239 @@
+package costmodel
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-inference/tandem/configs"
+	"github.com/tandem-inference/tandem/internal/modelconfig"
+	"github.com/tandem-inference/tandem/model"
+)
+
+func config(t *testing.T, preset string) *modelconfig.Config {
+	t.Helper()
+	b, err := configs.ModelPreset(preset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := modelconfig.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestKDAChunkIsTheModels(t *testing.T) {
+	if KDAChunk != model.KDAChunk {
+		t.Fatalf("costmodel.KDAChunk %d, model.KDAChunk %d", KDAChunk, model.KDAChunk)
+	}
+}
+
+// TestWorkIsPromptFLOPs: the closed form the router prices by is the sum
+// of the per-layer counts the simulator times layer by layer.
+func TestWorkIsPromptFLOPs(t *testing.T) {
+	for _, preset := range []string{"small", "k3"} {
+		c := config(t, preset)
+		m := New(c, 2)
+		for _, r := range [][2]int{{0, 1}, {0, 64}, {100, 612}, {0, 16384}, {299000, 300000}} {
+			got, want := m.Work(r[0], r[1]), PromptFLOPs(c, r[0], r[1])
+			for _, p := range [][2]float64{{got.KDA, want.KDA}, {got.MLA, want.MLA}, {got.Attn, want.Attn}, {got.MoE, want.MoE}, {got.Dense, want.Dense}} {
+				if math.Abs(p[0]-p[1]) > 1e-12*math.Abs(p[1]) {
+					t.Fatalf("%s [%d,%d): Work %+v, PromptFLOPs %+v", preset, r[0], r[1], got, want)
+				}
+			}
+		}
+		if m.Work(5, 5).Total() != 0 || m.Layers != c.NumLayers {
+			t.Fatalf("%s: empty range or layer count", preset)
+		}
+		// Attention is the one quadratic term: 4x the context, ~16x the
+		// pairs.
+		a, b := m.Work(0, 4096).Attn, m.Work(0, 16384).Attn
+		if r := b / a; r < 15.9 || r > 16.1 {
+			t.Fatalf("%s: attention 16k / 4k = %v, want ~16", preset, r)
+		}
+	}
+}
+
+// small's terms at rates like this machine's: the truth the fits below
+// must find again.
+var truth = Compute{KDA: 11, MLA: 14, MLAAttention: 2.5, MoE: 9, Dense: 16, Layer: 250 * time.Microsecond}
+
+func samplesOf(m *Model, c Compute, lens []int, noise func(i int) float64) []Sample {
+	var out []Sample
+	for i, n := range lens {
+		d := c.Time(m.Work(0, n), m.Layers)
+		out = append(out, Sample{Work: m.Work(0, n), Calls: m.Layers, Took: time.Duration(float64(d) * noise(i))})
+	}
+	return out
+}
+
+// TestFitLearnsTheLinearAndQuadraticTerms: from prompts of 64 to 16k
+// tokens measured with a few percent of noise, the fit prices every
+// length within a few percent, and the attention's rate is learned (a
+// fit linear in tokens misses a 16k prompt by far).
+func TestFitLearnsTheLinearAndQuadraticTerms(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	lens := []int{64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+	jitter := []float64{1.03, 0.98, 1.01, 0.97, 1.02, 0.99, 1.03, 0.98, 1.01}
+	base := Uniform(10, 0) // a seed that knows nothing of the terms
+	fit, worst, err := Fit(base, samplesOf(m, truth, lens, func(i int) float64 { return jitter[i] }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if worst > 0.05 {
+		t.Fatalf("worst relative error %v over samples with 3%% noise", worst)
+	}
+	for _, n := range []int{64, 300, 2000, 12000, 16384} {
+		want, got := truth.Time(m.Work(0, n), m.Layers), fit.Time(m.Work(0, n), m.Layers)
+		if r := got.Seconds() / want.Seconds(); r < 0.95 || r > 1.05 {
+			t.Errorf("%d tokens: fitted %v, true %v (ratio %.3f)", n, got, want, r)
+		}
+	}
+	if r := fit.Attention() / truth.Attention(); r < 0.85 || r > 1.15 {
+		t.Errorf("attention rate %v GFLOP/s, true %v", fit.Attention(), truth.Attention())
+	}
+	// The same samples through one tokens/s figure (the old model): a
+	// 16k prompt's time is missed by far; the fit is what fixes it.
+	flat := m.Seed(1024/truth.Time(m.Work(0, 1024), m.Layers).Seconds(), 1024)
+	if r := flat.Time(m.Work(0, 16384), 0).Seconds() / truth.Time(m.Work(0, 16384), m.Layers).Seconds(); r > 0.75 {
+		t.Errorf("a linear model prices 16k at %.2f of the truth: the test does not exercise the quadratic term", r)
+	}
+}
+
+// TestOneLongJobDoesNotSkewShortOnes: a 16k-token job measured twice as
+// slow as the truth (the machine was busy) moves the short prompts'
+// prices by little: every sample counts by its relative error.
+func TestOneLongJobDoesNotSkewShortOnes(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	lens := []int{64, 96, 128, 192, 256, 384, 512, 768, 1024, 16384}
+	fit, _, err := Fit(Compute{}, samplesOf(m, truth, lens, func(i int) float64 {
+		if lens[i] == 16384 {
+			return 2
+		}
+		return 1
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{64, 256, 1024} {
+		want, got := truth.Time(m.Work(0, n), m.Layers), fit.Time(m.Work(0, n), m.Layers)
+		if r := got.Seconds() / want.Seconds(); r < 0.9 || r > 1.1 {
+			t.Errorf("%d tokens: fitted %v, true %v (ratio %.3f) after one slow long job", n, got, want, r)
+		}
+	}
+}
+
+// TestFitterKeepsTheLongJobs: a stream of short jobs does not push out
+// the few long ones that taught the attention term, and the kept samples
+// stay bounded.
+func TestFitterKeepsTheLongJobs(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	f := NewFitter(Compute{})
+	if c, n, _ := f.Compute(); n != 0 || c != (Compute{}) {
+		t.Fatalf("a new fitter has a fit: %v from %d samples", c, n)
+	}
+	for _, s := range samplesOf(m, truth, []int{8192, 12288, 16384}, func(int) float64 { return 1 }) {
+		if err := f.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 500 {
+		n := 64 + i%7*32
+		if err := f.Add(samplesOf(m, truth, []int{n}, func(int) float64 { return 1 })[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, n, worst := f.Compute()
+	if n > 12*PerBucket || n < 6 {
+		t.Fatalf("%d samples kept", n)
+	}
+	if worst > 1e-6 {
+		t.Fatalf("exact samples fitted with a worst error of %v", worst)
+	}
+	for _, k := range []int{64, 16384} {
+		want, got := truth.Time(m.Work(0, k), m.Layers), c.Time(m.Work(0, k), m.Layers)
+		if r := got.Seconds() / want.Seconds(); r < 0.999 || r > 1.001 {
+			t.Errorf("%d tokens after 500 short jobs: fitted %v, true %v", k, got, want)
+		}
+	}
+	if err := f.Add(Sample{Work: m.Work(0, 10), Calls: 1}); err == nil || !strings.Contains(err.Error(), "not a measurement") {
+		t.Fatalf("a sample that took no time: %v", err)
+	}
+}
+
+func TestFitFewSamples(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	one := samplesOf(m, truth, []int{1000}, func(int) float64 { return 1 })
+	fit, worst, err := Fit(Compute{}, one)
+	if err != nil || worst > 1e-9 {
+		t.Fatalf("one sample: %v, worst %v", err, worst)
+	}
+	if got, want := fit.Time(m.Work(0, 1000), m.Layers), one[0].Took; got < want-time.Microsecond || got > want+time.Microsecond {
+		t.Fatalf("one sample: fitted %v, measured %v", got, want)
+	}
+	if _, _, err := Fit(Compute{}, nil); err == nil {
+		t.Fatal("no samples fitted")
+	}
+	flat := []Sample{{Work: m.Work(0, 10), Calls: 17, Took: time.Second}, {Work: m.Work(0, 1000), Calls: 17, Took: time.Second / 2}, {Work: m.Work(0, 5000), Calls: 17, Took: time.Second / 4}}
+	if _, _, err := Fit(Compute{}, flat); err == nil || !strings.Contains(err.Error(), "does not grow") {
+		t.Fatalf("times that fall with the work: %v", err)
+	}
+}
+
+func TestComputeTime(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	w := m.Work(0, 100)
+	if d := (Compute{}).Time(w, 1); d != Unknown {
+		t.Fatalf("unknown rates: %v", d)
+	}
+	if d := Uniform(1, time.Millisecond).Time(FLOPs{}, 3); d != 3*time.Millisecond {
+		t.Fatalf("no work, 3 calls: %v", d)
+	}
+	c := Uniform(2, 0)
+	if got, want := c.Time(w, 0).Seconds(), w.Total()/2e9; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("time %v, want %v", got, want)
+	}
+	if !truth.Known() || (Compute{KDA: 1}).Known() || !strings.Contains(truth.String(), "attn 2.5") {
+		t.Fatalf("Known/String: %v", truth)
+	}
+}
+
+func TestPredictions(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	r := Rates{PassFloor: 3 * time.Second, Prefill: truth, Local: truth, LinkBytesPerS: 1e9, DecodeStep: 10 * time.Millisecond}
+	// A short prompt's pass is the floor; a long one's its compute,
+	// attention over its own cache included, at the fitted terms.
+	idle := Load{PrefillUp: true}
+	if p := PredictRemote(m, r, idle, 65); p.Pass != 3*time.Second {
+		t.Fatalf("64 tokens: pass %v, want the floor", p.Pass)
+	}
+	p := PredictRemote(m, r, idle, 12001)
+	if want := truth.Time(m.Work(0, 12000), m.Layers); p.Pass != want || p.Total != p.Pass+p.TransferTail+p.FirstStep {
+		t.Fatalf("12k tokens: %+v, want a pass of %v", p, want)
+	}
+	// Jobs waiting for the next pass share it: their work, not their
+	// count, lengthens it.
+	shared := PredictRemote(m, r, Load{PrefillUp: true, NextPass: []int{12000}}, 12001)
+	if want := truth.Time(m.Work(0, 12000).Scale(2), m.Layers); shared.Pass != want {
+		t.Fatalf("two 12k prompts sharing a pass: %v, want %v", shared.Pass, want)
+	}
+	// Locally: chunk by chunk, one fixed cost per layer and chunk.
+	l := PredictLocal(m, r, Load{LocalChunk: 512}, 12001)
+	if want := truth.Time(m.Work(0, 12000), 24*m.Layers); l.Prefill != want || l.Total != want+r.DecodeStep {
+		t.Fatalf("12k tokens locally: %+v, want a prefill of %v", l, want)
+	}
+	// A quarter of the prompt costs far less than a quarter of the time.
+	if q := PredictLocal(m, r, Load{LocalChunk: 512}, 3001); 4*q.Prefill > l.Prefill*3/4 {
+		t.Fatalf("3k tokens %v against 12k %v: the attention's square does not show", q.Prefill, l.Prefill)
+	}
+	// Behind a long local prefill, served in turn: one chunk of it.
+	busy := PredictLocal(m, r, Load{LocalChunk: 512, LocalQueue: []int{100000}}, 301)
+	if want := truth.Time(m.Work(0, 512), 0); busy.QueueWait != want {
+		t.Fatalf("queue wait %v, want one chunk of the long prompt %v", busy.QueueWait, want)
+	}
+	if u := PredictLocal(m, Rates{}, Load{}, 100); u.Total != Unknown {
+		t.Fatalf("unmeasured rates: %v, want Unknown", u.Total)
+	}
+}

@@ -1,0 +1,305 @@
+package costmodel
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Sample is one measured piece of prefill: Work done in Calls layer calls
+// took Took.
+type Sample struct {
+	Work  FLOPs
+	Calls int
+	Took  time.Duration
+}
+
+// Fit explains measured samples by base's rates scaled by two factors, one
+// for all the linear work (KDA, MLA projections, MoE, dense) and one for
+// the MLA attention, plus a fixed cost per layer call, by non-negative
+// least squares on relative errors (so a long job counts as much as a
+// short one, and cannot drown it). The linear terms keep base's ratios:
+// within a whole prompt's time they grow together with the tokens and no
+// measurement of prompts tells them apart; the attention is told apart by
+// its growth with the square of the context. A base with unknown rates is
+// taken as equal rates. With fewer than three samples, or samples that do
+// not tell the attention apart, one factor scales every term (with the
+// fixed cost, from two samples on). worst is the largest relative error
+// left over the samples.
+func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error) {
+	if !base.Known() {
+		base = Uniform(1, 0)
+	}
+	base.Layer = 0
+	lin := base
+	lin.MLAAttention = math.Inf(1) // attention apart
+	rows := make([]fitRow, 0, len(samples))
+	for i, s := range samples {
+		if s.Took <= 0 || s.Calls < 0 || !(s.Work.Total() > 0) || math.IsInf(s.Work.Total(), 0) {
+			return Compute{}, 0, fmt.Errorf("fit: sample %d (%.3g FLOP in %d layer calls, %v) is not a measurement", i, s.Work.Total(), s.Calls, s.Took)
+		}
+		rows = append(rows, fitRow{s.Work.seconds(lin), s.Work.Attn / base.Attention() / 1e9, float64(s.Calls), s.Took.Seconds()})
+	}
+	if len(rows) == 0 {
+		return Compute{}, 0, errors.New("fit: no samples")
+	}
+	var x []float64
+	if len(rows) >= 3 {
+		a := make([][]float64, len(rows))
+		b := make([]float64, len(rows))
+		for i, r := range rows {
+			w := 1 / r.took
+			a[i], b[i] = []float64{r.l * w, r.at * w, r.calls * w}, 1
+		}
+		x, err = nnls(a, b)
+		if err != nil {
+			return Compute{}, 0, fmt.Errorf("fit: %w", err)
+		}
+		// An attention factor of zero, or a thousandth of the linear
+		// work's (no machine does attention that much faster per FLOP), is
+		// noise: the samples do not tell the attention apart.
+		if !(x[0] > 0) || (!(x[1] > x[0]*1e-3) && hasAttn(rows)) {
+			x = nil
+		}
+	}
+	switch {
+	case x == nil && len(rows) >= 2:
+		// One factor for both kinds of work, and the fixed cost.
+		a := make([][]float64, len(rows))
+		b := make([]float64, len(rows))
+		for i, r := range rows {
+			w := 1 / r.took
+			a[i], b[i] = []float64{(r.l + r.at) * w, r.calls * w}, 1
+		}
+		y, err := nnls(a, b)
+		if err != nil {
+			return Compute{}, 0, fmt.Errorf("fit: %w", err)
+		}
+		x = []float64{y[0], y[0], y[1]}
+	case x == nil:
+		r := rows[0]
+		k := r.took / (r.l + r.at)
+		x = []float64{k, k, 0}
+	}
+	if !(x[0] > 0) {
+		return Compute{}, 0, errors.New("fit: the time does not grow with the work; measure longer prompts")
+	}
+	attn := x[1]
+	if !(attn > 0) {
+		attn = x[0] // no attention in the samples: keep base's ratio
+	}
+	fit = Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.Attention() / attn, MoE: base.MoE / x[0],
+		Dense: base.Dense / x[0], Layer: time.Duration(math.Round(x[2] * float64(time.Second)))}
+	for _, r := range rows {
+		p := x[0]*r.l + attn*r.at + x[2]*r.calls
+		worst = max(worst, math.Abs(p-r.took)/r.took)
+	}
+	return fit, worst, nil
+}
+
+// fitRow is a sample as Fit sees it: seconds of linear work and of
+// attention at base's rates, layer calls, seconds measured.
+type fitRow struct{ l, at, calls, took float64 }
+
+func hasAttn(rows []fitRow) bool {
+	for _, r := range rows {
+		if r.at > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Fitter keeps a worker's recent samples and its fit: at most PerBucket
+// samples of each size class (powers of two of the work), the newest, so
+// that a stream of short jobs keeps the long ones that taught the
+// attention term, and one long job weighs as one sample. Safe for
+// concurrent use.
+type Fitter struct {
+	base Compute
+
+	mu      sync.Mutex
+	buckets map[int][]Sample
+	fit     Compute
+	worst   float64
+	n       int
+}
+
+// PerBucket is how many samples of one size class a Fitter keeps.
+const PerBucket = 4
+
+// NewFitter starts with base's ratios between the linear terms (equal
+// rates when base is unknown) and no fit.
+func NewFitter(base Compute) *Fitter {
+	return &Fitter{base: base, buckets: map[int][]Sample{}}
+}
+
+// Add records a sample and refits; a sample that is not a measurement is
+// refused with the reason.
+func (f *Fitter) Add(s Sample) error {
+	if _, _, err := Fit(f.base, []Sample{s}); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, e := math.Frexp(s.Work.Total())
+	b := append(f.buckets[e], s)
+	if len(b) > PerBucket {
+		b = b[len(b)-PerBucket:]
+	}
+	f.buckets[e] = b
+	keys := make([]int, 0, len(f.buckets))
+	for k := range f.buckets {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var all []Sample
+	for _, k := range keys {
+		all = append(all, f.buckets[k]...)
+	}
+	fit, worst, err := Fit(f.base, all)
+	if err != nil {
+		return err
+	}
+	f.fit, f.worst, f.n = fit, worst, len(all)
+	return nil
+}
+
+// Compute is the current fit (zero before the first sample), the samples it
+// rests on and its largest relative error over them.
+func (f *Fitter) Compute() (c Compute, samples int, worst float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fit, f.n, f.worst
+}
+
+// nnls solves min |Ax - b| subject to x >= 0 (Lawson and Hanson's active
+// set method; the problems here have a handful of columns).
+func nnls(a [][]float64, b []float64) ([]float64, error) {
+	n := len(a[0])
+	x := make([]float64, n)
+	passive := make([]bool, n)
+	const tol = 1e-12
+	grad := func() []float64 { // Aᵀ(b - Ax)
+		w := make([]float64, n)
+		for i, row := range a {
+			r := b[i]
+			for j, v := range row {
+				r -= v * x[j]
+			}
+			for j, v := range row {
+				w[j] += v * r
+			}
+		}
+		return w
+	}
+	for iter := 0; iter < 10*n; iter++ {
+		w := grad()
+		best, bj := tol, -1
+		for j := range w {
+			if !passive[j] && w[j] > best {
+				best, bj = w[j], j
+			}
+		}
+		if bj < 0 {
+			return x, nil
+		}
+		passive[bj] = true
+		for inner := 0; inner < 10*n; inner++ {
+			s, err := lsq(a, b, passive)
+			if err != nil {
+				return nil, err
+			}
+			ok := true
+			for j := range s {
+				if passive[j] && s[j] <= tol {
+					ok = false
+				}
+			}
+			if ok {
+				copy(x, s)
+				break
+			}
+			alpha := math.Inf(1)
+			for j := range s {
+				if passive[j] && s[j] <= tol {
+					alpha = min(alpha, x[j]/(x[j]-s[j]))
+				}
+			}
+			for j := range x {
+				x[j] += alpha * (s[j] - x[j])
+				if passive[j] && x[j] <= tol {
+					passive[j], x[j] = false, 0
+				}
+			}
+		}
+	}
+	return x, nil
+}
+
+// NNLS solves min |Ax - b| subject to x >= 0 for a few columns (the
+// simulator's calibration fits use it too).
+func NNLS(a [][]float64, b []float64) ([]float64, error) {
+	if len(a) == 0 || len(a) != len(b) {
+		return nil, fmt.Errorf("nnls: %d rows and %d targets", len(a), len(b))
+	}
+	for i, r := range a {
+		if len(r) != len(a[0]) {
+			return nil, fmt.Errorf("nnls: row %d has %d columns, row 0 has %d", i, len(r), len(a[0]))
+		}
+	}
+	return nnls(a, b)
+}
+
+// lsq solves the least-squares problem on the passive columns (the others
+// are zero) by the normal equations.
+func lsq(a [][]float64, b []float64, passive []bool) ([]float64, error) {
+	var cols []int
+	for j, p := range passive {
+		if p {
+			cols = append(cols, j)
+		}
+	}
+	m := len(cols)
+	g := make([][]float64, m) // [AᵀA | Aᵀb]
+	for r := range g {
+		g[r] = make([]float64, m+1)
+	}
+	for i, row := range a {
+		for r, jr := range cols {
+			for c, jc := range cols {
+				g[r][c] += row[jr] * row[jc]
+			}
+			g[r][m] += row[jr] * b[i]
+		}
+	}
+	for col := 0; col < m; col++ { // Gaussian elimination, partial pivoting
+		p := col
+		for r := col + 1; r < m; r++ {
+			if math.Abs(g[r][col]) > math.Abs(g[p][col]) {
+				p = r
+			}
+		}
+		if math.Abs(g[p][col]) < 1e-300 {
+			return nil, errors.New("the samples cannot tell the terms apart (singular system)")
+		}
+		g[col], g[p] = g[p], g[col]
+		for r := 0; r < m; r++ {
+			if r == col {
+				continue
+			}
+			f := g[r][col] / g[col][col]
+			for c := col; c <= m; c++ {
+				g[r][c] -= f * g[col][c]
+			}
+		}
+	}
+	x := make([]float64, len(passive))
+	for r, j := range cols {
+		x[j] = g[r][m] / g[r][r]
+	}
+	return x, nil
+}

@@ -1,0 +1,177 @@
+package costmodel
+
+import (
+	"math"
+	"time"
+)
+
+// Rates are the cost model's measured inputs.
+type Rates struct {
+	// PassFloor is the time one weight pass takes with no compute to hide:
+	// reading every layer's weights (a read-only pass, or the weights'
+	// bytes over the measured read rate; never the read wall time of a
+	// pass that compute held back).
+	PassFloor time.Duration
+	// Prefill is the prefill worker's compute per term inside its passes;
+	// Local the decode group's own prefill, chunk by chunk.
+	Prefill, Local Compute
+	// LinkBytesPerS and LinkRTT describe the data plane between the boxes.
+	LinkBytesPerS float64
+	LinkRTT       time.Duration
+	// DecodeStep is one decode step of the group (the first token after
+	// either prefill is one step).
+	DecodeStep time.Duration
+}
+
+// Load is the moment's queue state in front of a new job.
+type Load struct {
+	// PrefillUp is false when no prefill worker is registered.
+	PrefillUp bool
+	// PassRunning and PassRemaining describe the weight pass in progress: a
+	// new job joins the next pass, which starts when this one ends.
+	PassRunning   bool
+	PassRemaining time.Duration
+	// NextPass are the tokens to prefill of each job already waiting for
+	// the next pass, which the new job would share.
+	NextPass []int
+	// LocalQueue is the prompt tokens left to prefill of each job already
+	// admitted to the decode group.
+	LocalQueue []int
+	// LocalChunk is the group's prefill step in prompt rows: the group
+	// serves its queued prompts in turn, one chunk each, so a new prompt
+	// waits for at most as many tokens of each earlier one as it has
+	// itself. 0 means whole prompts in arrival order.
+	LocalChunk int
+	// Threshold is the prompt length above which the router's Threshold
+	// policy goes remote (not a cost).
+	Threshold int
+}
+
+// Prediction is a predicted time to first token and its parts.
+type Prediction struct {
+	Total time.Duration
+	// Remote: QueueWait (until the pass starts), Pass (the weight pass that
+	// carries the prompt), TransferTail (state still in flight after the
+	// pass). Local: QueueWait, Prefill. Both: FirstStep.
+	QueueWait, Pass, Prefill, TransferTail, FirstStep time.Duration
+}
+
+// PredictRemote is the remote TTFT of a prompt of prompt tokens (the
+// prefill worker runs all but the last): wait for the running pass, then a
+// pass that takes the longer of the floor and the compute of every prompt
+// sharing it (each term at its rate, the attention over each prompt's own
+// cache, a fixed cost per layer), plus the state still in flight when it
+// ends, plus the first decode step on the group.
+func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
+	var p Prediction
+	if l.PassRunning {
+		p.QueueWait = l.PassRemaining
+	}
+	tokens := max(prompt-1, 0)
+	work := m.Work(0, tokens)
+	for _, q := range l.NextPass {
+		work = work.Add(m.Work(0, q))
+	}
+	p.Pass = max(r.PassFloor, r.Prefill.Time(work, m.Layers))
+	// Layers stream out while later ones compute; what cannot keep up with
+	// the pass, and the last layer itself, is left after it.
+	total := secs(m.Shape.StateBytes(tokens) / positive(r.LinkBytesPerS))
+	last := secs(m.Shape.LastLayerBytes(tokens) / positive(r.LinkBytesPerS))
+	p.TransferTail = max(last, total-p.Pass) + r.LinkRTT
+	p.FirstStep = r.DecodeStep
+	p.Total = sum(p.QueueWait, p.Pass, p.TransferTail, p.FirstStep)
+	return p
+}
+
+// PredictLocal is the local TTFT: the share of the group's backlog served
+// before the prompt's last chunk, then the prompt chunk by chunk at the
+// group's rates (all but the last token prefilled, the last one is the
+// first decode step).
+func PredictLocal(m *Model, r Rates, l Load, prompt int) Prediction {
+	var p Prediction
+	tokens := max(prompt-1, 0)
+	var ahead FLOPs
+	for _, s := range aheadShares(l.LocalQueue, l.LocalChunk, tokens) {
+		ahead = ahead.Add(m.Work(0, s))
+	}
+	// Queued chunks share the group's steps with this prompt's: their
+	// fixed costs are this prompt's own.
+	p.QueueWait = r.Local.Time(ahead, 0)
+	calls := 0
+	if tokens > 0 {
+		steps := 1
+		if l.LocalChunk > 0 {
+			steps = (tokens + l.LocalChunk - 1) / l.LocalChunk
+		}
+		calls = steps * m.Layers
+	}
+	p.Prefill = r.Local.Time(m.Work(0, tokens), calls)
+	p.FirstStep = r.DecodeStep
+	p.Total = sum(p.QueueWait, p.Prefill, p.FirstStep)
+	return p
+}
+
+// LocalAhead is how many prompt tokens of the queued prefills the group
+// runs before a new prompt of the given tokens is done. Served in turn a
+// chunk at a time, the new prompt needs ceil(tokens/chunk) turns, and each
+// queued prompt gets as many turns before it, or fewer if it ends first.
+// A prompt with nothing to prefill goes straight to decoding, which
+// alternates with prefill steps: it waits for at most one step. chunk <= 0
+// is arrival order: the whole queue goes first.
+func LocalAhead(queue []int, chunk, tokens int) int {
+	n := 0
+	for _, s := range aheadShares(queue, chunk, tokens) {
+		n += s
+	}
+	return n
+}
+
+// aheadShares is LocalAhead per queued prompt.
+func aheadShares(queue []int, chunk, tokens int) []int {
+	out := make([]int, 0, len(queue))
+	for _, q := range queue {
+		if chunk > 0 && tokens > 0 {
+			q = min(q, (tokens+chunk-1)/chunk*chunk)
+		}
+		out = append(out, max(q, 0))
+	}
+	if chunk > 0 && tokens <= 0 {
+		left := chunk // one step in flight
+		for i, s := range out {
+			out[i] = min(s, left)
+			left -= out[i]
+		}
+	}
+	return out
+}
+
+// Unknown is the prediction for work at a rate nobody has measured (a
+// zero rate): later than any real prediction, and sums of a few of them
+// do not overflow.
+const Unknown = time.Duration(math.MaxInt64 / 4)
+
+// sum adds durations, saturating at Unknown.
+func sum(ds ...time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		if d >= Unknown || t+d >= Unknown {
+			return Unknown
+		}
+		t += d
+	}
+	return t
+}
+
+func secs(s float64) time.Duration {
+	if math.IsInf(s, 0) || s > 1e9 {
+		return Unknown
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+func positive(v float64) float64 {
+	if v > 0 {
+		return v
+	}
+	return math.SmallestNonzeroFloat64
+}
