@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,6 +32,7 @@ func init() {
 type e2eFlags struct {
 	model, preset, profile     string
 	workload, trace            string
+	ladder, warmupPrompts      string
 	rate                       float64
 	seed                       uint64
 	policies                   string
@@ -115,6 +117,48 @@ type e2ePolicy struct {
 	CoordinatorP50 float64 `json:"coordinator_ttft_p50_s"`
 	// Failures lists why jobs did not complete (at most a few).
 	Failures []string `json:"failures,omitempty"`
+	// PredRatio*: each completed job's measured TTFT (the client's) over
+	// the router's prediction for the path it took (its routed event),
+	// as percentiles over the jobs; PredJobs the jobs themselves.
+	PredRatioP10 float64      `json:"ttft_pred_ratio_p10"`
+	PredRatioP50 float64      `json:"ttft_pred_ratio_p50"`
+	PredRatioP90 float64      `json:"ttft_pred_ratio_p90"`
+	PredJobs     []e2ePredJob `json:"pred_jobs,omitempty"`
+}
+
+// e2ePredJob is one job's predicted and measured TTFT.
+type e2ePredJob struct {
+	Prompt     int     `json:"prompt_tokens"`
+	Target     string  `json:"target"`
+	PredictedS float64 `json:"predicted_ttft_s"`
+	MeasuredS  float64 `json:"measured_ttft_s"`
+	Ratio      float64 `json:"measured_over_predicted"`
+}
+
+// predRatios sets each completed job's measured TTFT against the router's
+// prediction for the path it took.
+func predRatios(pol *e2ePolicy, ms []measured) {
+	var rs []float64
+	for _, m := range ms {
+		rt := m.Final.Route
+		if m.Err != nil || rt == nil || m.FirstToken.IsZero() {
+			continue
+		}
+		pred := rt.PredictedLocal
+		if rt.Target == cp.TargetRemote {
+			pred = rt.PredictedRemote
+		}
+		if pred <= 0 {
+			continue // a rate was not measured yet: no prediction
+		}
+		got := m.FirstToken.Sub(m.Submitted)
+		j := e2ePredJob{Prompt: m.Job.Prompt, Target: string(rt.Target), PredictedS: pred.Seconds(), MeasuredS: got.Seconds(), Ratio: got.Seconds() / pred.Seconds()}
+		pol.PredJobs = append(pol.PredJobs, j)
+		rs = append(rs, j.Ratio)
+	}
+	if len(rs) > 0 {
+		pol.PredRatioP10, pol.PredRatioP50, pol.PredRatioP90 = sim.Percentile(rs, 10), sim.Percentile(rs, 50), sim.Percentile(rs, 90)
+	}
 }
 
 // e2eRun is one policy's replay, kept for the report.
@@ -132,7 +176,9 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (default: the --preset synthetic model, generated into the test-model cache if needed)")
 	fs.StringVar(&f.preset, "preset", "tiny", "synthetic model preset when --model is not given (the one the profile was calibrated on)")
 	fs.StringVar(&f.profile, "profile", "local", "hardware profile of this machine for the simulator (configs/hardware name or .yaml path; bench calibrate writes it)")
-	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions), at local scale (bench/workload LocalMix, LocalAgent)")
+	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions), at local scale (bench/workload LocalMix, LocalAgent), or ladder (the --ladder prompt lengths, each job alone, in turn: the router's predictions against each prompt's measured TTFT)")
+	fs.StringVar(&f.ladder, "ladder", "64,256,1024,4096,16384", "--workload ladder: the prompt lengths, in tokens")
+	fs.StringVar(&f.warmupPrompts, "warmup-prompts", "128,256,512", "prompt lengths of the warm-up jobs, each way, in turn (--warmup of them): what the workers fit their cost-model terms to before the replays")
 	fs.StringVar(&f.trace, "trace", "", "replay this trace file (JSON Lines, see bench/workload) instead of a generated workload")
 	fs.Float64Var(&f.rate, "rate", 0, "generated workload: jobs (mix) or sessions (agent) per minute (default 60 (mix) or 20 (agent))")
 	fs.Uint64Var(&f.seed, "seed", 1, "generated workload: random seed")
@@ -266,7 +312,18 @@ the profile alone is reported next to it.
 	if err := setup.Validate(); err != nil {
 		return err
 	}
-	jobs, wname, err := simWorkload(simFlags{workload: f.workload, trace: f.trace, rate: f.rate, seed: f.seed}, "local")
+	var jobs []workload.Job
+	var wname string
+	inTurn := f.workload == "ladder" && f.trace == ""
+	if inTurn {
+		jobs, wname, err = ladderJobs(f.ladder)
+	} else {
+		jobs, wname, err = simWorkload(simFlags{workload: f.workload, trace: f.trace, rate: f.rate, seed: f.seed}, "local")
+	}
+	if err != nil {
+		return err
+	}
+	warmLens, err := intList(f.warmupPrompts, "--warmup-prompts")
 	if err != nil {
 		return err
 	}
@@ -304,7 +361,7 @@ the profile alone is reported next to it.
 	nonce := make([]byte, 6)
 	_, _ = rand.Read(nonce)
 	key := "e2e-" + hex.EncodeToString(nonce)
-	if err := e2eWarmup(ctx, d, nc, f.warmup, vocab, key, f.jobTimeout); err != nil {
+	if err := e2eWarmup(ctx, d, nc, f.warmup, warmLens, vocab, key, f.jobTimeout); err != nil {
 		return err
 	}
 	// Each replay is predicted from the profile with what the probe jobs
@@ -329,7 +386,7 @@ the profile alone is reported next to it.
 			pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS, pr.PrefillFactor, 100*pr.PrefillFit.Residual, pr.GroupFactor, 100*pr.GroupFit.Residual, pr.DecodeStepMS)
 		return probed, nil
 	}
-	done, err := replayRounds(ctx, d, nc, jobs, policies, f.rounds, vocab, key, f.jobTimeout, probe, predict)
+	done, err := replayRounds(ctx, d, nc, jobs, policies, f.rounds, vocab, key, f.jobTimeout, inTurn, probe, predict)
 	if err != nil {
 		return err
 	}
@@ -407,17 +464,17 @@ func e2ePolicies(s string) ([]router.Policy, error) {
 // e2eWarmup runs a few jobs each way, so that the replays do not pay for
 // first-use costs (page faults, buffers, connections) the simulator does
 // not model.
-func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n, vocab int, key string, timeout time.Duration) error {
-	if n == 0 {
+func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []int, vocab int, key string, timeout time.Duration) error {
+	if n == 0 || len(lens) == 0 {
 		return nil
 	}
-	say("e2e: warming up (%d jobs each way)", n)
+	say("e2e: warming up (%d jobs each way, in turn, prompts of %v tokens)", n, lens)
 	for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
 		var jobs []workload.Job
 		for i := range n {
-			jobs = append(jobs, workload.Job{ID: fmt.Sprintf("warm-%s-%d", p, i), Prompt: 128 << (i % 3), Output: 8})
+			jobs = append(jobs, workload.Job{ID: fmt.Sprintf("warm-%s-%d", p, i), Prompt: lens[i%len(lens)], Output: 8})
 		}
-		ms, _, err := replay(ctx, nc, jobs, p, vocab, key+"-warm", timeout)
+		ms, _, err := replay(ctx, nc, jobs, p, vocab, key+"-warm", timeout, true)
 		if err != nil {
 			return err
 		}
@@ -459,7 +516,7 @@ type replayed struct {
 // coordinator's cost model started afresh before each replay; probe gives
 // the setup each replay is predicted with, predict the prediction.
 func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policies []router.Policy, rounds, vocab int,
-	key string, timeout time.Duration, probe func(router.Policy, int) (sim.Setup, error),
+	key string, timeout time.Duration, inTurn bool, probe func(router.Policy, int) (sim.Setup, error),
 	predict func(sim.Setup, router.Policy) (*sim.Result, error)) (map[router.Policy][]replayed, error) {
 	span := time.Duration(0)
 	if n := len(jobs); n > 0 {
@@ -482,7 +539,7 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			}
 			say("e2e: round %d, policy %s: replaying %d jobs over %s", round+1, p, len(jobs), report.Duration(span.Seconds()))
 			lm := startLoad()
-			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), timeout)
+			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), timeout, inTurn)
 			if err != nil {
 				return nil, err
 			}
@@ -518,6 +575,7 @@ func summarizePolicy(p router.Policy, rs []replayed, po *sim.Result, tolerance f
 	var pol e2ePolicy
 	pol.Summary, pol.PredictedP50, pol.ProfileP50 = sim.Summarize(mr), sim.Summarize(pr).TTFTP50, sim.Summarize(po).TTFTP50
 	pol.CoordinatorP50 = coordinatorP50(all)
+	predRatios(&pol, all)
 	if known {
 		pol.OtherLoad = &others
 	}
@@ -553,4 +611,34 @@ func meanLoad(xs []*float64) *float64 {
 		t += *x / float64(len(xs))
 	}
 	return &t
+}
+
+// ladderJobs is the ladder workload: one job per prompt length, 4 tokens
+// out, replayed in turn.
+func ladderJobs(list string) ([]workload.Job, string, error) {
+	lens, err := intList(list, "--ladder")
+	if err != nil {
+		return nil, "", err
+	}
+	var jobs []workload.Job
+	for i, n := range lens {
+		if n < 2 {
+			return nil, "", fmt.Errorf("--ladder: a prompt of %d tokens: want at least 2", n)
+		}
+		jobs = append(jobs, workload.Job{ID: fmt.Sprintf("ladder-%d-%d", i, n), Prompt: n, Output: 4})
+	}
+	return jobs, fmt.Sprintf("ladder of prompts %v, each alone", lens), nil
+}
+
+// intList parses a comma-separated list of positive integers.
+func intList(s, flagName string) ([]int, error) {
+	var out []int
+	for _, x := range splitList(s) {
+		n, err := strconv.Atoi(x)
+		if err != nil || n < 1 || n > 1<<20 {
+			return nil, fmt.Errorf("%s: %q is not a prompt length (1 to %d)", flagName, x, 1<<20)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

@@ -91,7 +91,7 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 				if p == cp.PolicyLocal {
 					job.Output = probeOutput
 				}
-				ms, _, err := replay(ctx, nc, []workload.Job{job}, p, vocab, key, timeout)
+				ms, _, err := replay(ctx, nc, []workload.Job{job}, p, vocab, key, timeout, false)
 				if err != nil {
 					return sim.Setup{}, nil, err
 				}

@@ -57,7 +57,7 @@ func promptTokens(j workload.Job, vocab int) []int32 {
 // follows each to its end and returns what happened to each, in the jobs'
 // order, with the time the replay started. Each job gets jobTimeout; the
 // key prefix makes the jobs' idempotency keys unique to this replay.
-func replay(ctx context.Context, nc *nats.Conn, jobs []workload.Job, policy cp.Policy, vocab int, key string, jobTimeout time.Duration) ([]measured, time.Time, error) {
+func replay(ctx context.Context, nc *nats.Conn, jobs []workload.Job, policy cp.Policy, vocab int, key string, jobTimeout time.Duration, inTurn bool) ([]measured, time.Time, error) {
 	out := make([]measured, len(jobs))
 	var mu sync.Mutex
 	bytes := map[string]int64{}
@@ -81,6 +81,12 @@ func replay(ctx context.Context, nc *nats.Conn, jobs []workload.Job, policy cp.P
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, j := range jobs {
+		if inTurn {
+			// Each job alone on the system, submitted when the one
+			// before it ended.
+			out[i] = runJob(ctx, nc, j, time.Now(), policy, vocab, key, jobTimeout)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

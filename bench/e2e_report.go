@@ -71,7 +71,18 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	}
 	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step.",
 		"The parts are the coordinator's marks as measured, the TTFT the client's. Workers report to the coordinator on their own connections, so a remote job's commit (or a local job's first token) can be marked after the client already has its first token: such a job's parts add up to more than its TTFT by as much (the last column; late_mark_s in jobs.jsonl), and its first step counts 0."}
-	tables := []*report.Table{pt, ct, bt}
+	rt := &report.Table{Title: "The router's predicted TTFT against the measured one, per job (measured / predicted)",
+		Header: []string{"policy", "p10", "p50", "p90", "jobs: prompt tokens, path, predicted -> measured"}}
+	for _, r := range runs {
+		x := out.Policies[string(r.policy)]
+		var js []string
+		for _, j := range x.PredJobs {
+			js = append(js, fmt.Sprintf("%d %s %s -> %s", j.Prompt, j.Target, report.Duration(j.PredictedS), report.Duration(j.MeasuredS)))
+		}
+		rt.Add(string(r.policy), fmt.Sprintf("%.2f", x.PredRatioP10), fmt.Sprintf("%.2f", x.PredRatioP50), fmt.Sprintf("%.2f", x.PredRatioP90), strings.Join(js, "; "))
+	}
+	rt.Notes = []string{"The prediction is the coordinator's own, made when it routed the job (the routed event), from the workers' fitted cost-model terms at that moment; measured is the client's TTFT, submission sent to first token received."}
+	tables := []*report.Table{pt, ct, bt, rt}
 	if len(out.Probes) > 0 {
 		t := &report.Table{Title: "Probes of the idle system before each replay",
 			Header: []string{"before", "round", "control plane local", "remote", "prefill worker's passes", "decode group's prefill", "decode step"}}

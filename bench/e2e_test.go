@@ -184,7 +184,7 @@ func TestDeploymentReplaysThroughTheControlPlane(t *testing.T) {
 	jobs := []workload.Job{{ID: "a", Prompt: 40, Output: 3}, {ID: "b", Arrival: 5 * time.Millisecond, Prompt: 300, Output: 2},
 		{ID: "c", Arrival: 10 * time.Millisecond, Prompt: 2, Output: 1}}
 	for _, p := range []router.Policy{router.Remote, router.Local} {
-		ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), d.c.Model.VocabSize, "test-"+string(p), time.Minute)
+		ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), d.c.Model.VocabSize, "test-"+string(p), time.Minute, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,4 +243,39 @@ func TestDeploymentReplaysThroughTheControlPlane(t *testing.T) {
 
 func statsOf(wall, compute time.Duration) executor.Stats {
 	return executor.Stats{Wall: wall, Compute: compute}
+}
+
+// TestPredRatiosAndLadder: the ratio of each job's measured TTFT to the
+// router's prediction for the path it took, as percentiles; jobs without
+// a prediction or that failed are left out; the ladder workload's flags.
+func TestPredRatiosAndLadder(t *testing.T) {
+	t0 := time.Now()
+	job := func(n int, target cp.Target, local, remote, took time.Duration) measured {
+		return measured{Job: workload.Job{Prompt: n}, Submitted: t0, FirstToken: t0.Add(took),
+			Final: cp.JobEvent{Route: &cp.RouteDecision{Target: target, PredictedLocal: local, PredictedRemote: remote}}}
+	}
+	ms := []measured{
+		job(64, cp.TargetLocal, time.Second, 9*time.Second, 800*time.Millisecond), // 0.8
+		job(256, cp.TargetRemote, 9*time.Second, 2*time.Second, 2*time.Second),    // 1.0
+		job(1024, cp.TargetRemote, time.Second, 4*time.Second, 5*time.Second),     // 1.25
+		job(4096, cp.TargetLocal, 0, 4*time.Second, 5*time.Second),                // no local prediction
+		{Job: workload.Job{Prompt: 16384}, Err: os.ErrDeadlineExceeded},           // failed
+	}
+	var pol e2ePolicy
+	predRatios(&pol, ms)
+	if len(pol.PredJobs) != 3 || pol.PredJobs[1].Target != "remote" || pol.PredJobs[2].Ratio != 1.25 {
+		t.Fatalf("jobs %+v", pol.PredJobs)
+	}
+	if pol.PredRatioP50 != 1 || !(pol.PredRatioP10 >= 0.8 && pol.PredRatioP10 < 1) || !(pol.PredRatioP90 > 1 && pol.PredRatioP90 <= 1.25) {
+		t.Fatalf("p10 %v p50 %v p90 %v", pol.PredRatioP10, pol.PredRatioP50, pol.PredRatioP90)
+	}
+	jobs, name, err := ladderJobs("64, 1024,16384")
+	if err != nil || len(jobs) != 3 || jobs[2].Prompt != 16384 || !strings.Contains(name, "each alone") {
+		t.Fatalf("ladder %v %q %v", jobs, name, err)
+	}
+	for _, bad := range []string{"1", "x", "64,0", "2000000"} {
+		if _, _, err := ladderJobs(bad); err == nil || !strings.Contains(err.Error(), "--ladder") {
+			t.Errorf("ladder %q: %v", bad, err)
+		}
+	}
 }
