@@ -77,6 +77,9 @@ type Assigned struct {
 	// NoResponders: nobody serves the worker's assign subject.
 	NoResponders bool
 	Err          error
+	// Lost: the registry lost the worker (the reason) while the
+	// assignment was unanswered; the request was abandoned.
+	Lost string
 }
 
 // Report is a worker's progress report on the job.

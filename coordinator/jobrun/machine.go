@@ -345,6 +345,14 @@ func (m *Machine) assigned(e Assigned) {
 		// Nobody took the request: the worker is gone (the registry will
 		// say so) or not serving yet.
 		again(fmt.Sprintf("worker %s does not serve assignments (gone, or not started yet)", worker))
+	case e.Lost != "":
+		// Whatever it took died with it. A decode group's rank 0 may have
+		// streamed tokens before its answer went out: the job is not
+		// tried again, it fails as a loss while following would.
+		if prefill {
+			m.emit(CancelOn{Workers: []string{p.Head}, Reason: fmt.Sprintf("prefill worker %s was lost", worker)})
+		}
+		m.fail(e.At, &cp.JobError{Code: cp.CodeUnavailable, Worker: worker, Message: e.Lost})
 	case e.Err != nil:
 		// It may have been taken after all: make sure it is not kept (a
 		// worker drops a job cancelled while it is being admitted).
@@ -356,7 +364,7 @@ func (m *Machine) assigned(e Assigned) {
 		m.fail(e.At, &cp.JobError{Code: cp.CodeUnavailable, Worker: worker,
 			Message: fmt.Sprintf("did not answer the assignment in time: %v", e.Err)})
 	case rep == nil:
-		panic("jobrun: Assigned without a reply, an error or NoResponders")
+		panic("jobrun: Assigned without a reply, an error, NoResponders or Lost")
 	case !rep.Accepted && (rep.Code == cp.CodeUnavailable || rep.Code == cp.CodeConflict):
 		again(fmt.Sprintf("worker %s: %s", worker, rep.Error))
 	case !rep.Accepted:

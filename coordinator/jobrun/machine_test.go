@@ -250,6 +250,19 @@ func TestPlacementRetriesThenGivesUp(t *testing.T) {
 	}
 }
 
+// TestHeadLostWithTheAssignmentUnanswered: rank 0 lost before it answered
+// (it may have streamed tokens already): the job fails with the loss, is
+// not placed again, and nothing is asked of the dead rank.
+func TestHeadLostWithTheAssignmentUnanswered(t *testing.T) {
+	m := newMachine()
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	acts := step(t, m, Assigned{At: at(2), Lost: "heartbeat expired"}, "Publish(failed) Ack")
+	if e := acts[0].(Publish).Event.Error; e.Worker != "g-r0" || e.Code != cp.CodeUnavailable || e.Message != "heartbeat expired" {
+		t.Fatalf("error %+v", e)
+	}
+}
+
 func TestUnreachablePrefillWorkerIsLeftOut(t *testing.T) {
 	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
@@ -273,12 +286,19 @@ func TestPrefillSideFailures(t *testing.T) {
 	step(t, m, Assigned{At: at(3), NoResponders: true}, "Publish(failed) Ack CancelOn(g-r0)")
 	m = setup()
 	step(t, m, Assigned{At: at(3), Err: errors.New("timeout")}, "CancelOn(pf,g-r0) Publish(failed) Ack")
+	// Lost with the assignment unanswered: the loss is the reason, and
+	// nothing is asked of the dead worker.
+	m = setup()
+	acts := step(t, m, Assigned{At: at(3), Lost: "heartbeat expired"}, "CancelOn(g-r0) Publish(failed) Ack")
+	if e := acts[1].(Publish).Event.Error; e.Worker != "pf" || e.Message != "heartbeat expired" {
+		t.Fatalf("error %+v", e)
+	}
 	m = setup()
 	step(t, m, Assigned{At: at(3), Reply: &cp.AssignReply{JobID: "j1", WorkerID: "pf", Error: "bad", Code: cp.CodeBadRequest}},
 		"CancelOn(g-r0) Publish(failed) Ack")
 	m = setup()
 	step(t, m, Assigned{At: at(3), Reply: accepted("pf")}, "LoadPrefill AssignedAt Publish(prefilling)")
-	acts := step(t, m, Report{At: at(4), P: progress("pf", cp.StateFailed, 0)}, "CancelOn(g-r0) Publish(failed) Ack")
+	acts = step(t, m, Report{At: at(4), P: progress("pf", cp.StateFailed, 0)}, "CancelOn(g-r0) Publish(failed) Ack")
 	if e := acts[1].(Publish).Event.Error; e.Worker != "pf" || e.Message != "boom" {
 		t.Fatalf("error %+v", e)
 	}

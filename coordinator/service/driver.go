@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -452,10 +453,26 @@ func (r *run) request(worker string, a *cp.Assignment) jobrun.Event {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.AssignTimeout)
 	defer cancel()
+	// A worker that dies holding the request never answers it (rank 0 can
+	// stream a job's first tokens before its answer goes out): its loss
+	// ends the wait. A loss the registry recorded before the request went
+	// out is a restart whose new process serves it, or a death the request
+	// learns of by itself (no responders).
+	sent := time.Now()
+	var lost atomic.Pointer[string]
+	stop := c.losses.watch(worker, func(reason string, since time.Time) {
+		if !since.Before(sent) && lost.CompareAndSwap(nil, &reason) {
+			cancel()
+		}
+	})
 	var rep cp.AssignReply
 	err := cp.Request(ctx, c.nc, cp.WorkerAssign(worker), a, &rep)
+	stop()
 	at := time.Now()
-	switch {
+	switch reason := lost.Load(); {
+	case err != nil && reason != nil:
+		r.log.Info("assignment: worker lost before it answered", zap.String("worker", worker), zap.String("reason", *reason))
+		return jobrun.Assigned{At: at, Lost: *reason}
 	case errors.Is(err, nats.ErrNoResponders):
 		r.log.Info("assignment: no worker", zap.String("worker", worker), zap.Error(err))
 		return jobrun.Assigned{At: at, NoResponders: true}

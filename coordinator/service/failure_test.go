@@ -262,6 +262,71 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 	}
 }
 
+// TestWorkerLostWithItsAssignmentUnanswered: a worker that dies holding an
+// assignment it has not answered fails the job as soon as the registry
+// loses it, not at the assignment timeout, naming the worker and the loss;
+// the decode group that admitted the job frees it. (Rank 0 of a decode
+// group can stream a job's first tokens before its answer goes out: a
+// rank 0 killed then left its job to the 10 s assignment timeout.) Here a
+// mute prefill worker takes the job's prefill assignment and dies.
+func TestWorkerLostWithItsAssignmentUnanswered(t *testing.T) {
+	opt := testOptions(t)
+	opt.Coordinator.AssignTimeout = 10 * time.Minute // only the loss can end the job within the test
+	c := startCluster(t, opt)
+	nc := connect(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The only prefill worker is the mute one: it answers status probes
+	// (it knows no job) and takes assignments without a word.
+	c.KillPrefill()
+	const mute = "mute-prefill"
+	wc, err := c.ConnectAs(ctx, cp.PrincipalWorker, mute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wc.Close()
+	reg, err := cp.OpenRegistry(ctx, wc, opt.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	hb, err := cp.StartHeartbeat(ctx, reg, 0, func() cp.WorkerInfo {
+		return cp.WorkerInfo{ID: mute, Kind: cp.KindPrefill, Backend: "cpu", Model: c.Model.ID, Started: started, Time: time.Now()}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hb.Stop(ctx) }()
+	if _, err := cp.Serve(ctx, wc, cp.WorkerStatus(mute), "", func(_ context.Context, req *cp.JobStatusRequest) (*cp.JobStatusReply, error) {
+		return &cp.JobStatusReply{JobID: req.JobID, WorkerID: mute}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	taken := make(chan struct{})
+	var once sync.Once
+	if _, err := wc.Subscribe(cp.WorkerAssign(mute), func(*nats.Msg) { once.Do(func() { close(taken) }) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	f := follow(nc, cp.SubmitRequest{TokenIDs: prompt(50, c.Model.VocabSize, 9), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote}, client.Handlers{})
+	select {
+	case <-taken:
+	case <-f.done:
+		t.Fatalf("the job ended before the mute worker had its assignment: %+v %v", f.res, f.err)
+	}
+	wc.Close() // dead, the assignment unanswered: its heartbeat stops
+	res := f.wait(t, time.Minute)
+	e := res.Final.Error
+	if res.Final.State != cp.StateFailed || e == nil || e.Worker != mute || !strings.Contains(e.Message, "heartbeat") {
+		t.Fatalf("after the mute worker died: %+v, error %+v", res.Final, e)
+	}
+	t.Logf("failed: %v", e)
+	checkFreed(t, c)
+}
+
 // TestCancelReachesEveryWorker: cancelling a decoding job and a job in its
 // remote prefill ends them cancelled and frees the memory on every worker.
 func TestCancelReachesEveryWorker(t *testing.T) {

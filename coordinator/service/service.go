@@ -182,6 +182,9 @@ type Coordinator struct {
 	reg     *cp.Registry
 	results *cp.Results
 
+	// losses tells assignments in flight that their worker was lost.
+	losses lossWatch
+
 	mu            sync.Mutex
 	runs          map[string]*run
 	pendingCancel map[string]string // queued jobs cancelled before delivery: id -> reason

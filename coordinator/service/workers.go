@@ -146,6 +146,7 @@ func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[s
 // affected.
 func (c *Coordinator) workerLost(id, reason string, since time.Time) {
 	c.log.Info("worker gone", zap.String("worker", id), zap.String("reason", reason))
+	c.losses.notify(id, reason, since)
 	c.mu.Lock()
 	var affected []*run
 	for _, r := range c.runs {
@@ -273,4 +274,46 @@ func prefillWorkers(workers map[string]cp.WorkerInfo, m *modelinfo.Info) []cp.Wo
 		return strings.Compare(a.ID, b.ID)
 	})
 	return out
+}
+
+// lossWatch tells requests in flight to a worker that the registry lost it:
+// a run waiting for a worker's answer reads no inbox, and a worker that
+// died holding the request would otherwise keep it waiting for the whole
+// request timeout.
+type lossWatch struct {
+	mu   sync.Mutex
+	next int
+	on   map[string]map[int]func(reason string, since time.Time)
+}
+
+// watch calls lost (from the registry watch; it must not block) at each
+// loss of worker id until the returned stop is called.
+func (l *lossWatch) watch(id string, lost func(reason string, since time.Time)) (stop func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.on == nil {
+		l.on = map[string]map[int]func(string, time.Time){}
+	}
+	if l.on[id] == nil {
+		l.on[id] = map[int]func(string, time.Time){}
+	}
+	k := l.next
+	l.next++
+	l.on[id][k] = lost
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		delete(l.on[id], k)
+		if len(l.on[id]) == 0 {
+			delete(l.on, id)
+		}
+	}
+}
+
+func (l *lossWatch) notify(id, reason string, since time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range l.on[id] {
+		f(reason, since)
+	}
 }
