@@ -123,8 +123,8 @@ func TestProcessKill(t *testing.T) {
 		streams = append(streams, s)
 	}
 	for _, s := range streams {
-		for len(s.Tokens()) < 5 {
-			time.Sleep(2 * time.Millisecond)
+		if _, err := s.WaitTokens(ctx, 5); err != nil {
+			t.Fatal(err)
 		}
 	}
 	killed := time.Now()

@@ -54,7 +54,8 @@ type Stream struct {
 	mu       sync.Mutex
 	tokens   []int32
 	res      Result
-	admitted chan error // the admission's answer
+	admitted chan error    // the admission's answer
+	more     chan struct{} // closed (and replaced) at each token
 	end      chan struct{}
 	ended    bool
 }
@@ -78,6 +79,30 @@ func (s *Stream) Wait(ctx context.Context) ([]int32, Result, error) {
 	return slices.Clone(s.tokens), s.res, nil
 }
 
+// WaitTokens waits until the stream holds at least n tokens and returns
+// them; it fails if the sequence ends with fewer, or when ctx is done.
+func (s *Stream) WaitTokens(ctx context.Context, n int) ([]int32, error) {
+	for {
+		s.mu.Lock()
+		got, more, ended, res := len(s.tokens), s.more, s.ended, s.res
+		if got >= n || ended {
+			toks := slices.Clone(s.tokens)
+			s.mu.Unlock()
+			if got >= n {
+				return toks, nil
+			}
+			return toks, fmt.Errorf("sequence %q ended (%s %s) after %d tokens, before %d", s.id, res.Reason, res.Err, got, n)
+		}
+		s.mu.Unlock()
+		select {
+		case <-more:
+		case <-s.end:
+		case <-ctx.Done():
+			return s.Tokens(), fmt.Errorf("sequence %q: %d of %d tokens: %w", s.id, got, n, ctx.Err())
+		}
+	}
+}
+
 // Done is closed when the sequence has ended.
 func (s *Stream) Done() <-chan struct{} { return s.end }
 
@@ -94,7 +119,7 @@ func (s *Stream) finish(r Result) {
 // Submit submits a sequence to rank 0 and waits for its admission; a refusal
 // is returned as a *RefusedError.
 func (c *Client) Submit(ctx context.Context, r Request) (*Stream, error) {
-	s := &Stream{id: r.ID, admitted: make(chan error, 1), end: make(chan struct{})}
+	s := &Stream{id: r.ID, admitted: make(chan error, 1), more: make(chan struct{}), end: make(chan struct{})}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -194,6 +219,8 @@ func (c *Client) readLoop() {
 			s.mu.Lock()
 			if r.Index == len(s.tokens) {
 				s.tokens = append(s.tokens, r.Token)
+				close(s.more)
+				s.more = make(chan struct{})
 			}
 			s.mu.Unlock()
 		case opEnd:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -83,6 +84,9 @@ func TestClientRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ga, _, _ := a.Wait(ctx)
+	if _, err := a.WaitTokens(ctx, len(ga)+1); err == nil || !strings.Contains(err.Error(), "ended") {
+		t.Fatalf("waiting for more tokens than an ended sequence has: %v", err)
+	}
 	b, err := head.Submit(ctx, Request{ID: "t2", Tokens: p, MaxTokens: 10, Temperature: 0.9, TopK: 30, TopP: 0.9, Seed: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -106,8 +110,8 @@ func TestClientRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for len(s.Tokens()) < 3 {
-		time.Sleep(time.Millisecond)
+	if _, err := s.WaitTokens(ctx, 3); err != nil {
+		t.Fatal(err)
 	}
 	if err := head.Cancel(ctx, "long"); err != nil {
 		t.Fatal(err)
@@ -130,8 +134,8 @@ func TestClientGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for len(s.Tokens()) < 2 {
-		time.Sleep(time.Millisecond)
+	if _, err := s.WaitTokens(ctx, 2); err != nil {
+		t.Fatal(err)
 	}
 	head.Close()
 	if _, res, _ := s.Wait(ctx); res.Reason != pipeline.ReasonError {
