@@ -22,7 +22,7 @@ func refShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *kernels.Tens
 		for i := 0; i < n; i++ {
 			var y float32
 			for j := 0; j < K; j++ {
-				y += wc[j] * hist[i+j]
+				y += float32(wc[j] * hist[i+j]) // rounded, as the op does: arm64 would fuse
 			}
 			dst.Data[(span.Lo+i)*P+c] = y * sigmoid(y)
 		}
