@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -265,14 +266,23 @@ func output(out map[string][]byte, name string, n int) ([]float32, error) {
 	return bytesF32(b), nil
 }
 
+// env is one check's run: the driver to use, its inputs' random source,
+// and the largest error it has seen as a fraction of its tolerance (exact
+// comparisons count any difference as 1), for the log: how much room each
+// tolerance leaves.
+type env struct {
+	bin   string
+	rng   *rand.Rand
+	worst float64
+}
+
 // within compares got with want elementwise against tol(i) and describes
 // the worst violation. NaN must match NaN.
-func within(got, want []float32, tol func(i int) float64) error {
+func (e *env) within(got, want []float32, tol func(i int) float64) error {
 	if len(got) != len(want) {
 		return fmt.Errorf("%d values, want %d", len(got), len(want))
 	}
 	bad, worst, wi := 0, 0.0, -1
-	defer func() { seen.add(got, want, tol) }()
 	for i := range want {
 		g, w := float64(got[i]), float64(want[i])
 		var d float64
@@ -285,6 +295,13 @@ func within(got, want []float32, tol func(i int) float64) error {
 			d = math.Abs(g - w)
 		}
 		tl := tol(i)
+		if d > 0 {
+			r := 1.0
+			if tl > 0 {
+				r = d / tl
+			}
+			e.worst = max(e.worst, r)
+		}
 		if d > tl {
 			bad++
 			if r := d / max(tl, 1e-300); r > worst || wi < 0 {
@@ -299,26 +316,3 @@ func within(got, want []float32, tol func(i int) float64) error {
 }
 
 func exact(int) float64 { return 0 }
-
-// seen records the largest error of the current check as a fraction of its
-// tolerance (exact checks count any difference as 1), for the log: how
-// much room each tolerance leaves.
-var seen errorLog
-
-type errorLog struct{ worst float64 }
-
-func (l *errorLog) reset() { l.worst = 0 }
-
-func (l *errorLog) add(got, want []float32, tol func(int) float64) {
-	for i := range min(len(got), len(want)) {
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if d == 0 || math.IsNaN(d) {
-			continue
-		}
-		r := 1.0
-		if t := tol(i); t > 0 {
-			r = d / t
-		}
-		l.worst = max(l.worst, r)
-	}
-}

@@ -3,7 +3,6 @@ package emu
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/mxfp"
@@ -13,18 +12,21 @@ import (
 func checks2() []check {
 	return []check{
 		{"short_conv_silu", checkShortConv},
-		{"router_topk/renorm", func(b string, r *rand.Rand) error { return checkRouter(b, r, 21, 64, 6, true) }},
-		{"router_topk/plain-wide", func(b string, r *rand.Rand) error { return checkRouter(b, r, 5, 384, 8, false) }},
-		{"kda/chunk16", func(b string, r *rand.Rand) error { return checkKDA(b, r, 3, 32, 16, 16, 45, 2, 40) }},
-		{"kda/chunk7", func(b string, r *rand.Rand) error { return checkKDA(b, r, 2, 16, 24, 7, 30, 0, 30) }},
-		{"kda/k3-head", func(b string, r *rand.Rand) error { return checkKDA(b, r, 1, 128, 128, 16, 20, 0, 20) }},
-		{"mla/bf16-cache", func(b string, r *rand.Rand) error { return checkMLA(b, r, 2, 16, 8, 16, 32, 140, 27, 3, 24, true) }},
-		{"mla/f32-cache", func(b string, r *rand.Rand) error { return checkMLA(b, r, 2, 16, 8, 8, 32, 30, 30, 0, 30, false) }},
-		{"mla/k3-head", func(b string, r *rand.Rand) error { return checkMLA(b, r, 1, 128, 64, 128, 512, 24, 24, 0, 24, true) }},
+		{"router_topk/renorm", func(e *env) error { return checkRouter(e, 21, 64, 6, true) }},
+		{"router_topk/k3-plain", func(e *env) error { return checkRouter(e, 5, 896, 16, false) }}, // K3: 896 experts, top-16
+		{"kda/chunk16", func(e *env) error { return checkKDA(e, 3, 32, 16, 16, 16, 45, 2, 40) }},
+		{"kda/chunk7", func(e *env) error { return checkKDA(e, 2, 16, 24, 7, 7, 30, 0, 30) }},
+		// K3's head shape, and the model's prefill chunk (64) on the CPU
+		// against the device's 16 across a 64-row boundary: the same function.
+		{"kda/k3-head-vs-chunk64", func(e *env) error { return checkKDA(e, 1, 128, 128, 16, 64, 70, 0, 70) }},
+		{"mla/bf16-cache", func(e *env) error { return checkMLA(e, 2, 16, 8, 16, 32, 140, 27, 3, 24, true) }},
+		{"mla/f32-cache", func(e *env) error { return checkMLA(e, 2, 16, 8, 8, 32, 30, 30, 0, 30, false) }},
+		{"mla/k3-head", func(e *env) error { return checkMLA(e, 1, 128, 64, 128, 512, 24, 24, 0, 24, true) }},
 	}
 }
 
-func checkShortConv(bin string, rng *rand.Rand) error {
+func checkShortConv(e *env) error {
+	bin, rng := e.bin, e.rng
 	rows, P, K, lo, n := 12, 200, 4, 3, 7
 	x, w, tail := randF32(rng, rows*P, 1), randF32(rng, P*K, 0.5), randF32(rng, P*(K-1), 1)
 	out, err := run(bin, call{"short_conv_silu", p("rows", rows, "P", P, "K", K, "lo", lo, "n", n),
@@ -44,10 +46,10 @@ func checkShortConv(bin string, rng *rand.Rand) error {
 	ref.ShortConvSiLU(want, want, kernels.Span{Lo: lo, Hi: lo + n}, tensor(P, K, w), &kernels.Tensor{Rows: P, Cols: K - 1, Data: wantTail})
 	// Four fp32 products summed (the reference rounds each product, the
 	// device may fuse) and SiLU through ex2.approx: a few ulps of |y|.
-	if err := within(got, want.Data, func(i int) float64 { return 2e-6 * (1 + math.Abs(float64(want.Data[i]))) }); err != nil {
+	if err := e.within(got, want.Data, func(i int) float64 { return 2e-6 * (1 + math.Abs(float64(want.Data[i]))) }); err != nil {
 		return fmt.Errorf("output: %w", err)
 	}
-	if err := within(gotTail, wantTail, exact); err != nil { // copies of inputs
+	if err := e.within(gotTail, wantTail, exact); err != nil { // copies of inputs
 		return fmt.Errorf("tail: %w", err)
 	}
 	return nil
@@ -55,7 +57,8 @@ func checkShortConv(bin string, rng *rand.Rand) error {
 
 func sigmoid64(x float32) float64 { return 1 / (1 + math.Exp(-float64(x))) }
 
-func checkRouter(bin string, rng *rand.Rand, rows, E, k int, renorm bool) error {
+func checkRouter(e *env, rows, E, k int, renorm bool) error {
+	bin, rng := e.bin, e.rng
 	logits, bias := randF32(rng, rows*E, 2), randF32(rng, E, 0.1)
 	// Row 0: equal logits and biases equal in pairs (2m, 2m+1), so the
 	// selection ties exactly and the lower id must come first.
@@ -106,7 +109,7 @@ func checkRouter(bin string, rng *rand.Rand, rows, E, k int, renorm bool) error 
 			continue
 		}
 		// Weights: σ in fp32 and an fp32 sum of k terms: a few ulps.
-		if err := within(gotW[r*k:(r+1)*k], wantW[r*k:(r+1)*k], func(i int) float64 { return 1e-6 * math.Abs(float64(wantW[r*k+i])) }); err != nil {
+		if err := e.within(gotW[r*k:(r+1)*k], wantW[r*k:(r+1)*k], func(i int) float64 { return 1e-6 * math.Abs(float64(wantW[r*k+i])) }); err != nil {
 			return fmt.Errorf("row %d weights: %w", r, err)
 		}
 	}
@@ -127,7 +130,10 @@ func unitRows(x []float32, d int, s float64) {
 	}
 }
 
-func checkKDA(bin string, rng *rand.Rand, H, dk, dv, chunk, rows, lo, n int) error {
+// checkKDA runs the device kernel with chunk and the CPU's chunked form
+// with refChunk.
+func checkKDA(e *env, H, dk, dv, chunk, refChunk, rows, lo, n int) error {
+	bin, rng := e.bin, e.rng
 	q, k := randF32(rng, rows*H*dk, 1), randF32(rng, rows*H*dk, 1)
 	unitRows(q, dk, 1/math.Sqrt(float64(dk))) // the model L2-normalises q and k and scales q
 	unitRows(k, dk, 1)
@@ -156,21 +162,22 @@ func checkKDA(bin string, rng *rand.Rand, H, dk, dv, chunk, rows, lo, n int) err
 	}
 	want, wantS := ref.NewTensor(rows, H*dv), append([]float32(nil), S...)
 	ref.KDA(want, tensor(rows, H*dk, q), tensor(rows, H*dk, k), tensor(rows, H*dv, v), tensor(rows, H*dk, g), tensor(rows, H, beta),
-		kernels.Span{Lo: lo, Hi: lo + n}, &kernels.Tensor{Rows: H * dk, Cols: dv, Data: wantS}, H, dk, dv, chunk)
+		kernels.Span{Lo: lo, Hi: lo + n}, &kernels.Tensor{Rows: H * dk, Cols: dv, Data: wantS}, H, dk, dv, refChunk)
 	// fp32 against fp64 through dk-term dot products, a 16-step forward
 	// substitution and the state carried across chunks: 1e-4 of the
 	// largest magnitude (observed errors are ~1e-6 of it).
 	ot, st := 1e-4*maxAbs(want.Data), 1e-4*maxAbs(wantS)
-	if err := within(got, want.Data, func(int) float64 { return ot }); err != nil {
+	if err := e.within(got, want.Data, func(int) float64 { return ot }); err != nil {
 		return fmt.Errorf("output: %w", err)
 	}
-	if err := within(gotS, wantS, func(int) float64 { return st }); err != nil {
+	if err := e.within(gotS, wantS, func(int) float64 { return st }); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	return nil
 }
 
-func checkMLA(bin string, rng *rand.Rand, H, nope, rope, vdim, lora, Tc, rows, lo, n int, bf16 bool) error {
+func checkMLA(e *env, H, nope, rope, vdim, lora, Tc, rows, lo, n int, bf16 bool) error {
+	bin, rng := e.bin, e.rng
 	cols := lora + rope
 	latent := randF32(rng, Tc*cols, 1)
 	unitRows(latent, cols, math.Sqrt(float64(cols))) // the cache holds normalised c_kv (rms 1)
@@ -211,5 +218,118 @@ func checkMLA(bin string, rng *rand.Rand, H, nope, rope, vdim, lora, Tc, rows, l
 	if !bf16 {
 		tol = 4e-3 * maxAbs(want.Data)
 	}
-	return within(got, want.Data, func(int) float64 { return tol })
+	return e.within(got, want.Data, func(int) float64 { return tol })
+}
+
+// checks3 are the data movement kernels of the device-memory contract.
+func checks3() []check {
+	return []check{
+		{"copy_block/disjoint", func(e *env) error { return checkCopyBlock(e, false, 2, 5, 30, 3, 7, 40, 0) }},
+		{"copy_block/squeeze-up", func(e *env) error { return checkCopyBlock(e, true, 2, 0, 5, 0, 9, 150, 1) }},
+		{"copy_block/move-down", func(e *env) error { return checkCopyBlock(e, true, 6, 3, 4, 3, 9, 147, -1) }},
+		{"write_latent/bf16", func(e *env) error { return checkWriteLatent(e, true) }},
+		{"write_latent/f32", func(e *env) error { return checkWriteLatent(e, false) }},
+		{"dequant_bf16/MXFP4", func(e *env) error { return checkDequant(e, kernels.MXFP4) }},
+		{"dequant_bf16/MXFP8(E4M3)", func(e *env) error { return checkDequant(e, kernels.MXFP8E4M3) }},
+		{"dequant_bf16/MXFP8(E5M2)", func(e *env) error { return checkDequant(e, kernels.MXFP8E5M2) }},
+	}
+}
+
+// checkCopyBlock moves a rows×cols block within one [R, C] tensor (same)
+// or between two, against the CPU backend's CopyBlock.
+func checkCopyBlock(e *env, same bool, dr, dc, sr, sc, rows, cols, ordered int) error {
+	bin, rng := e.bin, e.rng
+	R, C := 40, 160
+	dst, src := randF32(rng, R*C, 1), randF32(rng, R*C, 1)
+	arrays := map[string][]byte{"dst": f32Bytes(dst)}
+	if !same {
+		arrays["src"] = f32Bytes(src)
+	}
+	out, err := run(bin, call{"copy_block", p("R", R, "C", C, "dr", dr, "dc", dc, "sr", sr, "sc", sc, "rows", rows, "cols", cols,
+		"ordered", ordered, "same", same), arrays})
+	if err != nil {
+		return err
+	}
+	got, err := output(out, "dst", R*C)
+	if err != nil {
+		return err
+	}
+	want := tensor(R, C, dst)
+	from := tensor(R, C, src)
+	if same {
+		from = want
+	}
+	ref.CopyBlock(want, dr, dc, from, sr, sc, rows, cols)
+	return e.within(got, want.Data, exact)
+}
+
+func checkWriteLatent(e *env, bf16 bool) error {
+	bin, rng := e.bin, e.rng
+	rows, cols, row, srcRow, n := 20, 72, 11, 3, 6
+	src := randF32(rng, rows*cols, 3)
+	var cache []byte
+	if bf16 {
+		cache = make([]byte, 2*rows*cols)
+	} else {
+		cache = make([]byte, 4*rows*cols)
+	}
+	for i := range cache {
+		cache[i] = byte(rng.Uint32())
+	}
+	out, err := run(bin, call{"write_latent", p("rows", rows, "cols", cols, "row", row, "src_row", srcRow, "n", n, "bf16", bf16),
+		map[string][]byte{"cache": cache, "src": f32Bytes(src)}})
+	if err != nil {
+		return err
+	}
+	got, ok := out["cache"]
+	if !ok || len(got) != len(cache) {
+		return fmt.Errorf("driver returned no cache of %d bytes", len(cache))
+	}
+	// The CPU backend's WriteLatent on the same cache bytes.
+	lc := &kernels.LatentCache{Rows: rows, Cols: cols}
+	if bf16 {
+		lc.BF16 = make([]uint16, rows*cols)
+		for i := range lc.BF16 {
+			lc.BF16[i] = uint16(cache[2*i]) | uint16(cache[2*i+1])<<8
+		}
+	} else {
+		lc.F32 = bytesF32(cache)
+	}
+	ref.WriteLatent(lc, row, tensor(rows, cols, src), srcRow, n)
+	var want []byte
+	if bf16 {
+		want = make([]byte, 2*rows*cols)
+		for i, h := range lc.BF16 {
+			want[2*i], want[2*i+1] = byte(h), byte(h>>8)
+		}
+	} else {
+		want = f32Bytes(lc.F32)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			return fmt.Errorf("cache byte %d (row %d): got %#x, want %#x", i, i/(cols*len(want)/(rows*cols)), got[i], want[i])
+		}
+	}
+	return nil
+}
+
+// checkDequant: MX values are exact in bf16, so the device's bf16 must be
+// the CPU's exact decoding, bit for bit.
+func checkDequant(e *env, f kernels.Format) error {
+	bin, rng := e.bin, e.rng
+	rows, cols := 9, 96
+	w := randMatrix(rng, f, rows, cols, 2)
+	out, err := run(bin, call{"dequant_bf16", p("rows", rows, "cols", cols, "fmt", int(f)), map[string][]byte{"w": w.Data, "ws": w.Scales}})
+	if err != nil {
+		return err
+	}
+	b, ok := out["dst"]
+	if !ok || len(b) != 2*rows*cols {
+		return fmt.Errorf("driver returned no dst of %d bf16 values", rows*cols)
+	}
+	got := make([]float32, rows*cols)
+	for i := range got {
+		got[i] = mxfp.BF16ToF32(uint16(b[2*i]) | uint16(b[2*i+1])<<8)
+	}
+	return e.within(got, decoded(w), exact)
 }

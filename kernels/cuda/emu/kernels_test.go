@@ -19,7 +19,7 @@ import (
 // (bf16 operands on the tensor cores) where the reference computes in fp64.
 type check struct {
 	name string
-	run  func(bin string, rng *rand.Rand) error
+	run  func(e *env) error
 }
 
 var ref = cpu.New(2)
@@ -47,30 +47,31 @@ func checks() []check {
 		{"mul_sigmoid", checkMulSigmoid},
 		{"situ", checkSiTU},
 		{"kda_gate", checkKDAGate},
-		{"rmsnorm/weighted", func(b string, r *rand.Rand) error { return checkRMSNorm(b, r, 9, 96, 0, true) }},
-		{"rmsnorm/unweighted", func(b string, r *rand.Rand) error { return checkRMSNorm(b, r, 5, 80, 0, false) }},
-		{"rmsnorm/groups", func(b string, r *rand.Rand) error { return checkRMSNorm(b, r, 6, 64, 16, true) }},
-		{"rmsnorm/k3-hidden", func(b string, r *rand.Rand) error { return checkRMSNorm(b, r, 3, 7168, 0, true) }},
-		{"l2norm_groups", func(b string, r *rand.Rand) error { return checkL2Norm(b, r, 7, 3*32) }},
-		{"l2norm_groups/k3-kda-heads", func(b string, r *rand.Rand) error { return checkL2Norm(b, r, 2, 4*128) }},
+		{"rmsnorm/weighted", func(e *env) error { return checkRMSNorm(e, 9, 96, 0, true) }},
+		{"rmsnorm/unweighted", func(e *env) error { return checkRMSNorm(e, 5, 80, 0, false) }},
+		{"rmsnorm/groups", func(e *env) error { return checkRMSNorm(e, 6, 64, 16, true) }},
+		{"rmsnorm/k3-hidden", func(e *env) error { return checkRMSNorm(e, 3, 7168, 0, true) }},
+		{"l2norm_groups", func(e *env) error { return checkL2Norm(e, 7, 3*32) }},
+		{"l2norm_groups/k3-kda-heads", func(e *env) error { return checkL2Norm(e, 2, 4*128) }},
 		{"attnres_mix", checkAttnRes},
-		{"situ_mlp/bf16", func(b string, r *rand.Rand) error { return checkSiTUMLP(b, r, kernels.BF16) }},
-		{"situ_mlp/mxfp4", func(b string, r *rand.Rand) error { return checkSiTUMLP(b, r, kernels.MXFP4) }},
-		{"routed_experts/mxfp4", func(b string, r *rand.Rand) error { return checkRoutedExperts(b, r, kernels.MXFP4) }},
-		{"routed_experts/bf16", func(b string, r *rand.Rand) error { return checkRoutedExperts(b, r, kernels.BF16) }},
+		{"situ_mlp/bf16", func(e *env) error { return checkSiTUMLP(e, kernels.BF16) }},
+		{"situ_mlp/mxfp4", func(e *env) error { return checkSiTUMLP(e, kernels.MXFP4) }},
+		{"routed_experts/mxfp4", func(e *env) error { return checkRoutedExperts(e, kernels.MXFP4) }},
+		{"routed_experts/bf16", func(e *env) error { return checkRoutedExperts(e, kernels.BF16) }},
 	}
 	for _, f := range []kernels.Format{kernels.F32, kernels.BF16, kernels.F16, kernels.MXFP4, kernels.MXFP8E4M3, kernels.MXFP8E5M2} {
-		cs = append(cs, check{"embed/" + f.String(), func(b string, r *rand.Rand) error { return checkEmbed(b, r, f) }})
-		cs = append(cs, check{"gemm_f32/" + f.String(), func(b string, r *rand.Rand) error { return checkGemm(b, r, f, true, 37, 40, 96) }})
+		cs = append(cs, check{"embed/" + f.String(), func(e *env) error { return checkEmbed(e, f) }})
+		cs = append(cs, check{"gemm_f32/" + f.String(), func(e *env) error { return checkGemm(e, f, true, 37, 40, 96) }})
 	}
 	for _, f := range []kernels.Format{kernels.BF16, kernels.MXFP4, kernels.MXFP8E4M3, kernels.MXFP8E5M2, kernels.F32} {
 		// 70 x 72 output: partial tiles in both directions; I = 96 is three k steps.
-		cs = append(cs, check{"gemm_bf16/" + f.String(), func(b string, r *rand.Rand) error { return checkGemm(b, r, f, false, 70, 72, 96) }})
+		cs = append(cs, check{"gemm_bf16/" + f.String(), func(e *env) error { return checkGemm(e, f, false, 70, 72, 96) }})
 	}
 	cs = append(cs, checks2()...)
+	cs = append(cs, checks3()...)
 	cs = append(cs,
-		check{"gemm_bf16/odd-k", func(b string, r *rand.Rand) error { return checkGemm(b, r, kernels.BF16, false, 9, 13, 50) }},
-		check{"gemm_bf16/k3-hidden-mxfp4", func(b string, r *rand.Rand) error { return checkGemm(b, r, kernels.MXFP4, false, 5, 64, 7168) }},
+		check{"gemm_bf16/odd-k", func(e *env) error { return checkGemm(e, kernels.BF16, false, 9, 13, 50) }},
+		check{"gemm_bf16/k3-hidden-mxfp4", func(e *env) error { return checkGemm(e, kernels.MXFP4, false, 5, 64, 7168) }},
 	)
 	return cs
 }
@@ -82,34 +83,48 @@ func rngFor(name string) *rand.Rand {
 	return rand.New(rand.NewPCG(h.Sum64(), 1))
 }
 
+// parallelChecks is how many driver processes run at once: the emulator
+// spends most of its time waking threads at barriers, not computing, so a
+// few at a time use the cores that one leaves idle.
+const parallelChecks = 3
+
+// forEachCheck runs fn for every check as parallel subtests, at most
+// parallelChecks at a time.
+func forEachCheck(t *testing.T, bin string, fn func(t *testing.T, c check, e *env)) {
+	sem := make(chan struct{}, parallelChecks)
+	for _, c := range checks() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			fn(t, c, &env{bin: bin, rng: rngFor(c.name)})
+		})
+	}
+}
+
 // TestKernelsMatchCPU runs every check on the correct kernels.
 func TestKernelsMatchCPU(t *testing.T) {
 	bin, _ := drivers(t)
-	for _, c := range checks() {
-		t.Run(c.name, func(t *testing.T) {
-			seen.reset()
-			if err := c.run(bin, rngFor(c.name)); err != nil {
-				t.Error(err)
-			}
-			t.Logf("largest error: %.3g of the tolerance", seen.worst)
-		})
-	}
+	forEachCheck(t, bin, func(t *testing.T, c check, e *env) {
+		if err := c.run(e); err != nil {
+			t.Error(err)
+		}
+		t.Logf("largest error: %.3g of the tolerance", e.worst)
+	})
 }
 
 // TestPlantedBugsAreCaught runs every check on the kernels built with
 // -DPLANTED_BUG: each must fail, or the check could not catch a real bug.
 func TestPlantedBugsAreCaught(t *testing.T) {
 	_, bin := drivers(t)
-	for _, c := range checks() {
-		t.Run(c.name, func(t *testing.T) {
-			err := c.run(bin, rngFor(c.name))
-			if err == nil {
-				t.Errorf("the planted bug passed the %s check", c.name)
-				return
-			}
-			t.Logf("caught: %v", err)
-		})
-	}
+	forEachCheck(t, bin, func(t *testing.T, c check, e *env) {
+		err := c.run(e)
+		if err == nil {
+			t.Errorf("the planted bug passed the %s check", c.name)
+			return
+		}
+		t.Logf("caught: %v", err)
+	})
 }
 
 func randF32(rng *rand.Rand, n int, scale float64) []float32 {
@@ -196,7 +211,8 @@ func p(kv ...any) map[string]float64 {
 	return m
 }
 
-func checkAdd(bin string, rng *rand.Rand) error {
+func checkAdd(e *env) error {
+	bin, rng := e.bin, e.rng
 	n := 1001
 	a, b := randF32(rng, n, 3), randF32(rng, n, 3)
 	out, err := run(bin, call{"add", p("n", n), map[string][]byte{"a": f32Bytes(a), "b": f32Bytes(b)}})
@@ -209,10 +225,11 @@ func checkAdd(bin string, rng *rand.Rand) error {
 	}
 	want := ref.NewTensor(1, n)
 	ref.Add(want, tensor(1, n, a), tensor(1, n, b))
-	return within(got, want.Data, exact) // one fp32 addition: the same bits
+	return e.within(got, want.Data, exact) // one fp32 addition: the same bits
 }
 
-func checkAddBias(bin string, rng *rand.Rand) error {
+func checkAddBias(e *env) error {
+	bin, rng := e.bin, e.rng
 	rows, cols := 7, 96
 	x, bias := randF32(rng, rows*cols, 2), randF32(rng, cols, 1)
 	out, err := run(bin, call{"add_bias", p("rows", rows, "cols", cols), map[string][]byte{"x": f32Bytes(x), "bias": f32Bytes(bias)}})
@@ -225,7 +242,7 @@ func checkAddBias(bin string, rng *rand.Rand) error {
 	}
 	want := tensor(rows, cols, x)
 	ref.AddBias(want, bias)
-	return within(got, want.Data, exact)
+	return e.within(got, want.Data, exact)
 }
 
 // sigmoidTol bounds σ(x) = 1/(1+2^(−x·log2 e)) in fp32 against σ rounded
@@ -236,7 +253,8 @@ func sigmoidTol(sig, x float32) float64 {
 	return math.Abs(float64(sig)) * (math.Abs(float64(x))*0x1p-23 + 5*0x1p-24)
 }
 
-func checkSigmoid(bin string, rng *rand.Rand) error {
+func checkSigmoid(e *env) error {
+	bin, rng := e.bin, e.rng
 	n := 777
 	x := randF32(rng, n, 6)
 	out, err := run(bin, call{"sigmoid", p("n", n), map[string][]byte{"x": f32Bytes(x)}})
@@ -249,10 +267,11 @@ func checkSigmoid(bin string, rng *rand.Rand) error {
 	}
 	want := tensor(1, n, x)
 	ref.Sigmoid(want)
-	return within(got, want.Data, func(i int) float64 { return sigmoidTol(want.Data[i], x[i]) })
+	return e.within(got, want.Data, func(i int) float64 { return sigmoidTol(want.Data[i], x[i]) })
 }
 
-func checkMulSigmoid(bin string, rng *rand.Rand) error {
+func checkMulSigmoid(e *env) error {
+	bin, rng := e.bin, e.rng
 	n := 640
 	x, g := randF32(rng, n, 3), randF32(rng, n, 4)
 	out, err := run(bin, call{"mul_sigmoid", p("n", n), map[string][]byte{"x": f32Bytes(x), "gate": f32Bytes(g)}})
@@ -266,7 +285,7 @@ func checkMulSigmoid(bin string, rng *rand.Rand) error {
 	want := tensor(1, n, x)
 	ref.MulSigmoid(want, tensor(1, n, g))
 	// σ's bound (relative) plus the product's rounding.
-	return within(got, want.Data, func(i int) float64 {
+	return e.within(got, want.Data, func(i int) float64 {
 		return sigmoidTol(want.Data[i], g[i]) + 0x1p-24*math.Abs(float64(want.Data[i]))
 	})
 }
@@ -275,7 +294,8 @@ func checkMulSigmoid(bin string, rng *rand.Rand) error {
 // (kernels/cpu applies it only inside SiTUMLP, checked below as a whole):
 // with β1 = 4, β2 = 25 (K3) the value is below 100 in magnitude and fp32
 // evaluation of tanh, σ and four products stays within ~1e-6 relative.
-func checkSiTU(bin string, rng *rand.Rand) error {
+func checkSiTU(e *env) error {
+	bin, rng := e.bin, e.rng
 	n := 999
 	g, u := randF32(rng, n, 8), randF32(rng, n, 30)
 	for i := 0; i < 40; i++ { // small arguments: tanh's polynomial branch
@@ -295,10 +315,11 @@ func checkSiTU(bin string, rng *rand.Rand) error {
 		gv, uv := float64(g[i]), float64(u[i])
 		want[i] = float32(4 * math.Tanh(gv/4) / (1 + math.Exp(-gv)) * 25 * math.Tanh(uv/25))
 	}
-	return within(got, want, func(i int) float64 { return 4e-6*math.Abs(float64(want[i])) + 1e-8 })
+	return e.within(got, want, func(i int) float64 { return 4e-6*math.Abs(float64(want[i])) + 1e-8 })
 }
 
-func checkKDAGate(bin string, rng *rand.Rand) error {
+func checkKDAGate(e *env) error {
+	bin, rng := e.bin, e.rng
 	rows, heads, hd := 5, 3, 16
 	cols := heads * hd
 	z, aLog := randF32(rng, rows*cols, 2), randF32(rng, heads, 1)
@@ -316,13 +337,14 @@ func checkKDAGate(bin string, rng *rand.Rand) error {
 	ref.KDAGate(want, aLog, hd, lower)
 	// exp and σ through ex2.approx, the argument exp(A)·z carrying exp's
 	// error into σ: relative 1e-6 of |lower|·(1 + |A z|).
-	return within(got, want.Data, func(i int) float64 {
+	return e.within(got, want.Data, func(i int) float64 {
 		h := i % cols / hd
 		return 1e-6 * 5 * (1 + math.Abs(math.Exp(float64(aLog[h]))*float64(z[i])))
 	})
 }
 
-func checkEmbed(bin string, rng *rand.Rand, f kernels.Format) error {
+func checkEmbed(e *env, f kernels.Format) error {
+	bin, rng := e.bin, e.rng
 	vocab, cols, n := 50, 64, 23
 	table := randMatrix(rng, f, vocab, cols, 0.5)
 	ids := make([]int32, n)
@@ -340,13 +362,14 @@ func checkEmbed(bin string, rng *rand.Rand, f kernels.Format) error {
 	}
 	want := ref.NewTensor(n, cols)
 	ref.Embed(want, table, ids)
-	return within(got, want.Data, exact) // every format decodes exactly to fp32
+	return e.within(got, want.Data, exact) // every format decodes exactly to fp32
 }
 
 // checkGemm compares y = x·Wᵀ with the CPU's fp64-accumulated MatMul.
 // Tensor cores: bf16Gemm·Σ|x||w| (see there). fp32 path: an fp32 FMA chain
 // of I terms is within (I+1)·2⁻²⁴·Σ|x||w| of the exact sum.
-func checkGemm(bin string, rng *rand.Rand, f kernels.Format, f32 bool, T, O, I int) error {
+func checkGemm(e *env, f kernels.Format, f32 bool, T, O, I int) error {
+	bin, rng := e.bin, e.rng
 	x := randF32(rng, T*I, 1)
 	w := randMatrix(rng, f, O, I, 0.2)
 	out, err := run(bin, call{"gemm", p("T", T, "O", O, "I", I, "fmt", int(f), "f32", f32),
@@ -367,7 +390,7 @@ func checkGemm(bin string, rng *rand.Rand, f kernels.Format, f32 bool, T, O, I i
 	} else if f == kernels.F32 || f == kernels.F16 {
 		factor *= 2
 	}
-	return within(got, want.Data, func(i int) float64 {
+	return e.within(got, want.Data, func(i int) float64 {
 		t, o := i/O, i%O
 		var s float64
 		for k := 0; k < I; k++ {
@@ -377,7 +400,8 @@ func checkGemm(bin string, rng *rand.Rand, f kernels.Format, f32 bool, T, O, I i
 	})
 }
 
-func checkRMSNorm(bin string, rng *rand.Rand, rows, cols, group int, weighted bool) error {
+func checkRMSNorm(e *env, rows, cols, group int, weighted bool) error {
+	bin, rng := e.bin, e.rng
 	x := randF32(rng, rows*cols, 1.5)
 	g := group
 	if g == 0 {
@@ -404,10 +428,11 @@ func checkRMSNorm(bin string, rng *rand.Rand, rows, cols, group int, weighted bo
 	// is within (group/128 + 12)·2⁻²⁴ relative; the root halves that, the
 	// reciprocal and the scaling add 3 ulps: 1e-5 relative holds for groups
 	// up to 7168 with a wide margin.
-	return within(got, want.Data, func(i int) float64 { return 1e-5*math.Abs(float64(want.Data[i])) + 1e-9 })
+	return e.within(got, want.Data, func(i int) float64 { return 1e-5*math.Abs(float64(want.Data[i])) + 1e-9 })
 }
 
-func checkL2Norm(bin string, rng *rand.Rand, rows, cols int) error {
+func checkL2Norm(e *env, rows, cols int) error {
+	bin, rng := e.bin, e.rng
 	group := 32
 	if cols%128 == 0 {
 		group = 128
@@ -425,10 +450,11 @@ func checkL2Norm(bin string, rng *rand.Rand, rows, cols int) error {
 	}
 	want := tensor(rows, cols, x)
 	ref.L2NormGroups(want, group, eps, scale)
-	return within(got, want.Data, func(i int) float64 { return 1e-5*math.Abs(float64(want.Data[i])) + 1e-9 })
+	return e.within(got, want.Data, func(i int) float64 { return 1e-5*math.Abs(float64(want.Data[i])) + 1e-9 })
 }
 
-func checkAttnRes(bin string, rng *rand.Rand) error {
+func checkAttnRes(e *env) error {
+	bin, rng := e.bin, e.rng
 	nsrc, rows, cols := 5, 9, 96
 	src := randF32(rng, nsrc*rows*cols, 1)
 	for j := 0; j < nsrc; j++ { // sources of different scales, as the residual stack has
@@ -456,7 +482,7 @@ func checkAttnRes(bin string, rng *rand.Rand) error {
 	// Scores carry ~1e-6 relative error from fp32 sums; softmax weights
 	// then err by ~|score|·1e-6; the mix by that times the sources'
 	// magnitude: 1e-4 of the row's largest source value bounds it.
-	return within(got, want.Data, func(i int) float64 {
+	return e.within(got, want.Data, func(i int) float64 {
 		r := i / cols
 		var m float64
 		for j := 0; j < nsrc; j++ {
@@ -476,7 +502,8 @@ func maxAbs(v []float32) float64 {
 	return m
 }
 
-func checkSiTUMLP(bin string, rng *rand.Rand, f kernels.Format) error {
+func checkSiTUMLP(e *env, f kernels.Format) error {
+	bin, rng := e.bin, e.rng
 	T, d, inter := 33, 64, 96
 	x := randF32(rng, T*d, 1)
 	gate, up := randMatrix(rng, f, inter, d, 0.3), randMatrix(rng, f, inter, d, 0.3)
@@ -494,7 +521,7 @@ func checkSiTUMLP(bin string, rng *rand.Rand, f kernels.Format) error {
 	want := ref.NewTensor(T, d)
 	ref.SiTUMLP(want, tensor(T, d, x), gate, up, down, b1, b2)
 	tol := composite * maxAbs(want.Data)
-	return within(got, want.Data, func(int) float64 { return tol })
+	return e.within(got, want.Data, func(int) float64 { return tol })
 }
 
 // groupByExpert is the host side of the routed experts: the T·k (row, slot)
@@ -527,7 +554,8 @@ func groupByExpert(ids []int32, k, experts int) (order, offs, pos, used []int32,
 	return order, offs, pos, used, maxRows
 }
 
-func checkRoutedExperts(bin string, rng *rand.Rand, f kernels.Format) error {
+func checkRoutedExperts(e *env, f kernels.Format) error {
+	bin, rng := e.bin, e.rng
 	T, k, E, lat, inter := 21, 3, 6, 64, 32
 	z := randF32(rng, T*lat, 1)
 	experts := make([]kernels.Expert, E)
@@ -564,5 +592,5 @@ func checkRoutedExperts(bin string, rng *rand.Rand, f kernels.Format) error {
 	want := ref.NewTensor(T, lat)
 	ref.RoutedExperts(want, tensor(T, lat, z), ids, weights, k, experts, b1, b2)
 	tol := composite * maxAbs(want.Data)
-	return within(got, want.Data, func(int) float64 { return tol })
+	return e.within(got, want.Data, func(int) float64 { return tol })
 }

@@ -123,3 +123,74 @@ KERNEL void tandem_moe_combine(float* u, const float* y, const int* pos, const f
 		u[i] = acc;
 	}
 }
+
+// Copies the rows×cols block at (sr, sc) of src [*, src_cols] to (dr, dc) of
+// dst [*, dst_cols]. ordered = 0: the blocks do not overlap; any grid
+// (grid-stride). ordered = +1 / −1 (dst and src the same tensor, blocks
+// overlapping): launch one block; the elements go in chunks of blockDim in
+// increasing (+1: when the destination starts before the source) or
+// decreasing (−1) row-major order, each chunk read whole before it is
+// written, so no element is overwritten before it is read.
+KERNEL void tandem_copy_block(float* dst, int dst_cols, long long dr, int dc, const float* src, int src_cols, long long sr, int sc,
+                              long long rows, int cols, int ordered) {
+	long long n = rows * cols;
+	if (ordered == 0) {
+		for (long long i = gstride_start(); i < n; i += gstride()) {
+			long long r = i / cols;
+			int c = (int)(i % cols);
+#ifdef PLANTED_BUG
+			if (c == cols - 1) continue;
+#endif
+			dst[(dr + r) * dst_cols + dc + c] = src[(sr + r) * src_cols + sc + c];
+		}
+		return;
+	}
+	int bd = block_dim_x();
+	long long chunks = (n + bd - 1) / bd;
+	for (long long k = 0; k < chunks; k++) {
+#ifdef PLANTED_BUG
+		long long i = (ordered < 0 ? k : chunks - 1 - k) * bd + thread_x();
+#else
+		long long i = (ordered > 0 ? k : chunks - 1 - k) * bd + thread_x();
+#endif
+		long long r = i / cols;
+		int c = (int)(i % cols);
+		float v = 0;
+		if (i < n) v = src[(sr + r) * src_cols + sc + c];
+		sync_threads();
+		if (i < n) dst[(dr + r) * dst_cols + dc + c] = v;
+		sync_threads();
+	}
+}
+
+// Writes rows [src_row, src_row+n) of src [*, cols] into rows [row, row+n)
+// of a latent cache [*, cols]: fp32, or bf16 bit patterns rounded to
+// nearest even when bf16 != 0. Grid-stride over n·cols.
+KERNEL void tandem_write_latent(void* cache, int bf16, long long row, int cols, const float* src, long long src_row, long long n) {
+	long long total = n * cols;
+	for (long long i = gstride_start(); i < total; i += gstride()) {
+#ifdef PLANTED_BUG
+		float v = src[(src_row + (i >= cols)) * cols + i];
+#else
+		float v = src[src_row * cols + i];
+#endif
+		if (bf16) ((u16*)cache)[row * cols + i] = f32_to_bf16(v);
+		else ((float*)cache)[row * cols + i] = v;
+	}
+}
+
+// Decodes a [rows, cols] weight in its storage format to bf16 bit patterns
+// (exact for BF16 and the MX formats; F32 and F16 are rounded to nearest
+// even): the "dequantize, then a BF16 GEMM" path, e.g. for cuBLASLt over
+// MXFP4 experts. Grid-stride over rows·cols.
+KERNEL void tandem_dequant_bf16(u16* dst, const u8* w, const u8* scales, int fmt, long long rows, int cols) {
+	long long total = rows * cols;
+	for (long long i = gstride_start(); i < total; i += gstride()) {
+		long long r = i / cols;
+		int c = (int)(i % cols);
+#ifdef PLANTED_BUG
+		if (fmt != FMT_BF16 && c % 32 == 31) c--;
+#endif
+		dst[i] = f32_to_bf16(weight_at(w, scales, fmt, cols, (int)r, c));
+	}
+}

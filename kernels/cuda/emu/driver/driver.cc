@@ -304,6 +304,30 @@ void run(Req& r) {
 		gemm("bf16", kv.data(), ckv.data(), Tc, H * hw, lora, kvb, kvbs, fmt);
 		float* o = r.make<float>("o", rows * H * vdim);
 		cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] { tandem_mla_attn(o, q, kv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale); });
+	} else if (op == "copy_block") {
+		// dst and src are one tensor [rows_total, cols_total] when "same" is
+		// set (the overlapping moves), else two.
+		long long R = r.i("R"), dr = r.i("dr"), sr = r.i("sr"), rows = r.i("rows");
+		int C = (int)r.i("C"), dc = (int)r.i("dc"), sc = (int)r.i("sc"), cols = (int)r.i("cols"), ordered = (int)r.i("ordered");
+		float* dst = r.in<float>("dst", R * C);
+		float* src = r.i("same") ? dst : r.in<float>("src", R * C);
+		cuemu::Dim3 grid = ordered ? cuemu::Dim3{1, 1, 1} : ew_grid(rows * cols);
+		cuemu::launch(grid, ew_block, [&] { tandem_copy_block(dst, C, dr, dc, src, C, sr, sc, rows, cols, ordered); });
+		r.result("dst");
+	} else if (op == "write_latent") {
+		long long rows = r.i("rows"), row = r.i("row"), src_row = r.i("src_row"), n = r.i("n");
+		int cols = (int)r.i("cols"), bf16 = (int)r.i("bf16");
+		u8* cache = r.in<u8>("cache", rows * cols * (bf16 ? 2 : 4));
+		float* src = r.in<float>("src", rows * cols);
+		cuemu::launch(ew_grid(n * cols), ew_block, [&] { tandem_write_latent(cache, bf16, row, cols, src, src_row, n); });
+		r.result("cache");
+	} else if (op == "dequant_bf16") {
+		long long rows = r.i("rows");
+		int cols = (int)r.i("cols"), fmt = (int)r.i("fmt");
+		u8* w = r.in<u8>("w", weight_bytes(fmt, rows, cols));
+		u8* ws = r.in<u8>("ws", scale_bytes(fmt, rows, cols));
+		u16* d = r.make<u16>("dst", rows * cols);
+		cuemu::launch(ew_grid(rows * cols), ew_block, [&] { tandem_dequant_bf16(d, w, ws, fmt, rows, cols); });
 	} else {
 		fail("unknown op " + op);
 	}
