@@ -24,39 +24,44 @@ KERNEL void tandem_mla_split_cache(float* ckv, float* kpe, const void* cache, in
 
 #define MLA_TILE 128
 #define MLA_MAX_QK 256
+#define MLA_FIRST 1 // the launch starts the rows' softmax state
+#define MLA_LAST 2  // the launch finishes it and writes o
 
-// Attention of the span's rows over the Tc cache rows, causal: the span's
-// row i sits at absolute position Tc − n + i and sees keys 0..that.
-// q [*, heads·(nope+rope)] and o [*, heads·vdim] are indexed by the span's
-// rows [lo, lo+n); kv [Tc, heads·(nope+vdim)] holds each head's K_nope then
-// V; kpe [Tc, rope] is shared by the heads. score = (q_nope·k_nope +
-// q_pe·k_pe)·scale, softmax and the V sum in fp32 with a running maximum
-// (online softmax) over tiles of 128 keys. One block of 128 threads per
-// (row, head): grid (n, heads); nope+rope ≤ 256, vdim ≤ 128; static shared
-// ~1.7 KB.
-KERNEL void tandem_mla_attn(float* o, const float* q, const float* kv, const float* kpe, long long lo, long long n, long long Tc,
-                            int heads, int nope, int rope, int vdim, float scale) {
+// The attention of one (row, head) over keys [k0, min(k1, p+1)), where the
+// row's absolute position is p = Tc − n + i; kv and kpe hold key rows
+// [k0, k1) only. The running softmax state (max, sum, V accumulator) starts
+// fresh (MLA_FIRST) or is loaded from state, and is stored back there, or
+// finished into o (MLA_LAST).
+DEVICE void mla_attn_range(float* o, const float* q, const float* kv, const float* kpe, long long lo, long long n, long long Tc,
+                           int heads, int nope, int rope, int vdim, float scale, long long k0, long long k1, float* state, int flags) {
 	SHARED float qs[MLA_MAX_QK];
 	SHARED float pr[MLA_TILE];
 	SHARED float scratch[32];
 	long long i = block_x();
 	int h = block_y(), tid = thread_x();
-	long long p = Tc - n + i; // absolute position: keys 0..p
+	long long p = Tc - n + i;
 	int qk = nope + rope, hw = nope + vdim;
+	long long kvs = (long long)heads * hw;
+	float* st = state ? state + (i * heads + h) * (long long)(vdim + 2) : 0;
+	float m = -f32_inf(), l = 0, acc = 0;
+	if (!(flags & MLA_FIRST)) {
+		m = st[0], l = st[1];
+		if (tid < vdim) acc = st[2 + tid];
+	}
 	const float* qr = q + (lo + i) * ((long long)heads * qk) + (long long)h * qk;
 	for (int j = tid; j < qk; j += MLA_TILE) qs[j] = qr[j];
 	sync_threads();
-	float m = -f32_inf(), l = 0, acc = 0;
-	for (long long s0 = 0; s0 <= p; s0 += MLA_TILE) {
+#ifdef PLANTED_BUG
+	long long end = k1 < p + 2 ? k1 : p + 2; // one future key
+#else
+	long long end = k1 < p + 1 ? k1 : p + 1;
+#endif
+	for (long long s0 = k0; s0 < end; s0 += MLA_TILE) {
 		long long s = s0 + tid;
 		float sc = -f32_inf();
-#ifdef PLANTED_BUG
-		if (s <= p + 1 && s < Tc) {
-#else
-		if (s <= p) {
-#endif
-			const float* kr = kv + s * ((long long)heads * hw) + (long long)h * hw;
-			const float* pe = kpe + s * rope;
+		if (s < end) {
+			const float* kr = kv + (s - k0) * kvs + (long long)h * hw;
+			const float* pe = kpe + (s - k0) * rope;
 			float d = 0;
 			for (int j = 0; j < nope; j++) d += qs[j] * kr[j];
 			for (int j = 0; j < rope; j++) d += qs[nope + j] * pe[j];
@@ -76,11 +81,39 @@ KERNEL void tandem_mla_attn(float* o, const float* q, const float* kv, const flo
 		l = l * f + block_sum(e, scratch);
 		if (tid < vdim) {
 			acc *= f;
-			int last = p - s0 + 1 < MLA_TILE ? (int)(p - s0 + 1) : MLA_TILE;
-			for (int t = 0; t < last; t++) acc += pr[t] * kv[(s0 + t) * ((long long)heads * hw) + (long long)h * hw + nope + tid];
+			int last = end - s0 < MLA_TILE ? (int)(end - s0) : MLA_TILE;
+			for (int t = 0; t < last; t++) acc += pr[t] * kv[(s0 - k0 + t) * kvs + (long long)h * hw + nope + tid];
 		}
 		m = mn;
 		sync_threads(); // pr is rewritten by the next tile
 	}
-	if (tid < vdim) o[(lo + i) * ((long long)heads * vdim) + (long long)h * vdim + tid] = acc / l;
+	if (flags & MLA_LAST) {
+		if (tid < vdim) o[(lo + i) * ((long long)heads * vdim) + (long long)h * vdim + tid] = acc / l;
+	} else {
+		if (tid == 0) st[0] = m, st[1] = l;
+		if (tid < vdim) st[2 + tid] = acc;
+	}
+}
+
+// Attention of the span's rows over all Tc cache rows, causal: the span's
+// row i sits at absolute position Tc − n + i and sees keys 0..that.
+// q [*, heads·(nope+rope)] and o [*, heads·vdim] are indexed by the span's
+// rows [lo, lo+n); kv [Tc, heads·(nope+vdim)] holds each head's K_nope then
+// V; kpe [Tc, rope] is shared by the heads. score = (q_nope·k_nope +
+// q_pe·k_pe)·scale, softmax and the V sum in fp32 with a running maximum
+// (online softmax) over tiles of 128 keys. One block of 128 threads per
+// (row, head): grid (n, heads); nope+rope ≤ 256, vdim ≤ 128.
+KERNEL void tandem_mla_attn(float* o, const float* q, const float* kv, const float* kpe, long long lo, long long n, long long Tc,
+                            int heads, int nope, int rope, int vdim, float scale) {
+	mla_attn_range(o, q, kv, kpe, lo, n, Tc, heads, nope, rope, vdim, scale, 0, Tc, 0, MLA_FIRST | MLA_LAST);
+}
+
+// The same over one block of keys [k0, k1): kv and kpe hold only those rows
+// (expanded from cache rows k0..k1), so a long cache is expanded and
+// attended a block at a time in bounded scratch. state [n, heads, vdim+2]
+// (fp32) carries each (row, head)'s softmax between the launches; flags:
+// 1 on the first block (k0 = 0), 2 on the last (writes o), 3 for one block.
+KERNEL void tandem_mla_attn_block(float* o, const float* q, const float* kv, const float* kpe, long long lo, long long n, long long Tc,
+                                  int heads, int nope, int rope, int vdim, float scale, long long k0, long long k1, float* state, int flags) {
+	mla_attn_range(o, q, kv, kpe, lo, n, Tc, heads, nope, rope, vdim, scale, k0, k1, state, flags);
 }

@@ -300,10 +300,31 @@ void run(Req& r) {
 		u8* kvb = r.in<u8>("kvb", weight_bytes(fmt, (long long)H * hw, lora));
 		u8* kvbs = r.in<u8>("kvb_s", scale_bytes(fmt, (long long)H * hw, lora));
 		std::vector<float> ckv(Tc * lora), kpe(Tc * rope + 1), kv(Tc * H * hw);
-		cuemu::launch(ew_grid(Tc * cols), ew_block, [&] { tandem_mla_split_cache(ckv.data(), kpe.data(), cache, bf16, Tc, cols, rope); });
-		gemm("bf16", kv.data(), ckv.data(), Tc, H * hw, lora, kvb, kvbs, fmt);
+		if (r.i("key_block") <= 0) {
+			cuemu::launch(ew_grid(Tc * cols), ew_block, [&] { tandem_mla_split_cache(ckv.data(), kpe.data(), cache, bf16, Tc, cols, rope); });
+			gemm("bf16", kv.data(), ckv.data(), Tc, H * hw, lora, kvb, kvbs, fmt);
+		}
 		float* o = r.make<float>("o", rows * H * vdim);
-		cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] { tandem_mla_attn(o, q, kv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale); });
+		long long kb = r.i("key_block");
+		if (kb <= 0) {
+			cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] { tandem_mla_attn(o, q, kv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale); });
+		} else {
+			// Key blocks as a long cache needs them: expand rows [k0, k1)
+			// only (the split and the GEMM over those cache rows) and carry
+			// the softmax state between the launches.
+			std::vector<float> state(n * H * (vdim + 2));
+			std::vector<float> bkv(kb * H * hw);
+			for (long long k0 = 0; k0 < Tc; k0 += kb) {
+				long long k1 = std::min(Tc, k0 + kb), rb = k1 - k0;
+				int flags = (k0 == 0 ? 1 : 0) | (k1 == Tc ? 2 : 0);
+				const u8* crow = cache + k0 * cols * (bf16 ? 2 : 4);
+				cuemu::launch(ew_grid(rb * cols), ew_block, [&] { tandem_mla_split_cache(ckv.data(), kpe.data(), crow, bf16, rb, cols, rope); });
+				gemm("bf16", bkv.data(), ckv.data(), rb, H * hw, lora, kvb, kvbs, fmt);
+				cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] {
+					tandem_mla_attn_block(o, q, bkv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale, k0, k1, state.data(), flags);
+				});
+			}
+		}
 	} else if (op == "copy_block") {
 		// dst and src are one tensor [rows_total, cols_total] when "same" is
 		// set (the overlapping moves), else two.
