@@ -34,6 +34,7 @@
 #define KERNEL extern "C"
 #define DEVICE static inline
 #define SHARED static
+#define UNROLL
 
 namespace cuemu {
 

@@ -36,6 +36,10 @@ DEVICE int grid_dim_y() { return (int)__nvvm_read_ptx_sreg_nctaid_y(); }
 
 DEVICE void sync_threads() { __syncthreads(); }
 
+// Full unrolling of a loop with a constant trip count (keeps register
+// arrays such as mma fragments out of local memory).
+#define UNROLL _Pragma("unroll")
+
 // Butterfly shuffles over a full warp (every kernel calls them with all 32
 // lanes converged).
 DEVICE float shfl_xor_f32(float v, int lane_mask) {

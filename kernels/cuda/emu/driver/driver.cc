@@ -306,7 +306,11 @@ void run(Req& r) {
 		}
 		float* o = r.make<float>("o", rows * H * vdim);
 		long long kb = r.i("key_block");
-		if (kb <= 0) {
+		bool mma = r.i("mma") != 0;
+		cuemu::Dim3 mgrid{cdiv(n, 64), (unsigned)H, 1};
+		if (kb <= 0 && mma) {
+			cuemu::launch(mgrid, {128, 1, 1}, [&] { tandem_mla_attn_mma(o, q, kv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale, 0, Tc, nullptr, 3); });
+		} else if (kb <= 0) {
 			cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] { tandem_mla_attn(o, q, kv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale); });
 		} else {
 			// Key blocks as a long cache needs them: expand rows [k0, k1)
@@ -320,9 +324,14 @@ void run(Req& r) {
 				const u8* crow = cache + k0 * cols * (bf16 ? 2 : 4);
 				cuemu::launch(ew_grid(rb * cols), ew_block, [&] { tandem_mla_split_cache(ckv.data(), kpe.data(), crow, bf16, rb, cols, rope); });
 				gemm("bf16", bkv.data(), ckv.data(), rb, H * hw, lora, kvb, kvbs, fmt);
-				cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] {
-					tandem_mla_attn_block(o, q, bkv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale, k0, k1, state.data(), flags);
-				});
+				if (mma)
+					cuemu::launch(mgrid, {128, 1, 1}, [&] {
+						tandem_mla_attn_mma(o, q, bkv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale, k0, k1, state.data(), flags);
+					});
+				else
+					cuemu::launch({(unsigned)n, (unsigned)H, 1}, {128, 1, 1}, [&] {
+						tandem_mla_attn_block(o, q, bkv.data(), kpe.data(), lo, n, Tc, H, nope, rope, vdim, scale, k0, k1, state.data(), flags);
+					});
 			}
 		}
 	} else if (op == "copy_block") {
