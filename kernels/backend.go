@@ -185,6 +185,13 @@ type Backend interface {
 	Ops
 }
 
+// DeviceMemory is implemented by backends whose tensors and weights live in
+// memory of their own (a GPU's), which the worker plans like host memory.
+type DeviceMemory interface {
+	// DeviceMemory returns the device's free and total bytes.
+	DeviceMemory() (free, total int64)
+}
+
 // Memory is where a backend's tensors, weights and attached state live, and
 // the only ways values cross between the host and the backend.
 type Memory interface {

@@ -50,8 +50,9 @@ type Backend struct {
 }
 
 var (
-	_ kernels.Backend    = (*Backend)(nil)
-	_ kernels.RowsViewer = (*dbuf)(nil)
+	_ kernels.Backend      = (*Backend)(nil)
+	_ kernels.RowsViewer   = (*dbuf)(nil)
+	_ kernels.DeviceMemory = (*Backend)(nil)
 )
 
 // minCC is the oldest GPU the committed sm_90 PTX loads on.
@@ -153,6 +154,17 @@ func (b *Backend) initDevice(ordinal int) error {
 		b.mods[n] = m
 	}
 	return nil
+}
+
+// DeviceMemory returns the device's free and total memory now.
+func (b *Backend) DeviceMemory() (free, total int64) {
+	b.enter()
+	defer runtime.UnlockOSThread()
+	var f, t uint64
+	if b.d.cuMemGetInfo(&f, &t) != 0 {
+		return int64(b.info.FreeMem), int64(b.info.TotalMem)
+	}
+	return int64(f), int64(t)
 }
 
 // Info returns what the backend found.

@@ -159,6 +159,11 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %s: %w", cfg.Model, err)
 	}
+	if dm, ok := be.(kernels.DeviceMemory); ok {
+		if err := planDevice(dm, be.Name(), mc, lay.SlotBytes, costs, p.Tile, cfg.Log); err != nil {
+			return nil, fmt.Errorf("worker: %s: %w", cfg.Model, err)
+		}
+	}
 	st, err := streamer.New(lay, be, streamer.Options{Slots: p.Depth + 1, ReadSize: cfg.ReadSize, Readers: cfg.Readers, IO: cfg.IO, Log: cfg.Log})
 	if err != nil {
 		return nil, err
@@ -317,4 +322,30 @@ func (w *Worker) Close() error {
 		return nil
 	}
 	return err
+}
+
+// deviceReserve is the share of free device memory left to the driver, the
+// kernels' modules and fragmentation.
+const deviceReserve = 0.1
+
+// planDevice checks that a device backend can run a pass of one tile: the
+// plan of how layers stream through its memory, logged. The executor binds
+// one whole layer at a time, so a plan that needs layer parts (two layers do
+// not fit) runs only while one layer and the working set fit; otherwise it
+// is refused here, before anything is read, saying so.
+func planDevice(dm kernels.DeviceMemory, name string, mc *model.Config, layerBytes int64, costs planner.Costs, tile int, log *zap.Logger) error {
+	free, total := dm.DeviceMemory()
+	l := planner.ConfigLayer(mc, layerBytes)
+	dp, err := planner.PlanDevice(planner.DeviceInput{Device: int64(float64(free) * (1 - deviceReserve)), Layer: l, Costs: costs, Tokens: tile, Tile: tile, Seqs: 1})
+	if err != nil {
+		return fmt.Errorf("%s (%s free of %s): %w", name, humanBytes(free), humanBytes(total), err)
+	}
+	log.Info("device plan", zap.String("backend", name), zap.String("mode", dp.Mode.String()), zap.Int("experts_per_part", dp.GroupExperts),
+		zap.Int("parts_per_layer", dp.Parts), zap.String("weights_peak", humanBytes(dp.Weights)), zap.String("working_set", humanBytes(dp.Working)),
+		zap.String("device_free", humanBytes(free)))
+	if dp.Mode == planner.LayerParts && l.Bytes()+dp.Working > dp.Device {
+		return fmt.Errorf("%w: %s holds %s for a pass, but a layer (%s) and the working set (%s) need more; the plan streams layers in parts of %d experts, which the executor does not do yet: use a GPU with more memory",
+			planner.ErrBudget, name, humanBytes(dp.Device), humanBytes(l.Bytes()), humanBytes(dp.Working), dp.GroupExperts)
+	}
+	return nil
 }
