@@ -1,5 +1,6 @@
 // Command bench holds tandem's model tools (mkmodel, logits, generate,
-// tokenize) and its benchmarks (stream, transfer, e2e, sim, calibrate).
+// tokenize) and its benchmarks (stream, transfer, e2e, sim, calibrate,
+// validate).
 // Each subcommand lives in its own file and registers itself in init.
 package main
 

@@ -66,6 +66,14 @@ func (g *gen) matrix(name string, f kernels.Format, rows, cols int) *kernels.Mat
 	return m
 }
 
+// RandomMatrix is a weight [rows, cols] of the format with N(0, 1/cols)
+// values quantised to the format, drawn from seed: what the suite's cases
+// use, for benchmarks that want the same inputs.
+func RandomMatrix(seed uint64, name string, f kernels.Format, rows, cols int) *kernels.Matrix {
+	g := &gen{rand.New(rand.NewPCG(seed, 0))}
+	return g.matrix(name, f, rows, cols)
+}
+
 // spans lays sequences of the given lengths back to back.
 func spans(lens ...int) []kernels.Span {
 	out := make([]kernels.Span, len(lens))
