@@ -214,6 +214,9 @@ type Progress struct {
 	Layers *LayerProgress `msgpack:"layers,omitempty" json:"layers,omitempty"`
 	Tokens int            `msgpack:"tokens,omitempty" json:"tokens,omitempty"` // prompt tokens processed or tokens generated
 	Bytes  uint64         `msgpack:"bytes,omitempty" json:"bytes,omitempty"`   // state bytes sent or received
+	// Cached: prompt tokens the worker took from its prefix cache instead
+	// of prefilling them (the decode group's final report).
+	Cached int `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
 	// Elapsed is the stage's duration so far (final for a final stage).
 	Elapsed  time.Duration `msgpack:"elapsed_ns,omitempty" json:"elapsed_ns,omitempty"`
 	Measured *Rates        `msgpack:"measured,omitempty" json:"measured,omitempty"`
@@ -242,6 +245,8 @@ func (p *Progress) Validate() error {
 		return fieldErr(msg, "time", "is missing")
 	case p.Tokens < 0:
 		return fieldErr(msg, "tokens", "is %d, must be >= 0", p.Tokens)
+	case p.Cached < 0:
+		return fieldErr(msg, "cached_tokens", "is %d, must be >= 0", p.Cached)
 	case p.Elapsed < 0:
 		return fieldErr(msg, "elapsed_ns", "is %d, must be >= 0", p.Elapsed)
 	case p.Stage == StateFailed && p.Error == nil:

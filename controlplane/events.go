@@ -101,6 +101,10 @@ type Timing struct {
 	Total        time.Duration `msgpack:"total_ns" json:"total_ns"`                 // submitted -> final state
 	PromptTokens int           `msgpack:"prompt_tokens" json:"prompt_tokens"`
 	OutputTokens int           `msgpack:"output_tokens" json:"output_tokens"`
+	// CachedTokens of the prompt came from a prefix cache instead of being
+	// prefilled, on the worker CachedOn (the decode group's head).
+	CachedTokens int    `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
+	CachedOn     string `msgpack:"cached_on,omitempty" json:"cached_on,omitempty"`
 	// DecodeTokensPerSec is (output tokens - 1) / Decode.
 	DecodeTokensPerSec float64 `msgpack:"decode_tok_s" json:"decode_tok_s"`
 }
@@ -116,8 +120,13 @@ func (t *Timing) validate(msg string) error {
 			return fieldErr(msg, "timing."+d.name, "is %d, must be >= 0", d.v)
 		}
 	}
-	if t.PromptTokens < 0 || t.OutputTokens < 0 {
-		return fieldErr(msg, "timing", "has a negative token count (prompt %d, output %d)", t.PromptTokens, t.OutputTokens)
+	if t.PromptTokens < 0 || t.OutputTokens < 0 || t.CachedTokens < 0 {
+		return fieldErr(msg, "timing", "has a negative token count (prompt %d, output %d, cached %d)", t.PromptTokens, t.OutputTokens, t.CachedTokens)
+	}
+	if t.CachedOn != "" {
+		if err := CheckID(t.CachedOn); err != nil {
+			return fieldErr(msg, "timing.cached_on", "%v", err)
+		}
 	}
 	if err := checkRate(msg, "timing.decode_tok_s", t.DecodeTokensPerSec); err != nil {
 		return err

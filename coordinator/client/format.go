@@ -44,7 +44,12 @@ func Timing(t *cp.Timing, target cp.Target) string {
 		row("prefill (remote)", t.Prefill, fmt.Sprintf("%d prompt tokens on the prefill worker", max(t.PromptTokens-1, 0)))
 		row("transfer tail", t.TransferTail, "last layer computed -> every rank committed its state")
 	} else {
-		row("prefill (local)", t.Prefill, fmt.Sprintf("%d prompt tokens on the decode group, and its first step", t.PromptTokens))
+		note := fmt.Sprintf("%d prompt tokens on the decode group, and its first step", t.PromptTokens)
+		if t.CachedTokens > 0 {
+			note = fmt.Sprintf("%d prompt tokens on the decode group, and its first step (%d of them from its prefix cache on %s)",
+				t.PromptTokens-t.CachedTokens, t.CachedTokens, t.CachedOn)
+		}
+		row("prefill (local)", t.Prefill, note)
 	}
 	row("time to first token", t.FirstToken, "submitted -> first token")
 	rate := ""

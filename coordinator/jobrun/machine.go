@@ -505,12 +505,15 @@ func (m *Machine) onDecode(p *cp.Progress, at time.Time) {
 	case cp.StateDone:
 		m.decodeOpen = false
 		mk.LastToken, mk.OutputTokens, mk.Decode = at, p.Tokens, p.Elapsed
+		if p.Cached > 0 && p.Cached < m.prompt {
+			mk.CachedTokens, mk.CachedOn = p.Cached, p.WorkerID
+		}
 		if mr := p.Measured; mr != nil {
 			if mr.DecodeTokensPerSec > 0 {
 				m.emit(ObserveDecodeStep{Step: time.Duration(float64(time.Second) / mr.DecodeTokensPerSec)})
 			}
 			if mr.PrefillTokensPerSec > 0 && m.prefill == "" && !m.adopted {
-				n := m.prompt
+				n := m.prompt - mk.CachedTokens // the cached prefix was not prefilled
 				m.emit(ObserveLocalPrefill{Tokens: n, Time: time.Duration(float64(n) / mr.PrefillTokensPerSec * float64(time.Second))})
 			}
 		}

@@ -118,6 +118,32 @@ func TestLocalJobRunsToDone(t *testing.T) {
 	step(t, m, Report{At: at(90), P: decodeDone(3)}, "")
 }
 
+// TestLocalJobFromThePrefixCache: the decode group's final report says how
+// many prompt tokens came from its prefix cache: the final timing carries
+// them and where, and the local prefill rate is observed over the tokens
+// the group really prefilled.
+func TestLocalJobFromThePrefixCache(t *testing.T) {
+	m := newMachine() // a prompt of 12 tokens
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
+	step(t, m, Report{At: at(50), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+	done := decodeDone(3)
+	done.Cached = 8
+	done.Measured.PrefillTokensPerSec = 100 // 4 tokens in 40 ms
+	acts := step(t, m, Report{At: at(80), P: done}, "ObserveDecodeStep ObserveLocalPrefill Publish(done) Ack")
+	if o := acts[1].(ObserveLocalPrefill); o.Tokens != 4 || o.Time != 40*time.Millisecond {
+		t.Fatalf("observed %+v, want the 4 prefilled tokens in 40 ms", o)
+	}
+	ev := acts[2].(Publish).Event
+	if tm := ev.Timing; tm == nil || tm.CachedTokens != 8 || tm.CachedOn != "g-r0" || tm.PromptTokens != 12 {
+		t.Fatalf("timing %+v, want 8 of 12 prompt tokens cached on g-r0", tm)
+	}
+	if err := ev.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestRemoteJobAssignsDecodeThenPrefill(t *testing.T) {
 	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")

@@ -31,6 +31,10 @@ type Marks struct {
 	// when it reported one (it excludes the hop to the coordinator).
 	Decode       time.Duration
 	OutputTokens int
+	// CachedTokens of the prompt came from the prefix cache of worker
+	// CachedOn.
+	CachedTokens int
+	CachedOn     string
 }
 
 // Job is one job's lifecycle. It is owned by one goroutine (the job's
@@ -158,7 +162,8 @@ func (j *Job) Timing(end time.Time) cp.Timing {
 	}
 	routed := j.entered[cp.StateRouted]
 	t := cp.Timing{Queue: since(j.Submitted, routed), FirstToken: since(j.Submitted, m.FirstToken),
-		Total: since(j.Submitted, end), PromptTokens: j.PromptTokens, OutputTokens: m.OutputTokens}
+		Total: since(j.Submitted, end), PromptTokens: j.PromptTokens, OutputTokens: m.OutputTokens,
+		CachedTokens: m.CachedTokens, CachedOn: m.CachedOn}
 	if j.route != nil && j.route.Target == cp.TargetRemote {
 		t.PassWait = since(routed, m.PassStarted)
 		t.Prefill = since(m.PassStarted, m.PrefillDone)

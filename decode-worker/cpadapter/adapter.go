@@ -230,21 +230,24 @@ func (a *Adapter) info() cp.WorkerInfo {
 }
 
 // observeLocal fits the group's prefill terms to a local prefill of prompt
-// tokens (all but the last prefilled, in chunks) that took from the
+// tokens (all but the last prefilled, in chunks, less the cached prefix of
+// cached tokens) that took from the
 // sequence's state being in place to its first token, less one decode
 // step (the last prompt token's).
-func (a *Adapter) observeLocal(prompt int, ready, first time.Time) {
+func (a *Adapter) observeLocal(prompt, cached int, ready, first time.Time) {
 	st := a.cfg.Worker.Stats()
 	var step time.Duration
 	if st.DecodeSteps > 0 {
 		step = st.StepTime / time.Duration(st.DecodeSteps)
 	}
+	// A prompt resumed from the prefix cache prefilled positions
+	// [cached, n) only, attending to the cached ones.
 	n, chunk := prompt-1, max(a.cfg.Worker.PrefillChunk(), 1)
 	took := first.Sub(ready) - step
-	if n < 1 || ready.IsZero() || took <= 0 {
+	if n-cached < 1 || ready.IsZero() || took <= 0 {
 		return
 	}
-	s := costmodel.Sample{Work: a.cost.Work(0, n), Calls: (n + chunk - 1) / chunk * a.cost.Layers, Took: took}
+	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: (n - cached + chunk - 1) / chunk * a.cost.Layers, Took: took}
 	if err := a.fit.Add(s); err != nil {
 		a.log.Debug("local prefill not fitted", zap.Error(err))
 	}

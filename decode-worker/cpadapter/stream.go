@@ -212,7 +212,7 @@ func (s *stream) end(r pipeline.Result) {
 	}
 	reason := cp.FinishReason(r.Reason)
 	stage := cp.StateDone
-	p := &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Time: time.Now(), Tokens: s.count}
+	p := &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Time: time.Now(), Tokens: s.count, Cached: r.Cached}
 	switch {
 	case s.stopped:
 		reason = cp.FinishStop
@@ -242,8 +242,9 @@ func (s *stream) end(r pipeline.Result) {
 			m.DecodeTokensPerSec = float64(s.count-1) / p.Elapsed.Seconds()
 		}
 		if s.local && !r.Timing.Admitted.IsZero() && r.Timing.FirstToken.After(r.Timing.Admitted) {
-			m.PrefillTokensPerSec = float64(s.prompt) / r.Timing.FirstToken.Sub(r.Timing.Admitted).Seconds()
-			s.a.observeLocal(s.prompt, r.Timing.Ready, r.Timing.FirstToken)
+			// The rate of what the group prefilled: the cached prefix was not.
+			m.PrefillTokensPerSec = float64(max(s.prompt-r.Cached, 1)) / r.Timing.FirstToken.Sub(r.Timing.Admitted).Seconds()
+			s.a.observeLocal(s.prompt, r.Cached, r.Timing.Ready, r.Timing.FirstToken)
 		}
 		p.Measured = m
 	}

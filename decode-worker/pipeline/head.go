@@ -260,7 +260,7 @@ func (w *Worker) end(s *seq, r Result) {
 
 // finish tells the sink.
 func (w *Worker) finish(s *seq, r Result) {
-	r.Tokens = s.emitted
+	r.Tokens, r.Cached = s.emitted, s.from
 	s.timing.Ended = time.Now()
 	r.Timing = s.timing
 	fields := []zap.Field{zap.String("seq", s.id), zap.String("reason", string(r.Reason)), zap.Int("tokens", s.emitted)}

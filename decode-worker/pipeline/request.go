@@ -71,6 +71,9 @@ type Result struct {
 	Reason Reason
 	Err    error // set when Reason is ReasonError
 	Tokens int   // tokens generated (and delivered to the sink)
+	// Cached is how many prompt tokens came from the group's prefix cache
+	// (not prefilled again).
+	Cached int
 	Timing Timing
 }
 

@@ -1,0 +1,39 @@
+package service_test
+
+import (
+	"strings"
+	"testing"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+)
+
+// TestSessionTurnsFromThePrefixCache: through the whole system, the second
+// turn of a session (the first turn's prompt, its reply and new tokens)
+// resumes from the decode group's prefix cache: the same tokens as the
+// monolithic model, and its final timing (and the CLI's report of it) says
+// how many prompt tokens came from the cache and on which worker.
+func TestSessionTurnsFromThePrefixCache(t *testing.T) {
+	opt := testOptions(t)
+	c := startCluster(t, opt)
+	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
+	nc := connect(t, c)
+	vocab := c.Model.VocabSize
+	first := prompt(150, vocab, 5)
+	res := run(t, nc, cp.SubmitRequest{TokenIDs: first, Sampling: cp.Sampling{MaxTokens: 8}, Policy: cp.PolicyLocal})
+	checkDone(t, res, ref.Greedy(t, first, 8), cp.TargetLocal)
+	if tm := res.Final.Timing; tm.CachedTokens != 0 || tm.CachedOn != "" {
+		t.Fatalf("first turn: %+v", tm)
+	}
+	second := append(append(append([]int32(nil), first...), res.Tokens...), prompt(30, vocab, 6)...)
+	res = run(t, nc, cp.SubmitRequest{TokenIDs: second, Sampling: cp.Sampling{MaxTokens: 8}, Policy: cp.PolicyLocal})
+	checkDone(t, res, ref.Greedy(t, second, 8), cp.TargetLocal)
+	tm := res.Final.Timing
+	if tm.CachedTokens != 128 || tm.CachedOn != res.Final.Route.DecodeGroup+"-r0" {
+		t.Fatalf("second turn: %d cached tokens on %q, want 128 on the group's head (route %+v)", tm.CachedTokens, tm.CachedOn, res.Final.Route)
+	}
+	if s := client.Timing(tm, cp.TargetLocal); !strings.Contains(s, "128 of them from its prefix cache on "+tm.CachedOn) {
+		t.Fatalf("the timing report does not say where the prompt came from:\n%s", s)
+	}
+}
