@@ -44,6 +44,8 @@ type e2eFlags struct {
 	warmup, probeReps, rounds  int
 	out                        string
 	asJSON, verbose            bool
+	cacheCompare               bool
+	cachePolicy                string
 }
 
 // e2eOutput is the JSON line of bench e2e.
@@ -76,10 +78,18 @@ type e2eOutput struct {
 	// is within it.
 	Tolerance float64 `json:"tolerance"`
 	// Threshold is the simulated threshold rule's prompt length.
-	Threshold     int     `json:"threshold_tokens"`
-	CalibrationOK bool    `json:"calibration_ok"`
-	TookS         float64 `json:"took_s"`
-	Out           string  `json:"out,omitempty"`
+	Threshold     int  `json:"threshold_tokens"`
+	CalibrationOK bool `json:"calibration_ok"`
+	// The prefix cache compared (agent workload): TTFT p50 of replays
+	// under CachePolicy with the decode group's prefix cache on and off,
+	// their ratio, and the share of the prompt tokens the cache served.
+	CachePolicy         string  `json:"cache_policy,omitempty"`
+	TTFTP50             float64 `json:"ttft_p50_s,omitempty"`
+	TTFTP50NoCache      float64 `json:"ttft_p50_s_no_cache,omitempty"`
+	CacheSpeedup        float64 `json:"cache_ttft_speedup,omitempty"`
+	CacheHitTokensRatio float64 `json:"cache_hit_tokens_ratio,omitempty"`
+	TookS               float64 `json:"took_s"`
+	Out                 string  `json:"out,omitempty"`
 }
 
 type e2eWorkload struct {
@@ -197,6 +207,8 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object as the last line")
 	fs.BoolVar(&f.verbose, "v", false, "log the services (to stderr)")
+	fs.BoolVar(&f.cacheCompare, "cache-compare", true, "with --workload agent: also replay the workload under --cache-policy with the decode group's prefix cache off and on (--rounds times each) and report both TTFT p50s")
+	fs.StringVar(&f.cachePolicy, "cache-policy", "local", "routing policy of the prefix cache comparison (the decode group holds the cache)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench e2e [flags]
 
@@ -418,6 +430,12 @@ the profile alone is reported next to it.
 	}
 	out.Predicted[string(router.Threshold)] = sim.Summarize(tr)
 
+	if f.cacheCompare && f.workload == "agent" && f.trace == "" {
+		if err := compareCache(ctx, d, nc, jobs, router.Policy(f.cachePolicy), f.rounds, vocab, key, f.jobTimeout, &out); err != nil {
+			return err
+		}
+	}
+
 	tables := e2eTables(&out, runs)
 	for _, t := range tables {
 		if err := t.Write(os.Stdout); err != nil {
@@ -537,6 +555,9 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if err := d.resetRouter(ctx); err != nil {
 				return nil, err
 			}
+			if err := d.setCache(ctx, true); err != nil {
+				return nil, err
+			}
 			say("e2e: round %d, policy %s: replaying %d jobs over %s", round+1, p, len(jobs), report.Duration(span.Seconds()))
 			lm := startLoad()
 			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), timeout, inTurn)
@@ -641,4 +662,61 @@ func intList(s, flagName string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// compareCache replays the jobs under policy with the decode group's
+// prefix cache off and then on (each replay cold: every rank's cache
+// emptied, the router started afresh), rounds times, and records both TTFT
+// p50s, their ratio and the share of prompt tokens the cache served.
+func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policy router.Policy, rounds, vocab int,
+	key string, timeout time.Duration, out *e2eOutput) error {
+	switch policy {
+	case router.Local, router.Remote, router.Auto:
+	default:
+		return fmt.Errorf("--cache-policy %q: want local, remote or auto", policy)
+	}
+	results := map[bool][]*sim.Result{}
+	var cached, prompt int
+	for round := range rounds {
+		for _, on := range []bool{false, true} {
+			if err := d.resetRouter(ctx); err != nil {
+				return err
+			}
+			if err := d.setCache(ctx, on); err != nil {
+				return err
+			}
+			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(policy), vocab, fmt.Sprintf("%s-cache%v-%d", key, on, round), timeout, false)
+			if err != nil {
+				return err
+			}
+			r := measuredResult(policy, t0, ms, d.takePasses())
+			results[on] = append(results[on], r)
+			for _, m := range ms {
+				if m.Err != nil {
+					return fmt.Errorf("e2e: cache comparison (cache on: %v): %s: %w", on, m.Job.ID, m.Err)
+				}
+				if on {
+					cached += m.Final.Timing.CachedTokens
+					prompt += m.Job.Prompt
+				}
+			}
+			say("e2e: prefix cache %s, policy %s, round %d: TTFT p50 %s", map[bool]string{true: "on", false: "off"}[on], policy, round+1,
+				report.Duration(sim.Summarize(r).TTFTP50))
+		}
+	}
+	if err := d.setCache(ctx, true); err != nil {
+		return err
+	}
+	out.CachePolicy = string(policy)
+	out.TTFTP50 = sim.Summarize(mergeResults(results[true])).TTFTP50
+	out.TTFTP50NoCache = sim.Summarize(mergeResults(results[false])).TTFTP50
+	if out.TTFTP50 > 0 {
+		out.CacheSpeedup = out.TTFTP50NoCache / out.TTFTP50
+	}
+	if prompt > 0 {
+		out.CacheHitTokensRatio = float64(cached) / float64(prompt)
+	}
+	say("e2e: prefix cache: TTFT p50 %s with it, %s without (x%.2f); %.0f%% of the prompt tokens came from it",
+		report.Duration(out.TTFTP50), report.Duration(out.TTFTP50NoCache), out.CacheSpeedup, 100*out.CacheHitTokensRatio)
+	return nil
 }

@@ -222,6 +222,19 @@ func (d *deployment) resetRouter(ctx context.Context) error {
 	return d.c.WaitReady(ctx)
 }
 
+// setCache empties every decode rank's prefix cache, so that a replay
+// starts cold (the workload's prompts are the same in every replay), and
+// switches the group's use of it on or off.
+func (d *deployment) setCache(ctx context.Context, on bool) error {
+	g := d.c.Group
+	for r := range g.Layout.Ranks {
+		if _, err := g.Worker(r).DropCache(ctx, 0); err != nil {
+			return fmt.Errorf("e2e: emptying rank %d's prefix cache: %w", r, err)
+		}
+	}
+	return g.Head().SetPrefixCache(ctx, on)
+}
+
 // Close stops everything the bench started, then the cluster.
 func (d *deployment) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -200,6 +200,51 @@ type WorkerInfo struct {
 	Started  time.Time `msgpack:"started" json:"started"`
 	Time     time.Time `msgpack:"time" json:"time"`                             // when this heartbeat was sent
 	Draining bool      `msgpack:"draining,omitempty" json:"draining,omitempty"` // takes no new jobs
+
+	// PrefixCache is a decode rank's prefix-state cache (absent when off).
+	PrefixCache *PrefixCacheInfo `msgpack:"prefix_cache,omitempty" json:"prefix_cache,omitempty"`
+}
+
+// MaxCachedPrefixes bounds the prefixes a heartbeat advertises.
+const MaxCachedPrefixes = 1024
+
+// PrefixCacheInfo is a decode rank's prefix-state cache: what it holds of
+// its memory and what it did (counters since the rank started), and, from
+// the group's head (which makes the group's cache decisions), the prefixes
+// a prompt can resume from: each a link of the hash chain of
+// internal/prefixkey seeded with Salt, and the prompt tokens it covers.
+type PrefixCacheInfo struct {
+	Entries   int    `msgpack:"entries" json:"entries"`
+	Bytes     uint64 `msgpack:"bytes" json:"bytes"`
+	Lookups   uint64 `msgpack:"lookups,omitempty" json:"lookups,omitempty"`
+	Hits      uint64 `msgpack:"hits,omitempty" json:"hits,omitempty"`
+	HitTokens uint64 `msgpack:"hit_tokens,omitempty" json:"hit_tokens,omitempty"`
+	Misses    uint64 `msgpack:"misses,omitempty" json:"misses,omitempty"`
+	Evictions uint64 `msgpack:"evictions,omitempty" json:"evictions,omitempty"`
+	Salt      uint64 `msgpack:"salt,omitempty" json:"salt,omitempty"`
+	// Prefixes, the most recently used first (at most MaxCachedPrefixes).
+	Prefixes []CachedPrefix `msgpack:"prefixes,omitempty" json:"prefixes,omitempty"`
+}
+
+// CachedPrefix is one resumable prefix: its chain link and its length.
+type CachedPrefix struct {
+	Link   uint64 `msgpack:"link" json:"link"`
+	Tokens int    `msgpack:"tokens" json:"tokens"`
+}
+
+func (c *PrefixCacheInfo) validate(msg, field string) error {
+	switch {
+	case c.Entries < 0:
+		return fieldErr(msg, field+".entries", "is %d, must be >= 0", c.Entries)
+	case len(c.Prefixes) > MaxCachedPrefixes:
+		return fieldErr(msg, field+".prefixes", "holds %d, at most %d allowed", len(c.Prefixes), MaxCachedPrefixes)
+	}
+	for i, p := range c.Prefixes {
+		if p.Tokens <= 0 || p.Tokens%64 != 0 {
+			return fieldErr(msg, fmt.Sprintf("%s.prefixes[%d].tokens", field, i), "is %d, want a positive multiple of 64", p.Tokens)
+		}
+	}
+	return nil
 }
 
 // Validate checks the worker description.
@@ -243,6 +288,14 @@ func (w *WorkerInfo) Validate() error {
 	}
 	if err := w.Rates.validate(msg, "rates"); err != nil {
 		return err
+	}
+	if w.PrefixCache != nil {
+		if w.Kind != KindDecode {
+			return fieldErr(msg, "prefix_cache", "is for decode ranks")
+		}
+		if err := w.PrefixCache.validate(msg, "prefix_cache"); err != nil {
+			return err
+		}
 	}
 	return w.Endpoints.validate(msg, "endpoints")
 }

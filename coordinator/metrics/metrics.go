@@ -37,6 +37,19 @@ type Metrics struct {
 	transferTail                prometheus.Histogram
 	decodeRate                  prometheus.Histogram
 	assignOverhead              prometheus.Histogram
+	prefixCache                 map[string]*prometheus.GaugeVec
+}
+
+// prefixCacheFields are the decode ranks' prefix-cache figures, as their
+// heartbeats report them (counters since each rank started).
+var prefixCacheFields = []struct{ name, help string }{
+	{"prefix_cache_entries", "Cached prefixes a decode rank holds."},
+	{"prefix_cache_bytes", "Bytes of a decode rank's memory budget its prefix cache holds."},
+	{"prefix_cache_lookups", "Prompts the group's head looked up in its prefix cache (since the rank started)."},
+	{"prefix_cache_hits", "Lookups that resumed from a cached prefix (since the rank started)."},
+	{"prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache instead of prefilled (since the rank started)."},
+	{"prefix_cache_misses", "Lookups that found nothing, and entries a rank lacked (since the rank started)."},
+	{"prefix_cache_evictions", "Cached prefixes dropped to make room (since the rank started)."},
 }
 
 // New makes the metrics, with Go runtime and process collectors.
@@ -73,6 +86,12 @@ func New() *Metrics {
 			Help:    "Control-plane overhead: submission to the workers' acceptance of the assignment.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)}),
 	}
+	m.prefixCache = map[string]*prometheus.GaugeVec{}
+	for _, f := range prefixCacheFields {
+		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: f.name, Help: f.help}, []string{"worker"})
+		m.prefixCache[f.name] = g
+		m.reg.MustRegister(g)
+	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.queueWaiting, m.queueInFlight, m.running, m.workers, m.submitted, m.finished, m.routes, m.predicted,
 		m.ttft, m.passTime, m.transferTail, m.decodeRate, m.assignOverhead)
@@ -107,6 +126,30 @@ func (m *Metrics) Running(n int) {
 func (m *Metrics) Workers(kind string, n int) {
 	if m != nil {
 		m.workers.WithLabelValues(kind).Set(float64(n))
+	}
+}
+
+// PrefixCache is one decode rank's prefix-cache figures, for PrefixCaches.
+type PrefixCache struct {
+	Entries                                            int
+	Bytes, Lookups, Hits, HitTokens, Misses, Evictions uint64
+}
+
+// PrefixCaches records the live decode ranks' prefix caches by worker id;
+// ranks no longer listed are dropped.
+func (m *Metrics) PrefixCaches(byWorker map[string]PrefixCache) {
+	if m == nil {
+		return
+	}
+	for _, g := range m.prefixCache {
+		g.Reset()
+	}
+	for w, c := range byWorker {
+		for name, v := range map[string]float64{"prefix_cache_entries": float64(c.Entries), "prefix_cache_bytes": float64(c.Bytes),
+			"prefix_cache_lookups": float64(c.Lookups), "prefix_cache_hits": float64(c.Hits), "prefix_cache_hit_tokens": float64(c.HitTokens),
+			"prefix_cache_misses": float64(c.Misses), "prefix_cache_evictions": float64(c.Evictions)} {
+			m.prefixCache[name].WithLabelValues(w).Set(v)
+		}
 	}
 }
 

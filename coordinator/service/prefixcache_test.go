@@ -3,9 +3,11 @@ package service_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -16,6 +18,7 @@ import (
 // how many prompt tokens came from the cache and on which worker.
 func TestSessionTurnsFromThePrefixCache(t *testing.T) {
 	opt := testOptions(t)
+	opt.Metrics = metrics.New()
 	c := startCluster(t, opt)
 	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 	nc := connect(t, c)
@@ -35,5 +38,37 @@ func TestSessionTurnsFromThePrefixCache(t *testing.T) {
 	}
 	if s := client.Timing(tm, cp.TargetLocal); !strings.Contains(s, "128 of them from its prefix cache on "+tm.CachedOn) {
 		t.Fatalf("the timing report does not say where the prompt came from:\n%s", s)
+	}
+	// The head's heartbeat brings its cache's counters to the
+	// coordinator's Prometheus metrics.
+	want := map[string]float64{"tandem_coordinator_prefix_cache_hits": 1, "tandem_coordinator_prefix_cache_hit_tokens": 128,
+		"tandem_coordinator_prefix_cache_lookups": 2, "tandem_coordinator_prefix_cache_entries": 1}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := map[string]float64{}
+		mfs, err := opt.Metrics.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "worker" && l.GetValue() == tm.CachedOn {
+						got[mf.GetName()] = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		ok := got["tandem_coordinator_prefix_cache_bytes"] > 0
+		for k, v := range want {
+			ok = ok && got[k] == v
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics of %s: %v, want %v and bytes", tm.CachedOn, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

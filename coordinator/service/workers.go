@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 )
 
@@ -97,13 +98,19 @@ func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[s
 	v.mu.Lock()
 	defer func() {
 		counts := map[cp.WorkerKind]int{}
+		caches := map[string]metrics.PrefixCache{}
 		for _, w := range v.workers {
 			counts[w.Kind]++
+			if c := w.PrefixCache; c != nil {
+				caches[w.ID] = metrics.PrefixCache{Entries: c.Entries, Bytes: c.Bytes, Lookups: c.Lookups, Hits: c.Hits,
+					HitTokens: c.HitTokens, Misses: c.Misses, Evictions: c.Evictions}
+			}
 		}
 		v.notifyLocked()
 		v.mu.Unlock()
 		c.m.Workers(string(cp.KindPrefill), counts[cp.KindPrefill])
 		c.m.Workers(string(cp.KindDecode), counts[cp.KindDecode])
+		c.m.PrefixCaches(caches)
 	}()
 	switch ch.Op {
 	case cp.WorkerSynced:

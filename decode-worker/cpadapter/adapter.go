@@ -24,6 +24,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 	"github.com/tandem-inference/tandem/model"
@@ -226,6 +227,7 @@ func (a *Adapter) info() cp.WorkerInfo {
 		c, n, worst := a.fit.Compute()
 		w.Rates.Compute = cp.TermsOf(c, n, worst)
 	}
+	w.PrefixCache = cacheInfo(&st)
 	return w
 }
 
@@ -251,6 +253,22 @@ func (a *Adapter) observeLocal(prompt, cached int, ready, first time.Time) {
 	if err := a.fit.Add(s); err != nil {
 		a.log.Debug("local prefill not fitted", zap.Error(err))
 	}
+}
+
+// cacheInfo is the heartbeat's account of the rank's prefix cache (nil
+// when off): its counters and, from the head, the prefixes a prompt can
+// resume from, which the router prices.
+func cacheInfo(st *pipeline.Stats) *cp.PrefixCacheInfo {
+	c := st.Cache
+	if c == (prefixcache.Stats{}) && st.CacheSalt == 0 {
+		return nil // off (or nothing yet to say)
+	}
+	ci := &cp.PrefixCacheInfo{Entries: c.Entries, Bytes: uint64(max(c.Bytes, 0)), Lookups: uint64(c.Lookups), Hits: uint64(c.Hits),
+		HitTokens: uint64(c.HitTokens), Misses: uint64(c.Misses), Evictions: uint64(c.Evictions), Salt: uint64(st.CacheSalt)}
+	for _, l := range st.CacheLinks[:min(len(st.CacheLinks), cp.MaxCachedPrefixes)] {
+		ci.Prefixes = append(ci.Prefixes, cp.CachedPrefix{Link: uint64(l.Hash), Tokens: l.Tokens})
+	}
+	return ci
 }
 
 // maxTokens is the longest sequence whose state on this rank's layers fits

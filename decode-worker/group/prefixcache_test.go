@@ -9,6 +9,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -119,6 +120,25 @@ func TestPrefixCacheContinuation(t *testing.T) {
 				l := g.sameEntries(t)
 				if want := (len(tc.p) - 1) / 64 * 64; len(l) != 1 || l[0].Tokens != want {
 					t.Fatalf("after turn %d: entries %+v, want one of %d tokens", i, l, want)
+				}
+				// What the head advertises finds the prefix the next turn
+				// resumes from, as a router computes it.
+				if i+1 < len(turns) {
+					next := turns[i+1]
+					st := g.Head().Stats()
+					for deadline := time.Now().Add(10 * time.Second); len(st.CacheLinks) == 0 || st.Cache.Inserts != int64(i+1); st = g.Head().Stats() {
+						if time.Now().After(deadline) {
+							t.Fatalf("the head advertises no prefix: %+v", st.Cache)
+						}
+						time.Sleep(time.Millisecond)
+					}
+					held := map[prefixkey.Hash]int{}
+					for _, l := range st.CacheLinks {
+						held[l.Hash] = l.Tokens
+					}
+					if got := prefixkey.Longest(prefixkey.SHA256, st.CacheSalt, next.p, len(next.p)-1, held); int64(got) != next.hit {
+						t.Fatalf("after turn %d the advertised prefixes %v price a hit of %d tokens for the next turn, it will hit %d", i, st.CacheLinks, got, next.hit)
+					}
 				}
 			}
 			g.checkFreed(t)
@@ -398,4 +418,43 @@ func TestPrefixCacheCollidingHashes(t *testing.T) {
 	if n, err := g.Worker(1).DropCache(ctx, 9999); err != nil || n != 0 {
 		t.Fatalf("dropping an unknown entry: %d %v", n, err)
 	}
+}
+
+// TestPrefixCachePaused: while the head pauses the cache, a continuation
+// runs from scratch and nothing new is kept; resumed, it hits again.
+func TestPrefixCachePaused(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := testmodel.LoadReference(t, dir, 0)
+	vocab := ref.Cfg.VocabSize
+	g := startGroup(t, fastOpts(dir, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p1 := prompt(140, vocab, 41)
+	p2 := concat(p1, prompt(20, vocab, 42))
+	if _, err := g.Generate(ctx, "t1", p1, 4); err != nil {
+		t.Fatal(err)
+	}
+	g.waitCache(t, 1, "t1's entry", func(s prefixcache.Stats) bool { return s.Inserts == 1 })
+	if err := g.Head().SetPrefixCache(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Worker(1).SetPrefixCache(ctx, false); err == nil {
+		t.Fatal("rank 1 switched the cache")
+	}
+	for _, id := range []string{"paused", "resumed"} {
+		got, err := g.Generate(ctx, id, p2, 4)
+		if err != nil || !slices.Equal(got, ref.Greedy(t, p2, 4)) {
+			t.Fatalf("%s: %v %v", id, got, err)
+		}
+		g.checkFreed(t) // every rank took the Release: what it keeps is settled
+		st := g.Worker(1).Stats().Cache
+		hits := g.Head().Stats().Cache.Hits
+		if id == "paused" && (hits != 0 || st.Inserts != 1) || id == "resumed" && (hits != 1 || st.Inserts != 1) {
+			t.Fatalf("%s: %d hits, %+v on rank 1", id, hits, st)
+		}
+		if err := g.Head().SetPrefixCache(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.checkFreed(t)
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 )
@@ -56,4 +57,16 @@ func (w *Worker) DropCache(ctx context.Context, id uint64) (int, error) {
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+}
+
+// SetPrefixCache pauses (on false) or resumes the group's use of the
+// prefix cache, on the head, which makes every cache decision: while paused
+// no prompt resumes from the cache and none is kept (a benchmark measures
+// the same workload both ways on one deployment). Entries already kept
+// stay until they are dropped or evicted.
+func (w *Worker) SetPrefixCache(ctx context.Context, on bool) error {
+	if !w.head {
+		return fmt.Errorf("decode group: the prefix cache is switched on rank 0 (the head); this is rank %d", w.cfg.Rank)
+	}
+	return w.do(ctx, func() { w.cacheOff = !on })
 }

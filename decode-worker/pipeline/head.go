@@ -108,7 +108,7 @@ func (w *Worker) admitAs(req *Request, reply chan error, useCache bool, evicted 
 		for _, s := range rm.Sessions {
 			a.Sessions = append(a.Sessions, mesh.Session{ID: s.ID, Secret: s.Secret})
 		}
-	} else if w.cache != nil {
+	} else if w.cache != nil && !w.cacheOff {
 		a.Prefix = w.plan(req.Tokens, useCache)
 		if a.Prefix != nil {
 			a.Tokens -= a.Prefix.At

@@ -22,6 +22,11 @@ type Stats struct {
 	// bytes (drawn on the same budget as the sequences), and on the head
 	// its lookups, hits and the prompt tokens the hits saved.
 	Cache prefixcache.Stats
+	// CacheSalt and CacheLinks (head, cache on and not paused): the chain's
+	// seed and the prefixes a prompt can resume from, the most recently
+	// kept entries first (at most MaxAdvertised), for the registry.
+	CacheSalt  prefixcache.Hash
+	CacheLinks []prefixcache.Link
 
 	Steps       int64         // steps this rank computed
 	ComputeTime time.Duration // spent in this rank's layers (and sampling on the last rank)
@@ -39,6 +44,9 @@ type Stats struct {
 	LargestDecodeStep                       int   // the most sequences in one decode step
 	StepTime, StepComputeTime, StepMeshTime time.Duration
 }
+
+// MaxAdvertised bounds the cached prefixes a head advertises.
+const MaxAdvertised = 1024
 
 type counters struct {
 	steps                               int64
@@ -69,6 +77,12 @@ func (w *Worker) publish() {
 		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh}
 	if w.cache != nil {
 		s.Cache = w.cache.Stats()
+		if w.head && !w.cacheOff {
+			if v := w.cache.Version(); v != w.advertised || w.links == nil {
+				w.links, w.advertised = w.cache.Links(MaxAdvertised), v
+			}
+			s.CacheSalt, s.CacheLinks = w.cache.Salt(), w.links
+		}
 	}
 	w.mu.Lock()
 	w.snap = s

@@ -111,20 +111,23 @@ type Worker struct {
 	wg     sync.WaitGroup // commit waiters
 
 	// Owned by the loop.
-	table    *rank.Table
-	cache    *prefixcache.Cache // nil when off
-	seqs     map[string]*seq
-	epoch    uint64
-	formed   bool
-	commits  chan commit
-	nextStep uint64
-	flights  map[uint64]*flight
-	queue    []*seq  // head: sequences with prompt chunks to prefill
-	overflow []*seq  // head: decoding sequences waiting for room in a slot
-	slots    []*slot // head: the decode micro-batches
-	counters counters
-	lastLog  time.Time
-	logged   counters
+	table      *rank.Table
+	cache      *prefixcache.Cache // nil when off
+	cacheOff   bool               // head: the cache is paused (SetPrefixCache)
+	links      []prefixcache.Link // head: the advertised prefixes, as of cache version advertised
+	advertised uint64
+	seqs       map[string]*seq
+	epoch      uint64
+	formed     bool
+	commits    chan commit
+	nextStep   uint64
+	flights    map[uint64]*flight
+	queue      []*seq  // head: sequences with prompt chunks to prefill
+	overflow   []*seq  // head: decoding sequences waiting for room in a slot
+	slots      []*slot // head: the decode micro-batches
+	counters   counters
+	lastLog    time.Time
+	logged     counters
 
 	mu       sync.Mutex
 	snap     Stats

@@ -41,6 +41,7 @@ type Cache struct {
 	index   map[Hash][]uint64 // link at a snapshot position -> entries with a snapshot there
 	clock   uint64
 	nextID  uint64
+	version uint64 // counts changes of the entries (not of their use)
 	bytes   int64
 	stats   Stats
 }
@@ -325,6 +326,7 @@ func (c *Cache) Insert(p *Pending, st *model.SeqState, prompt []int32) {
 	c.entries[e.ID] = e
 	c.touch(e)
 	c.stats.Inserts++
+	c.version++
 }
 
 // reserve takes n bytes of the budget, evicting the least recently used
@@ -390,6 +392,7 @@ func (c *Cache) Drop(id uint64) bool {
 }
 
 func (c *Cache) drop(e *Entry) {
+	c.version++
 	delete(c.entries, e.ID)
 	c.release(e.bytes)
 	c.unindex(e)
@@ -436,5 +439,34 @@ func (c *Cache) List() []Info {
 		}
 		return int(a.ID) - int(b.ID)
 	})
+	return out
+}
+
+// Version changes whenever an entry comes or goes.
+func (c *Cache) Version() uint64 { return c.version }
+
+// Link is a prefix a lookup can resume from: its chain link and length.
+type Link struct {
+	Hash   Hash
+	Tokens int
+}
+
+// Salt is the seed of the cache's chain.
+func (c *Cache) Salt() Hash { return c.cfg.Salt }
+
+// Links lists the prefixes lookups can resume from (every snapshot of every
+// entry), the most recently used entries first, at most max of them; what
+// the head advertises so that a router can price a hit. Only a cache with
+// Index has them.
+func (c *Cache) Links(max int) []Link {
+	var out []Link
+	for _, in := range c.List() {
+		e := c.entries[in.ID]
+		for i := len(e.snaps) - 1; i >= 0 && len(out) < max; i-- {
+			if p := e.snaps[i].pos; len(e.chain) >= p/Block {
+				out = append(out, Link{Hash: e.chain[p/Block-1], Tokens: p})
+			}
+		}
+	}
 	return out
 }

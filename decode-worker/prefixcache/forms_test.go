@@ -3,6 +3,7 @@ package prefixcache
 import (
 	"bytes"
 	"context"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"testing"
 
 	"github.com/tandem-inference/tandem/internal/testmodel"
@@ -55,3 +56,12 @@ func TestSnapshotForms(t *testing.T) {
 	}
 	t.Logf("recurrent vs chunked state at token %d: not bit-identical (as the snapshot rule assumes)", len(toks))
 }
+
+// TestBlockIsTheKDAChunk: the chain's block and the snapshot grid are one.
+func TestBlockIsTheKDAChunk(t *testing.T) {
+	if Block != prefixkeyBlock {
+		t.Fatalf("prefixkey.Block %d, model.KDAChunk %d", prefixkeyBlock, Block)
+	}
+}
+
+const prefixkeyBlock = prefixkey.Block

@@ -25,9 +25,7 @@
 package prefixcache
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -35,47 +33,20 @@ import (
 // on: the KDA chunk, where resumed prefills are exact.
 const Block = model.KDAChunk
 
-// Hash is one link of a prefix's hash chain.
-type Hash uint64
+// The chain is internal/prefixkey's, which the coordinator computes too.
+type (
+	Hash     = prefixkey.Hash
+	HashFunc = prefixkey.HashFunc
+)
 
-// HashFunc chains one block of tokens onto the previous link.
-type HashFunc func(prev Hash, block []int32) Hash
+// SHA256 is the default chain function.
+var SHA256 = prefixkey.SHA256
 
-// SHA256 is the default chain: the first 8 bytes of SHA-256 over the
-// previous link and the block's tokens (little-endian int32s).
-func SHA256(prev Hash, block []int32) Hash {
-	h := sha256.New()
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], uint64(prev))
-	h.Write(b[:])
-	buf := make([]byte, 4*len(block))
-	for i, t := range block {
-		binary.LittleEndian.PutUint32(buf[4*i:], uint32(t))
-	}
-	h.Write(buf)
-	return Hash(binary.LittleEndian.Uint64(h.Sum(nil)))
-}
+// Chain returns the links of tokens' full blocks.
+func Chain(f HashFunc, salt Hash, tokens []int32) []Hash { return prefixkey.Chain(f, salt, tokens) }
 
-// Salt seeds a chain with what makes a state valid: the model's identity
-// and the MLA cache dtype. A rank serving another model or dtype computes
-// other hashes, so nothing cached for the old one matches.
-func Salt(modelID string, dtype model.DType) Hash {
-	h := sha256.Sum256(append([]byte(modelID+"\x00"), byte(dtype)))
-	return Hash(binary.LittleEndian.Uint64(h[:8]))
-}
-
-// Chain returns the links of tokens' full blocks: out[i] covers
-// tokens[:(i+1)*Block].
-func Chain(f HashFunc, salt Hash, tokens []int32) []Hash {
-	n := len(tokens) / Block
-	out := make([]Hash, n)
-	prev := salt
-	for i := range n {
-		prev = f(prev, tokens[i*Block:(i+1)*Block])
-		out[i] = prev
-	}
-	return out
-}
+// Salt seeds a chain with the model's identity and the cache dtype.
+func Salt(modelID string, dtype model.DType) Hash { return prefixkey.Salt(modelID, uint8(dtype)) }
 
 // Snapshots plans the positions at which a sequence's state is kept: every
 // multiple of stride after from (the position it resumed at) and the last
