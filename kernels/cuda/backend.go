@@ -43,6 +43,9 @@ type Backend struct {
 	mods             map[string]cuModule
 	funcs            map[string]cuFunc
 
+	// onLaunch, when set (tests), sees every launch's kernel and arguments.
+	onLaunch func(mod, name string, args []any)
+
 	mu    sync.Mutex
 	pool  map[uint64][]devPtr // freed device blocks by size, reused in stream order
 	inUse uint64

@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/mxfp"
 )
 
 // The launches follow kernels/cuda/src/ABI.md: parameter order and types,
@@ -42,6 +41,9 @@ type (
 // 8-byte slot and kernelParams points at the slots; both arrays are pinned
 // for the call (the driver reads them during cuLaunchKernel only).
 func (b *Backend) launch(mod, name string, grid, block [3]uint32, args ...any) {
+	if b.onLaunch != nil {
+		b.onLaunch(mod, name, args)
+	}
 	slots := make([]uint64, len(args))
 	for i, a := range args {
 		switch v := a.(type) {
@@ -279,9 +281,8 @@ func (b *Backend) KDA(o, q, k, v, g, beta *kernels.Tensor, span kernels.Span, S 
 		b.ptr(o), b.ptr(q), b.ptr(k), b.ptr(v), b.ptr(g), b.ptr(beta), i64(span.Lo), i64(span.Len()), b.ptr(S), i32(heads), i32(dk), i32(dv), i32(kdaChunk))
 }
 
-// WriteLatent stores rows into the attached cache. F32 caches take a
-// device copy; BF16 rows are rounded on the host (the kernel set has no
-// fp32 -> bf16 store yet): a download and an upload of the new rows.
+// WriteLatent stores rows into the attached cache in its dtype (BF16
+// rounded to nearest even on the device).
 func (b *Backend) WriteLatent(c *kernels.LatentCache, row int, src *kernels.Tensor, srcRow, n int) {
 	ld, ok := c.Dev.(*latentDev)
 	if !ok || src.Cols != c.Cols || row < 0 || row+n > c.Rows || srcRow < 0 || srcRow+n > src.Rows {
@@ -292,25 +293,25 @@ func (b *Backend) WriteLatent(c *kernels.LatentCache, row int, src *kernels.Tens
 	}
 	b.enter()
 	defer runtime.UnlockOSThread()
-	w := c.Cols
-	if !ld.bf16 {
-		b.must("cuMemcpyDtoDAsync", b.d.cuMemcpyDtoDAsync(ld.p+devPtr(4*row*w), b.ptr(src)+devPtr(4*srcRow*w), uint64(4*n*w), b.compute))
-		return
-	}
-	vals := make([]float32, n*w)
-	b.must("cuMemcpyDtoHAsync", b.d.cuMemcpyDtoHAsync(unsafe.Pointer(&vals[0]), b.ptr(src)+devPtr(4*srcRow*w), uint64(4*n*w), b.compute))
-	b.must("cuStreamSynchronize", b.d.cuStreamSynchronize(b.compute))
-	bits := make([]uint16, n*w)
-	for i, v := range vals {
-		bits[i] = mxfp.F32ToBF16(v)
-	}
-	b.must("cuMemcpyHtoDAsync", b.d.cuMemcpyHtoDAsync(ld.p+devPtr(2*row*w), unsafe.Pointer(&bits[0]), uint64(2*n*w), b.compute))
-	b.must("cuStreamSynchronize", b.d.cuStreamSynchronize(b.compute))
+	b.launch("elementwise", "tandem_write_latent", strided(n*c.Cols), block256, ld.p, flag(ld.bf16), i64(row), i32(c.Cols), b.ptr(src), i64(srcRow), i64(n))
 }
 
-// MLAAttention runs the expanded (prefill) form per ABI.md: split the
-// cache, expand K_nope and V with kv_b_proj, causal online softmax. The
-// absorbed decode form runs on the decode group, not here.
+func flag(v bool) i32 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// mlaScratch bounds the expanded keys and values of one key block.
+const mlaScratch = 1 << 30
+
+// MLAAttention runs the expanded (prefill) form per ABI.md over blocks of
+// key rows, so that the expanded K_nope and V take at most mlaScratch
+// bytes at any cache length: per block, split the cache rows, expand them
+// with kv_b_proj, and attend them carrying the online softmax's state; on
+// the tensor cores when the head fits (K3's does). The absorbed decode form
+// runs on the decode group, not here.
 func (b *Backend) MLAAttention(o, q *kernels.Tensor, span kernels.Span, c *kernels.LatentCache, kvb *kernels.Matrix, heads, nope, rope, vdim int, scale float32, absorb bool) {
 	ld, ok := c.Dev.(*latentDev)
 	lora, n, Tc := c.Cols-rope, span.Len(), c.Rows
@@ -324,19 +325,43 @@ func (b *Backend) MLAAttention(o, q *kernels.Tensor, span kernels.Span, c *kerne
 	}
 	b.enter()
 	defer runtime.UnlockOSThread()
-	bf := i32(0)
+	es := 4
 	if ld.bf16 {
-		bf = 1
+		es = 2
 	}
-	cn, pn, kn := uint64(Tc*lora*4), uint64(Tc*rope*4), uint64(Tc*heads*(nope+vdim)*4)
+	kb := max(64, mlaScratch/(heads*(nope+vdim)*4))
+	kb = min(kb, Tc)
+	cn, pn, kn := uint64(kb*lora*4), uint64(kb*rope*4), uint64(kb*heads*(nope+vdim)*4)
 	ckv, kpe, kv := b.alloc(cn), b.alloc(pn), b.alloc(kn)
 	defer b.release(ckv, cn)
 	defer b.release(kpe, pn)
 	defer b.release(kv, kn)
-	b.launch("mla", "tandem_mla_split_cache", strided(Tc*c.Cols), block256, ckv, kpe, ld.p, bf, i64(Tc), i32(c.Cols), i32(rope))
-	b.gemm(kv, ckv, Tc, kvb)
-	b.launch("mla", "tandem_mla_attn", [3]uint32{uint32(n), uint32(heads), 1}, [3]uint32{128, 1, 1},
-		b.ptr(o), b.ptr(q), kv, kpe, i64(span.Lo), i64(n), i64(Tc), i32(heads), i32(nope), i32(rope), i32(vdim), f32(scale))
+	var state devPtr
+	if kb < Tc {
+		sn := uint64(n * heads * (vdim + 2) * 4)
+		state = b.alloc(sn)
+		defer b.release(state, sn)
+	}
+	mma := nope+rope <= 192 && vdim <= 128
+	for k0 := 0; k0 < Tc; k0 += kb {
+		k1 := min(k0+kb, Tc)
+		rows := k1 - k0
+		fl := i32(0)
+		if k0 == 0 {
+			fl |= 1
+		}
+		if k1 == Tc {
+			fl |= 2
+		}
+		b.launch("mla", "tandem_mla_split_cache", strided(rows*c.Cols), block256, ckv, kpe, ld.p+devPtr(k0*c.Cols*es), flag(ld.bf16), i64(rows), i32(c.Cols), i32(rope))
+		b.gemm(kv, ckv, rows, kvb)
+		args := []any{b.ptr(o), b.ptr(q), kv, kpe, i64(span.Lo), i64(n), i64(Tc), i32(heads), i32(nope), i32(rope), i32(vdim), f32(scale), i64(k0), i64(k1), state, fl}
+		if mma {
+			b.launch("mla", "tandem_mla_attn_mma", [3]uint32{uint32((n + 63) / 64), uint32(heads), 1}, [3]uint32{128, 1, 1}, args...)
+		} else {
+			b.launch("mla", "tandem_mla_attn_block", [3]uint32{uint32(n), uint32(heads), 1}, [3]uint32{128, 1, 1}, args...)
+		}
+	}
 }
 
 // RouterTopK selects on the device and brings ids and weights to the host
@@ -355,12 +380,8 @@ func (b *Backend) RouterTopK(logits *kernels.Tensor, bias []float32, k int, reno
 	di, dw := b.alloc(n), b.alloc(n)
 	defer b.release(di, n)
 	defer b.release(dw, n)
-	rn := i32(0)
-	if renorm {
-		rn = 1
-	}
 	b.launch("router", "tandem_router_topk", [3]uint32{uint32((T + 3) / 4), 1, 1}, [3]uint32{128, 1, 1},
-		b.ptr(logits), b.temp(bias), i64(T), i32(E), i32(k), rn, f32(scale), di, dw)
+		b.ptr(logits), b.temp(bias), i64(T), i32(E), i32(k), flag(renorm), f32(scale), di, dw)
 	b.must("cuMemcpyDtoHAsync", b.d.cuMemcpyDtoHAsync(unsafe.Pointer(&ids[0]), di, n, b.compute))
 	b.must("cuMemcpyDtoHAsync", b.d.cuMemcpyDtoHAsync(unsafe.Pointer(&weights[0]), dw, n, b.compute))
 	b.must("cuStreamSynchronize", b.d.cuStreamSynchronize(b.compute))
