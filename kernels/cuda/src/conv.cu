@@ -12,6 +12,10 @@
 KERNEL void tandem_short_conv_silu(float* dst, const float* x, long long lo, long long n, int P, const float* w, int K, float* tail) {
 	for (long long c = (long long)block_x() * block_dim_x() + thread_x(); c < P; c += (long long)grid_dim_x() * block_dim_x()) {
 		float hist[CONV_MAX_K];
+		if (K < 1 || K > CONV_MAX_K) { // a launcher slip: NaN rather than overflowing hist
+			for (long long i = 0; i < n; i++) dst[(lo + i) * P + c] = f32_nan();
+			continue;
+		}
 		for (int s = 0; s < K - 1; s++) hist[s] = tail[c * (K - 1) + s];
 		for (long long i = 0; i < n; i++) {
 			long long t = lo + i;

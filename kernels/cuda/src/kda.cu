@@ -36,6 +36,17 @@ KERNEL void tandem_kda_chunked(float* o, const float* q, const float* k, const f
 	int h = block_x(), tid = thread_x(), bd = block_dim_x();
 	long long qs = (long long)heads * dk, vs = (long long)heads * dv;
 	float* Sh = S + (long long)h * dk * dv;
+	// Guards against a launcher slip, not part of the math: any chunk is the
+	// same function (clamped to what shared memory holds); heads wider than
+	// the shared arrays get NaN outputs and an untouched state rather than
+	// out-of-bounds writes.
+	if (chunk > KDA_MAX_C) chunk = KDA_MAX_C;
+	if (chunk < 1) chunk = 1;
+	if (dk > KDA_MAX_DK || dv > KDA_MAX_DV) {
+		for (long long i = 0; i < n; i++)
+			for (int c = tid; c < dv; c += bd) o[(lo + i) * vs + (long long)h * dv + c] = f32_nan();
+		return;
+	}
 	for (long long c0 = lo; c0 < lo + n; c0 += chunk) {
 		int nc = (int)(lo + n - c0 < chunk ? lo + n - c0 : chunk);
 		for (int c = tid; c < dk; c += bd) {

@@ -43,6 +43,10 @@ DEVICE void mla_attn_range(float* o, const float* q, const float* kv, const floa
 	int qk = nope + rope, hw = nope + vdim;
 	long long kvs = (long long)heads * hw;
 	float* st = state ? state + (i * heads + h) * (long long)(vdim + 2) : 0;
+	if (qk > MLA_MAX_QK || vdim > MLA_TILE) { // a launcher slip: NaN rather than overflowing qs
+		if (tid < vdim && tid < MLA_TILE) o[(lo + i) * ((long long)heads * vdim) + (long long)h * vdim + tid] = f32_nan();
+		return;
+	}
 	float m = -f32_inf(), l = 0, acc = 0;
 	if (!(flags & MLA_FIRST)) {
 		m = st[0], l = st[1];
@@ -163,6 +167,13 @@ KERNEL void tandem_mla_attn_mma(float* o, const float* q, const float* kv, const
 	long long rowi[2] = {wr + g, wr + g + 8};         // this lane's two rows
 	long long pos[2] = {Tc - n + rowi[0], Tc - n + rowi[1]};
 	bool valid[2] = {rowi[0] < n, rowi[1] < n};
+	if (qk > MF_QK || vdim > MF_V) { // a launcher slip: NaN rather than a silently truncated head
+		UNROLL
+		for (int r = 0; r < 2; r++)
+			if (valid[r])
+				for (int d = t; d < vdim; d += 4) o[(lo + rowi[r]) * ((long long)heads * vdim) + (long long)h * vdim + d] = f32_nan();
+		return;
+	}
 	// Q fragments for the 12 k-steps (rows g and g+8 of the warp's 16).
 	u32 qa[MF_QK / 16][4];
 	UNROLL

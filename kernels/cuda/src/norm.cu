@@ -50,6 +50,11 @@ KERNEL void tandem_l2norm_groups(float* x, long long ngroups, int group, float e
 KERNEL void tandem_attnres_mix(float* dst, const u64* sources, int nsrc, const float* proj, long long rows, int cols, float eps) {
 	SHARED float scratch[32];
 	SHARED float wts[ATTNRES_MAX_SOURCES];
+	if (nsrc < 1 || nsrc > ATTNRES_MAX_SOURCES) { // a launcher slip: NaN rather than overflowing wts
+		for (long long r = block_x(); r < rows; r += grid_dim_x())
+			for (int i = thread_x(); i < cols; i += block_dim_x()) dst[r * cols + i] = f32_nan();
+		return;
+	}
 	for (long long r = block_x(); r < rows; r += grid_dim_x()) {
 		float mx = -f32_inf();
 		for (int j = 0; j < nsrc; j++) {

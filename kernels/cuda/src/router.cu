@@ -14,6 +14,11 @@ KERNEL void tandem_router_topk(const float* logits, const float* bias, long long
 	int lane = thread_x() & 31;
 	long long r = (long long)block_x() * (block_dim_x() / 32) + (thread_x() >> 5);
 	if (r >= rows) return; // the whole warp leaves together
+	if (E > 32 * ROUTER_MAX_PER_LANE || k > ROUTER_MAX_K || k > E || k < 1) {
+		// A launcher slip: no selection rather than out-of-bounds writes.
+		for (int j = lane; j < k; j += 32) ids[r * k + j] = -1, weights[r * k + j] = f32_nan();
+		return;
+	}
 	float s[ROUTER_MAX_PER_LANE], sel[ROUTER_MAX_PER_LANE];
 	u32 taken = 0;
 	int mine = 0;
