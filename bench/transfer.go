@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -41,6 +42,8 @@ type transferFlags struct {
 	asJSON        bool
 	transport     string
 	loss          float64
+	slotSize      int
+	slots         int
 }
 
 // transferResult is the JSON line. Throughputs are in Gbit/s.
@@ -104,6 +107,8 @@ func runTransfer(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object as the last line")
 	fs.StringVar(&f.transport, "transport", "tcp", "tcp, or rdma-fake: the RDMA link over the in-process fake verbs wire, compared with that wire without the link")
 	fs.Float64Var(&f.loss, "loss", 0, "with --transport rdma-fake: the probability that the wire loses a message")
+	fs.IntVar(&f.slotSize, "slot-size", rdma.DefaultSlotSize, "with --transport rdma-fake: bytes per slot of the link (and of the bare wire)")
+	fs.IntVar(&f.slots, "slots", rdma.DefaultSlots, "with --transport rdma-fake: slots per ring")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench transfer [flags]
 

@@ -44,7 +44,9 @@ type rdmaResult struct {
 	Timeouts               int64 `json:"timeouts"`
 	FastRetransmits        int64 `json:"fast_retransmits"`
 	SlotsSent              int64 `json:"slots_sent"`
+	AckSlots               int64 `json:"ack_slots"`
 	WireLost               int64 `json:"wire_lost"`
+	WireNoRecvDrops        int64 `json:"wire_no_recv_drops"`
 	ChunksVerified         int64 `json:"chunks_verified"`
 	CorruptChunksCommitted int64 `json:"corrupt_chunks_committed"`
 	CorruptCheckPassed     bool  `json:"corrupt_check_ok"`
@@ -61,9 +63,9 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		return fmt.Errorf("--loss %v: want a probability in [0, 1)", f.loss)
 	}
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-	rc := rdma.Config{}
+	rc := rdma.Config{SlotSize: f.slotSize, Slots: f.slots}
 	res := rdmaResult{Transport: "rdma-fake", Loss: f.loss, Model: f.model, Tokens: f.tokens, StateBytes: int64(src.Bytes()),
-		Ranks: f.ranks, ConnsPerRank: f.conns, SlotBytes: rdma.DefaultSlotSize, Slots: rdma.DefaultSlots, Reps: f.reps,
+		Ranks: f.ranks, ConnsPerRank: f.conns, SlotBytes: f.slotSize, Slots: f.slots, Reps: f.reps,
 		CPUs: runtime.NumCPU(), TargetRatio: 0.9}
 	if f.loss > 0 {
 		res.TargetRatio = 0.5
@@ -127,15 +129,17 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		res.Timeouts += st.Timeouts
 		res.FastRetransmits += st.FastRetransmits
 		res.SlotsSent += st.SlotsSent
+		res.AckSlots += st.AcksSent
 	}
 	res.WireLost = fab.Stats().Lost
+	res.WireNoRecvDrops = fab.Stats().NoRecvDrops
 	res.RawGbps = gbps(res.StateBytes, rawBest)
 	res.TransferGbps = gbps(res.StateBytes, xferBest)
 	res.TransferRatio = res.TransferGbps / res.RawGbps
 	res.ThroughputOK = res.TransferRatio >= res.TargetRatio
 	res.CorruptCheckPassed = res.CorruptChunksCommitted == 0
-	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s: %.2f x raw (target >= %.1f); %d of %d slots resent, %d lost on the wire; %d chunks committed, %d corrupt",
-		res.RawGbps, res.TransferGbps, res.TransferRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.WireLost,
+	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s: %.2f x raw (target >= %.1f); %d of %d slots resent (%d timer expiries), %d ack-only slots, %d lost on the wire, %d dropped for want of a posted receive; %d chunks committed, %d corrupt",
+		res.RawGbps, res.TransferGbps, res.TransferRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.Timeouts, res.AckSlots, res.WireLost, res.WireNoRecvDrops,
 		res.ChunksVerified, res.CorruptChunksCommitted)
 	if f.asJSON {
 		b, err := json.Marshal(res)

@@ -90,10 +90,12 @@ type link struct {
 	ctlBusy    []bool
 	ctlNext    int
 	goBack     uint64 // base of the last go-back on a NAK
+	probeSeq   uint64 // maxPosted when the timer sent a probe (0: none pending)
+	probeAsked bool   // the peer probed us: answer with flagProbeReply
 	rto        time.Duration
-	srtt       time.Duration // smoothed round trip of slots sent once
-	sentAt     []time.Time   // per data slot: when it was first posted
-	resent     []bool        // per data slot: posted more than once (no RTT sample)
+	rtt        rttEstimator // round trips of slots sent once
+	sentAt     []time.Time  // per data slot: when it was first posted
+	resent     []bool       // per data slot: posted more than once (no RTT sample)
 	tries      int
 	rtxAt      time.Time // when the retransmission timer expires (zero: off)
 	rtxTimer   *time.Timer
@@ -327,12 +329,7 @@ func (l *link) arrive(a arrival) {
 		}
 		if i := int(h.ack % uint64(l.win)); !l.resent[i] {
 			// Karn: only slots sent once give a round-trip sample.
-			rtt := time.Since(l.sentAt[i])
-			if l.srtt == 0 {
-				l.srtt = rtt
-			} else {
-				l.srtt += (rtt - l.srtt) / 8
-			}
+			l.rtt.sample(time.Since(l.sentAt[i]))
 		}
 		l.acked = h.ack
 		l.tries = 0
@@ -356,7 +353,17 @@ func (l *link) arrive(a arrival) {
 		l.stats.FastRetransmits++
 	}
 	if h.flags&flagProbe != 0 {
-		l.ackNow = true
+		l.probeAsked = true
+	}
+	if h.flags&flagProbeReply != 0 && l.probeSeq != 0 {
+		// UC keeps order: the reply's ack covers every slot sent before
+		// the probe that arrived, so the rest are lost; a slot whose ack
+		// was only late is not resent.
+		if h.ack == l.acked && h.ack+1 < l.probeSeq {
+			l.postNext = h.ack + 1
+			l.goBack = h.ack + 1
+		}
+		l.probeSeq = 0
 	}
 	if h.kind == kindCtl {
 		l.repost(a.idx)
@@ -458,6 +465,11 @@ func (l *link) onAckTimer() {
 // maybeAck sends an ack now when enough has accumulated or one is asked
 // for; otherwise the ack timer or the next data slot carries it.
 func (l *link) maybeAck() {
+	if l.probeAsked {
+		l.probeAsked, l.ackNow = false, false
+		l.sendControl(flagProbeReply)
+		return
+	}
 	every := uint64(max(l.win/2, 1))
 	if l.ackNow || l.expected-1 >= l.ackSent+every || l.credit() >= l.creditSent+every {
 		l.ackNow = false
@@ -526,10 +538,34 @@ func (l *link) pump() {
 	}
 }
 
-// baseRTO is the configured RTO, or three smoothed round trips when
-// that is longer (a slow or delayed wire must not look lossy).
-func (l *link) baseRTO() time.Duration {
-	return min(max(l.cfg.RTO, 3*l.srtt), l.cfg.MaxRTO)
+// baseRTO is the retransmission timeout after progress: the estimator's,
+// between the configured RTO and MaxRTO.
+func (l *link) baseRTO() time.Duration { return l.rtt.rto(l.cfg.RTO, l.cfg.MaxRTO) }
+
+// rttEstimator smooths round-trip samples as TCP does (RFC 6298): the mean
+// and the mean deviation, so that a wire whose round trips vary (a delayed
+// wire, a loaded machine) gets a timeout above its spread and does not
+// look lossy, while a steady one keeps the floor.
+type rttEstimator struct {
+	srtt, rttvar time.Duration
+}
+
+func (e *rttEstimator) sample(d time.Duration) {
+	if e.srtt == 0 {
+		e.srtt, e.rttvar = d, d/2
+		return
+	}
+	dev := e.srtt - d
+	if dev < 0 {
+		dev = -dev
+	}
+	e.rttvar += (dev - e.rttvar) / 4
+	e.srtt += (d - e.srtt) / 8
+}
+
+// rto is srtt + 4 rttvar, at least floor and at most ceil.
+func (e *rttEstimator) rto(floor, ceil time.Duration) time.Duration {
+	return min(max(floor, e.srtt+4*e.rttvar), ceil)
 }
 
 // armRetransmit keeps the retransmission timer running while anything is
@@ -576,14 +612,11 @@ func (l *link) onRetransmit() {
 	}
 	l.stats.Timeouts++
 	l.rto = min(2*l.rto, l.cfg.MaxRTO)
-	if l.acked+1 < l.maxPosted {
-		l.postNext = l.acked + 1
-		l.goBack = 0
-		l.pump()
-	} else {
-		// Only credit is missing: probe for it.
-		l.sendControl(flagProbe)
-	}
+	// Ask before resending: the reply says what was lost (arrive), and a
+	// slot whose ack is only late (a loaded receiver) is not sent again;
+	// with only credit missing, the reply carries it.
+	l.probeSeq = l.maxPosted
+	l.sendControl(flagProbe)
 	l.armRetransmit(true)
 }
 

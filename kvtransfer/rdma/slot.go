@@ -41,8 +41,9 @@ const (
 )
 
 const (
-	flagNak   = 1 // the receiver saw a gap: resend from ack+1 now
-	flagProbe = 2 // the sender waits for credit: answer with an ack now
+	flagNak        = 1 // the receiver saw a gap: resend from ack+1 now
+	flagProbe      = 2 // the sender's timer expired: answer with flagProbeReply now
+	flagProbeReply = 4 // the answer: everything sent before the probe and not covered by ack is lost
 )
 
 type slotHeader struct {

@@ -63,7 +63,8 @@ type Config struct {
 	RTO, MaxRTO time.Duration
 	Retries     int
 	// AckDelay bounds how long an ack waits for a data slot to ride on
-	// (default 200 µs).
+	// (default 1 ms, at most RTO/4): every ack-only slot fills a whole
+	// slot on the wire, so acks wait for company or for half a window.
 	AckDelay time.Duration
 	// Heartbeat is the interval of the anchor's heartbeats (default 100 ms);
 	// a peer silent for DeadAfter (default 750 ms) is dead.
@@ -105,7 +106,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	set(&c.RTO, 10*time.Millisecond)
 	set(&c.MaxRTO, 500*time.Millisecond)
-	set(&c.AckDelay, 200*time.Microsecond)
+	set(&c.AckDelay, time.Millisecond)
+	c.AckDelay = min(c.AckDelay, c.RTO/4)
 	set(&c.Heartbeat, 100*time.Millisecond)
 	set(&c.DeadAfter, 750*time.Millisecond)
 	set(&c.Handshake, 5*time.Second)
