@@ -271,11 +271,12 @@ func (l *link) handle(wcs []verbs.WC) {
 				break
 			}
 			if wc.Status == verbs.StatusLocLenErr && idx < len(l.recv) {
-				// A SEND that did not fill our slot's frames: lost.
+				// A SEND that did not fill our slot's frames: a lost
+				// slot, not a broken link.
 				l.stats.LenErrors++
 				l.repost(idx)
 				l.nak()
-				break
+				continue
 			}
 		}
 		if wc.Status != verbs.StatusSuccess && l.err == nil {
