@@ -92,7 +92,8 @@ func (h *slotHolder) close() {
 // share of the handshake slots, so a job's transfer from another address
 // takes less than a second longer than the same transfer on an idle server.
 func TestSlotHoldingPeerDoesNotStarveTransfers(t *testing.T) {
-	onTCP(t) // raw TCP connections hold the slots, and the sender dials TCP
+	// Raw TCP connections hold the slots, and the sender dials TCP.
+	onTCP(t)
 	r := newRig(t, "tiny", 1, ServerConfig{}) // the default limits
 	srv := r.servers[0]
 	all := kvtest.AllLayers(r.cfg.NumLayers)
