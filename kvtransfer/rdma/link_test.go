@@ -293,3 +293,41 @@ func TestOneLinkPerPeer(t *testing.T) {
 		t.Logf("%+v", st)
 	}
 }
+
+// TestBootstrapBounded: the listener allocates nothing for a connection
+// that is not a link bootstrap, and holds at most MaxLinks links; a dialer
+// beyond them is refused, the others keep working.
+func TestBootstrapBounded(t *testing.T) {
+	p := newPair(t, fakeverbs.Faults{}, rdma.Config{MaxLinks: 1})
+	junk, err := net.Dial("tcp", p.listener.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer junk.Close()
+	if _, err := junk.Write(bytes.Repeat([]byte("GET / HTTP/1.1\r\n"), 4)); err != nil {
+		t.Fatal(err)
+	}
+	junk.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := junk.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("a non-bootstrap got %d bytes back", n)
+	}
+	if n := p.fab.MRs("b"); n != 0 {
+		t.Fatalf("the listener registered %d memory regions for junk", n)
+	}
+	c, s := p.conns(t) // the one link it may hold
+	sendRecv(t, c, s, []int{100})
+	other, err := rdma.New(rdma.Config{Provider: p.fab.Host("c", loopGID), Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := other.Dial(ctx, p.listener.Addr()); err == nil {
+		t.Fatal("a second link was accepted beyond MaxLinks 1")
+	}
+	if n := p.fab.MRs("b"); n != 1 {
+		t.Fatalf("the listener holds %d memory regions, want its one link's", n)
+	}
+	sendRecv(t, s, c, []int{100})
+}

@@ -74,6 +74,11 @@ type Config struct {
 	// CloseWait bounds how long closing a stream waits to tell the peer
 	// (default 1 s).
 	CloseWait time.Duration
+	// MaxLinks bounds the links a Listener holds and bootstraps at once
+	// (default 16): the bootstrap is not authenticated, and each link costs
+	// an arena of 2 x Slots x SlotSize bytes and a memory region (Apple
+	// allows 100 per device).
+	MaxLinks int
 	// MaxHeader and MaxPayload bound a frame (defaults 64 KiB and 16 MiB).
 	MaxHeader, MaxPayload int
 	// Logger receives link events (default none).
@@ -112,6 +117,9 @@ func (c Config) withDefaults() (Config, error) {
 	set(&c.DeadAfter, 750*time.Millisecond)
 	set(&c.Handshake, 5*time.Second)
 	set(&c.CloseWait, time.Second)
+	if c.MaxLinks <= 0 {
+		c.MaxLinks = 16
+	}
 	if c.MaxHeader <= 0 {
 		c.MaxHeader = 64 << 10
 	}
@@ -324,6 +332,7 @@ type Listener struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	links  map[*link]bool
+	held   int // links held and bootstraps under way
 }
 
 // Listen accepts link bootstraps on addr ("host:port") and streams over
@@ -362,9 +371,33 @@ func (L *Listener) serve() {
 	}
 }
 
+// admit counts a connection against MaxLinks; false: refuse it.
+func (L *Listener) admit() bool {
+	L.mu.Lock()
+	defer L.mu.Unlock()
+	if L.held >= L.t.cfg.MaxLinks {
+		return false
+	}
+	L.held++
+	return true
+}
+
+func (L *Listener) release() {
+	L.mu.Lock()
+	L.held--
+	L.mu.Unlock()
+}
+
 // ServeConn bootstraps a link over c, a connection accepted elsewhere
 // (for a port shared with another protocol), and serves it.
 func (L *Listener) ServeConn(c net.Conn) {
+	if !L.admit() {
+		L.t.cfg.Logger.Warn("rdma: bootstrap refused: listener holds its most links", zap.String("peer", c.RemoteAddr().String()),
+			zap.Int("max_links", L.t.cfg.MaxLinks))
+		c.Close()
+		return
+	}
+	defer L.release()
 	ctx, cancel := context.WithTimeout(context.Background(), L.t.cfg.Handshake)
 	stop := context.AfterFunc(ctx, func() {
 		select {
@@ -594,12 +627,30 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 		c.SetDeadline(dl)
 	}
 	local := c.LocalAddr().(*net.TCPAddr)
+	cfg := &t.cfg
+	nslots := cfg.Slots
+	// The listening side reads the dialer's message before it allocates
+	// anything: a connection that is not a link bootstrap, or one of
+	// another geometry, costs it no queue pair, arena or memory region.
+	var early []byte
+	if accept != nil {
+		early = make([]byte, bootSize)
+		if _, err := io.ReadFull(c, early); err != nil {
+			return nil, fmt.Errorf("rdma: bootstrap with %s: %w", peer, err)
+		}
+		pm, err := decodeBoot(early)
+		if err != nil {
+			return nil, fmt.Errorf("rdma: bootstrap with %s: %w", peer, err)
+		}
+		if int(pm.slot) != cfg.SlotSize || int(pm.slots) != nslots || int(pm.reserve) != cfg.Reserve {
+			return nil, fmt.Errorf("rdma: bootstrap with %s: peer has %d slots of %d bytes (reserve %d), we have %d of %d (reserve %d)",
+				peer, pm.slots, pm.slot, pm.reserve, nslots, cfg.SlotSize, cfg.Reserve)
+		}
+	}
 	ch, err := t.choose(local.IP)
 	if err != nil {
 		return nil, err
 	}
-	cfg := &t.cfg
-	nslots := cfg.Slots
 	frames := nslots * verbs.Frames(cfg.SlotSize)
 	cq, err := ch.dev.ctx.CreateCQ(2*nslots + 16)
 	if err != nil {
@@ -633,7 +684,13 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 	me := bootMsg{mtu: ch.mtu, gid: ch.gid, qpn: qp.Num(), psn: epoch & 0xffffff, slot: uint32(cfg.SlotSize),
 		slots: uint32(nslots), reserve: uint32(cfg.Reserve), epoch: epoch}
 	var pm bootMsg
-	if err := exchange(c, me.encode(), func(b []byte) error { var err error; pm, err = decodeBoot(b); return err }); err != nil {
+	if early != nil {
+		pm, _ = decodeBoot(early) // checked above
+		_, err = c.Write(me.encode())
+	} else {
+		err = exchange(c, me.encode(), func(b []byte) error { var err error; pm, err = decodeBoot(b); return err })
+	}
+	if err != nil {
 		undo()
 		return nil, fmt.Errorf("rdma: bootstrap with %s: %w", peer, err)
 	}

@@ -134,6 +134,16 @@ func (f *Fabric) Host(name string, gid verbs.GID) verbs.Provider {
 	return &provider{f: f, h: h}
 }
 
+// MRs is how many memory regions host has registered now.
+func (f *Fabric) MRs(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h := f.hosts[name]; h != nil {
+		return h.mrs
+	}
+	return 0
+}
+
 func (f *Fabric) host(name string) *host {
 	f.mu.Lock()
 	defer f.mu.Unlock()
