@@ -47,6 +47,10 @@ type Options struct {
 	Log        *zap.Logger
 }
 
+// registryConfig is the demo's worker registry: in memory, heartbeats
+// every second.
+var registryConfig = cp.RegistryConfig{Memory: true, TTL: 3 * time.Second}
+
 // Preset is the synthetic model the demo generates.
 const Preset = "demo"
 
@@ -90,7 +94,7 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 
 	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, Threads: opt.Threads, Log: opt.Log,
 		Queue:    cp.QueueConfig{Memory: true},
-		Registry: cp.RegistryConfig{Memory: true, TTL: 3 * time.Second},
+		Registry: registryConfig,
 		// The rates are measured below, except the link's: on loopback a
 		// transfer's tail is too short to measure, so it is taken as 1 GB/s.
 		Coordinator: service.Config{Alpha: 0.5, Rates: router.Rates{LinkBytesPerS: 1e9}}})
@@ -115,40 +119,75 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 	}
 	defer nc.Close()
 
-	// Measure this machine both ways before routing anything.
+	// Measure this machine both ways before routing anything: the workers
+	// fit their cost-model terms to these prefills and advertise them.
 	warm := c.Tokenizer.Encode(string(tokenizer.DefaultCorpus()))
-	warm = warm[:min(len(warm), 256)]
-	for _, pol := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
-		if _, err := quiet(ctx, nc, ids(warm), pol); err != nil {
-			return fmt.Errorf("warm-up (%s): %w", pol, err)
+	for _, n := range []int{64, 512} {
+		for _, pol := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
+			if _, err := quiet(ctx, nc, ids(warm[:min(len(warm), n)]), pol); err != nil {
+				return fmt.Errorf("warm-up (%s): %w", pol, err)
+			}
 		}
 	}
-	r := c.Coordinator().Rates()
-	p("\nmeasured on a %d-token warm-up, both ways: prefill worker %s (weight pass %s), decode group's own prefill %s, decode step %s; link taken as %.0f MB/s\n",
-		len(warm), r.Prefill, client.Duration(r.PassFloor), r.Local, client.Duration(r.DecodeStep), r.LinkBytesPerS/1e6)
-
-	long := longPrompt(c.Tokenizer, opt.LongTokens)
-	if _, err := job(ctx, nc, out, "short prompt", shortPrompt, cp.PolicyAuto, opt.MaxTokens); err != nil {
+	pf, g, err := waitMeasured(ctx, c)
+	if err != nil {
 		return err
 	}
+	p("\nmeasured on warm-up prompts of 64 and 512 tokens, both ways (each worker fits its compute per cost term to its own prefills):\n"+
+		"  prefill worker: %s; pass floor %s (its weights at the %.2f GB/s its reads ran)\n  decode group's own prefill: %s\n",
+		pf.Compute.Compute(), client.Duration(pf.PassFloor), pf.ReadBytesPerSec/1e9, g.Compute.Compute())
+
+	long := longPrompt(c.Tokenizer, opt.LongTokens)
+	var runs []*run
+	short, err := job(ctx, nc, out, "short prompt", shortPrompt, cp.PolicyAuto, opt.MaxTokens)
+	if err != nil {
+		return err
+	}
+	runs = append(runs, short)
 	res, err := job(ctx, nc, out, "long prompt", long, cp.PolicyAuto, opt.MaxTokens)
 	if err != nil {
 		return err
 	}
-	if res.Final.Route.Target == cp.TargetLocal {
-		p("\nThe router kept the long prompt on the decode group: on one CPU machine the prefill worker is no\n" +
-			"faster than the decode group, so the prediction is honest. To show the disaggregated path, the same\n" +
+	runs = append(runs, res)
+	// Both paths, whatever auto chose: the same prompt the other way.
+	other, title := cp.PolicyRemote, "long prompt again, policy remote"
+	if res.Final.Route.Target == cp.TargetRemote {
+		other, title = cp.PolicyLocal, "long prompt again, policy local"
+		p("\nThe router sent the long prompt to the prefill worker. To compare, the same prompt runs again\n" +
+			"with policy local: the decode group prefills it itself.\n")
+	} else {
+		p("\nThe router kept the long prompt on the decode group: it predicts the prefill worker no faster here\n" +
+			"(on one CPU machine both share the same cores). To show the disaggregated path anyway, the same\n" +
 			"prompt runs again with policy remote: the prefill worker prefills it and streams each layer's state\n" +
 			"to the decode ranks over kvtransfer while the next layer computes.\n")
-		again, err := job(ctx, nc, out, "long prompt, policy remote", long, cp.PolicyRemote, opt.MaxTokens)
-		if err != nil {
-			return err
-		}
-		if !slices.Equal(again.Tokens, res.Tokens) {
-			return fmt.Errorf("the remote run generated other tokens than the local run:\n local  %v\n remote %v", res.Tokens, again.Tokens)
-		}
-		p("same %d tokens as the local run: the transferred state is the state the decode group computes itself\n", len(again.Tokens))
 	}
+	again, err := job(ctx, nc, out, title, long, other, opt.MaxTokens)
+	if err != nil {
+		return err
+	}
+	runs = append(runs, again)
+	if !slices.Equal(again.Tokens, res.Tokens) {
+		return fmt.Errorf("the %s run generated other tokens than the %s run:\n %v\n %v", again.Final.Route.Target, res.Final.Route.Target, res.Tokens, again.Tokens)
+	}
+	p("same %d tokens both ways: the transferred state is the state the decode group computes itself\n", len(again.Tokens))
+
+	p("\npredicted against measured time to first token (measured: the client's, submission to first token):\n")
+	for _, r := range runs {
+		rt := r.Final.Route
+		p("  %-34s %-6s predicted %s, measured %s (x%.2f); the other path was predicted at %s\n", r.title, rt.Target,
+			predicted(rt, rt.Target), client.Duration(r.ttft), r.ttft.Seconds()/max(predictedOf(rt, rt.Target).Seconds(), 1e-9),
+			predicted(rt, otherTarget(rt.Target)))
+	}
+	fast := res
+	if again.ttft < res.ttft {
+		fast = again
+	}
+	verdict := "right"
+	if fast != res {
+		verdict = "wrong"
+	}
+	p("auto chose %s for the long prompt: measured %s there against %s %s, so the choice was %s\n",
+		res.Final.Route.Target, client.Duration(res.ttft), client.Duration(again.ttft), again.Final.Route.Target, verdict)
 	p("\ndemo finished in %s\n", client.Duration(time.Since(start)))
 	if opt.HTTPListen == "" {
 		return nil
@@ -221,12 +260,84 @@ func quiet(ctx context.Context, nc *nats.Conn, prompt []int32, pol cp.Policy) (*
 	return res, res.Err()
 }
 
+// run is a job the demo showed: its result, title and the client's TTFT.
+type run struct {
+	*client.Result
+	title string
+	ttft  time.Duration
+}
+
+func predictedOf(rt *cp.RouteDecision, t cp.Target) time.Duration {
+	if t == cp.TargetRemote {
+		return rt.PredictedRemote
+	}
+	return rt.PredictedLocal
+}
+
+func predicted(rt *cp.RouteDecision, t cp.Target) string {
+	if d := predictedOf(rt, t); d > 0 {
+		return client.Duration(d)
+	}
+	return "unknown"
+}
+
+func otherTarget(t cp.Target) cp.Target {
+	if t == cp.TargetRemote {
+		return cp.TargetLocal
+	}
+	return cp.TargetRemote
+}
+
+// waitMeasured waits until the prefill worker's and the decode group's
+// heartbeats carry compute terms fitted to their prefills (the warm-up's),
+// and returns their rates.
+func waitMeasured(ctx context.Context, c *cluster.Cluster) (pf, g cp.Rates, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	nc, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "demo-registry")
+	if err != nil {
+		return pf, g, err
+	}
+	defer nc.Close()
+	reg, err := cp.OpenRegistry(ctx, nc, registryConfig)
+	if err != nil {
+		return pf, g, err
+	}
+	ch, err := reg.Watch(ctx)
+	if err != nil {
+		return pf, g, err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return pf, g, fmt.Errorf("the workers' heartbeats carry no measured compute terms after the warm-up: %w", ctx.Err())
+		case w, ok := <-ch:
+			if !ok {
+				return pf, g, errors.New("the worker registry's watch ended")
+			}
+			if w.Info == nil || w.Info.Rates.Compute == nil {
+				continue
+			}
+			switch {
+			case w.Info.Kind == cp.KindPrefill:
+				pf = w.Info.Rates
+			case w.Info.Kind == cp.KindDecode && w.Info.Rank == 0:
+				g = w.Info.Rates
+			}
+			if pf.Compute != nil && g.Compute != nil && pf.Compute.Samples >= 2 && g.Compute.Samples >= 2 {
+				return pf, g, nil
+			}
+		}
+	}
+}
+
 // job runs one text prompt and tells its story.
-func job(ctx context.Context, nc *nats.Conn, out io.Writer, title, prompt string, pol cp.Policy, maxTokens int) (*client.Result, error) {
+func job(ctx context.Context, nc *nats.Conn, out io.Writer, title, prompt string, pol cp.Policy, maxTokens int) (*run, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	fmt.Fprintf(out, "\n== %s (%d characters, policy %s)\n", title, len(prompt), pol)
 	streaming := false
+	var first time.Time
 	res, err := client.Run(ctx, nc, cp.SubmitRequest{Prompt: prompt, Sampling: cp.Sampling{MaxTokens: maxTokens}, Policy: pol}, client.Handlers{
 		Event: func(ev cp.JobEvent) {
 			if ev.State == cp.StateRouted {
@@ -234,6 +345,9 @@ func job(ctx context.Context, nc *nats.Conn, out io.Writer, title, prompt string
 			}
 		},
 		Token: func(t cp.TokenMsg) {
+			if first.IsZero() && t.TokenID >= 0 {
+				first = time.Now()
+			}
 			if !streaming {
 				fmt.Fprint(out, "text: ")
 				streaming = true
@@ -256,5 +370,7 @@ func job(ctx context.Context, nc *nats.Conn, out io.Writer, title, prompt string
 	fmt.Fprintf(out, "job %s done: %d prompt tokens, %d generated (%s); where the time went:\n", res.JobID,
 		res.Final.Timing.PromptTokens, len(res.Tokens), res.Finish)
 	fmt.Fprint(out, client.Timing(res.Final.Timing, res.Final.Route.Target))
-	return res, nil
+	r := &run{Result: res, title: title, ttft: first.Sub(res.Submitted)}
+	fmt.Fprintf(out, "time to first token: predicted %s, measured %s\n", predicted(res.Final.Route, res.Final.Route.Target), client.Duration(r.ttft))
+	return r, nil
 }

@@ -48,13 +48,23 @@ func TestDemo(t *testing.T) {
 	for _, want := range []string{
 		"== short prompt", "== long prompt", "routed local", "predicted time to first token: local",
 		"time to first token", "prefill (remote)", "transfer tail", "demo finished", "OpenAI-compatible API at http://127.0.0.1:",
+		"prefill worker: kda ", "decode group's own prefill: kda ", "predicted against measured time to first token",
+		"same 8 tokens both ways", "for the long prompt: measured",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the demo does not say %q", want)
 		}
 	}
-	if strings.Count(s, "text: ") < 2 {
-		t.Errorf("fewer than two jobs streamed text")
+	if strings.Count(s, "text: ") < 3 {
+		t.Errorf("fewer than three jobs streamed text (short, long, long the other way)")
+	}
+	// Every job shows its predicted and measured TTFT, and the long
+	// prompt ran both ways.
+	if n := strings.Count(s, "time to first token: predicted "); n != 3 {
+		t.Errorf("%d jobs show predicted against measured TTFT, want 3", n)
+	}
+	if !strings.Contains(s, "long prompt again, policy remote") && !strings.Contains(s, "long prompt again, policy local") {
+		t.Errorf("the long prompt did not run the other way")
 	}
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Logf("curl not installed (scripts/setup.sh installs it): the printed line is not run")

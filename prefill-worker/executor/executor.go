@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
@@ -72,6 +73,7 @@ type Stats struct {
 	ReadWall       time.Duration // pass start to the last byte read
 	ReadBusy       time.Duration // time with a read in flight (Bytes / ReadBusy: the read rate)
 	Compute        time.Duration // binding and running layers
+	Calls          int           // layer calls (a layer cut into several calls counts each)
 	Emit           time.Duration // handing states to sink queues
 	Embed          time.Duration
 }
@@ -82,6 +84,11 @@ type Executor struct {
 	Stream *streamer.Streamer
 	Embed  *Embedder
 	Log    *zap.Logger
+	// TileFLOPs bounds the work of one layer call (0: DefaultTileFLOPs):
+	// a cancelled job leaves its pass at the next call.
+	TileFLOPs float64
+
+	onCall func(layer int, rows planner.Range) // tests: after each call of a layer cut into several
 }
 
 // ErrNoSeqs is returned by a pass with nothing to do.
@@ -208,6 +215,7 @@ func (e *Executor) Run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 	ps := pass.Stats()
 	st.Bytes, st.ReadWait, st.ReadWall, st.ReadBusy, st.Wall = ps.Bytes, ps.Wait, ps.ReadWall, ps.ReadBusy, time.Since(start)
 	st.Tokens = len(ids)
+	st.Calls = r.calls
 	if err := pass.Close(); err != nil && st.Layers == cfg.NumLayers {
 		log.Warn("pass read error after the last layer was consumed", zap.Error(err))
 	}
@@ -249,10 +257,11 @@ func (e *Executor) failAll(seqs []*Seq, err error) error {
 
 // run is one pass's batch: the live sequences, laid out back to back.
 type run struct {
-	e    *Executor
-	seqs []*Seq
-	b    *model.Batch
-	tile int
+	e     *Executor
+	seqs  []*Seq
+	b     *model.Batch
+	tile  int
+	calls int // layer calls so far
 }
 
 // relayout recomputes the batch's sequences and spans from r.seqs.
@@ -268,9 +277,9 @@ func (r *run) relayout() {
 }
 
 // drop removes sequence i from the batch: its rows are squeezed out of the
-// partial sum and every block of the stack in place (no new memory), and
-// its sink is aborted.
-func (r *run) drop(i int, err error) {
+// partial sum, every block of the stack and any extra tensors of the batch's
+// rows in place (no new memory), and its sink is aborted.
+func (r *run) drop(i int, err error, extra ...*kernels.Tensor) {
 	s := r.seqs[i]
 	s.Err = err
 	if s.Out != nil {
@@ -286,6 +295,11 @@ func (r *run) drop(i int, err error) {
 	squeeze(r.b.Partial)
 	for _, t := range r.b.Stack {
 		squeeze(t)
+	}
+	for _, t := range extra {
+		if t != nil {
+			squeeze(t)
+		}
 	}
 	r.seqs = append(r.seqs[:i], r.seqs[i+1:]...)
 	r.relayout()
@@ -339,29 +353,50 @@ func (r *run) emit(L int, timeout time.Duration) {
 	}
 }
 
-// runLayer applies the layer to the batch, in tiles when the batch is
-// larger than the tile.
+// runLayer applies the layer to the batch in calls of at most the memory
+// tile's rows, each within the executor's TileFLOPs of work (the cost
+// model's count for the layer at the rows' positions: a layer over a long
+// context is cut finer), so that a job cancelled or past its deadline
+// leaves at the next call: between calls, cancelled sequences are dropped
+// with this layer's partial work (their rows leave the batch; their state
+// goes with them), and the others go on. The calls compute exactly what
+// one call over the batch does (planner.NextTile).
 func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 	m := r.e.Model
 	rows := r.b.Rows()
-	// Tiles are row views; a device tensor that cannot address rows runs
-	// whole.
-	_, devView := r.b.Partial.Dev.(kernels.RowsViewer)
-	if r.tile <= 0 || rows <= r.tile || r.b.Partial.Data == nil && !devView {
+	// Calls are host row views; tensors in device memory run whole.
+	if r.b.Partial.Data == nil {
+		r.calls++
 		return m.RunLayer(ctx, l, r.b, model.PhasePrefill)
 	}
-	lens := make([]int, len(r.b.Spans))
-	for i, sp := range r.b.Spans {
-		lens[i] = sp.Len()
+	budget := r.e.TileFLOPs
+	if budget <= 0 {
+		budget = DefaultTileFLOPs
 	}
-	tiles := planner.Tiles(lens, r.tile)
+	cfg := &m.Cfg.Config
+	cost := func(_, lo, hi int) float64 { return costmodel.LayerFLOPs(cfg, l.Index, lo, hi).Total() }
 	d := m.Cfg.HiddenSize
 	blockStart := m.Cfg.IsBlockStart(l.Index)
 	var next *kernels.Tensor // the new partial sum at a block start
 	if blockStart {
 		next = m.Backend.NewTensor(rows, d)
 	}
-	for _, tl := range tiles {
+	for from := 0; from < r.b.Rows(); {
+		if from > 0 {
+			from = r.dropCancelledWithin(l.Index, from, next)
+			if from >= r.b.Rows() {
+				break
+			}
+		}
+		lens, starts := make([]int, len(r.b.Spans)), make([]int, len(r.b.Spans))
+		for i, sp := range r.b.Spans {
+			lens[i], starts[i] = sp.Len(), r.seqs[i].State.Tokens
+		}
+		tl := planner.NextTile(lens, starts, from, r.tile, budget, cost)
+		if from == 0 && tl.Hi == r.b.Rows() {
+			r.calls++
+			return m.RunLayer(ctx, l, r.b, model.PhasePrefill) // one call: the whole batch
+		}
 		sub := &model.Batch{Partial: r.b.Partial.RowsView(tl.Lo, tl.Hi), Stack: make([]*kernels.Tensor, len(r.b.Stack))}
 		for j, t := range r.b.Stack {
 			sub.Stack[j] = t.RowsView(tl.Lo, tl.Hi)
@@ -373,18 +408,46 @@ func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 				sub.Spans = append(sub.Spans, kernels.Span{Lo: lo - tl.Lo, Hi: hi - tl.Lo})
 			}
 		}
+		r.calls++
 		if err := m.RunLayer(ctx, l, sub, model.PhasePrefill); err != nil {
 			return err
 		}
 		if blockStart {
-			m.Backend.CopyBlock(next, tl.Lo, 0, sub.Partial, 0, 0, tl.Hi-tl.Lo, d)
-			m.Backend.Free(sub.Partial)
+			copy(next.Data[tl.Lo*d:tl.Hi*d], sub.Partial.Data)
 		}
-		// Elsewhere the tile's partial sum was updated in place in the view.
+		// Elsewhere the call's partial sum was updated in place in the view.
+		if r.e.onCall != nil {
+			r.e.onCall(l.Index, tl)
+		}
+		from = tl.Hi
 	}
 	if blockStart {
 		r.b.Stack = append(r.b.Stack, r.b.Partial)
 		r.b.Partial = next
 	}
 	return nil
+}
+
+// DefaultTileFLOPs bounds one layer call's work (Executor.TileFLOPs): about
+// 0.05-0.15 s of the CPU backend on one core, so that a cancelled job leaves
+// a layer well within a second.
+const DefaultTileFLOPs = 1e9
+
+// dropCancelledWithin drops, between two calls of layer L, the sequences
+// whose job context is done: their rows leave the batch (the partial sum,
+// the stack and next, the layer's new partial sum at a block start), so
+// the rest of the layer runs without them. from is the first row not yet
+// run; it returns it in the new layout.
+func (r *run) dropCancelledWithin(L, from int, next *kernels.Tensor) int {
+	for i := 0; i < len(r.seqs); {
+		s := r.seqs[i]
+		if s.Ctx == nil || s.Ctx.Err() == nil {
+			i++
+			continue
+		}
+		sp := r.b.Spans[i]
+		from -= min(max(from-sp.Lo, 0), sp.Len())
+		r.drop(i, fmt.Errorf("job %s: cancelled during layer %d: %w", s.ID, L, context.Cause(s.Ctx)), next)
+	}
+	return from
 }

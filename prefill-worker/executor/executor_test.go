@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
@@ -334,4 +336,93 @@ func TestPassReadError(t *testing.T) {
 	jobs = newJobs(e, prompts)
 	runPasses(t, e, jobs, 0, 1, 0)
 	checkStates(t, "after restore", jobs, want)
+}
+
+// timedAbort records when its sequence was aborted.
+type timedAbort struct {
+	*sink.Memory
+	at chan time.Time
+}
+
+func (s *timedAbort) Abort(err error) {
+	select {
+	case s.at <- time.Now():
+	default:
+	}
+	s.Memory.Abort(err)
+}
+
+// TestCancelWithinALongMLALayer cancels a job in the middle of a long MLA
+// layer (the small preset's first MLA layer over 1,536 tokens, cut into
+// calls of DefaultTileFLOPs): it leaves that layer at the next call, well
+// within a second, with the layer's partial work dropped (its rows leave
+// the batch), and the other job of the pass goes on to a state
+// bit-identical to the model core's.
+func TestCancelWithinALongMLALayer(t *testing.T) {
+	dir := testmodel.Dir(t, "small", 1, 0)
+	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
+	mla := -1
+	for L := 0; L < cfg.NumLayers && mla < 0; L++ {
+		if cfg.LayerKind(L) == model.MLA {
+			mla = L
+		}
+	}
+	prompts := [][]int32{prompt(1537, cfg.VocabSize, 1), prompt(200, cfg.VocabSize, 2)}
+	want := reference(t, dir, model.BF16, prompts[1:])
+	e := newExecutor(t, dir, 2, model.BF16)
+	jobs := newJobs(e, prompts)
+	ctxA, cancelA := context.WithCancel(context.Background())
+	defer cancelA()
+	jobs[0].ctx = ctxA
+	abortA := &timedAbort{Memory: jobs[0].mem, at: make(chan time.Time, 1)}
+	jobs[0].out = sink.NewQueue(abortA, 4)
+	var mu sync.Mutex
+	var calls, afterCancel int // calls of the MLA layer; of them, after the cancel
+	var cancelled time.Time
+	executor.SetOnCall(e, func(L int, _ planner.Range) {
+		if L != mla {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if !cancelled.IsZero() {
+			afterCancel++
+		}
+		if calls == 3 {
+			cancelled = time.Now()
+			go cancelA() // from elsewhere, as a client's cancel comes
+		}
+	})
+	var seqs []*executor.Seq
+	for _, j := range jobs {
+		seqs = append(seqs, &executor.Seq{ID: j.id, Ctx: j.ctx, State: j.state, Tokens: j.tokens, Final: true, Out: j.out})
+	}
+	st, err := e.Run(context.Background(), seqs, executor.Options{Depth: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls < 6 {
+		t.Fatalf("layer %d ran in %d calls: not cut finely enough to cancel within it", mla, calls)
+	}
+	if err := seqs[0].Err; err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), fmt.Sprintf("during layer %d", mla)) {
+		t.Fatalf("cancelled job: %v; want it dropped during layer %d", err, mla)
+	}
+	if seqs[0].Emitted != mla {
+		t.Fatalf("cancelled job emitted %d layers, want %d (the cancelled layer's partial work dropped)", seqs[0].Emitted, mla)
+	}
+	left := (<-abortA.at).Sub(cancelled)
+	t.Logf("layer %d in %d calls; the job left %v after its cancel, %d calls later; the pass: %d calls, compute %v", mla, calls, left, afterCancel, st.Calls, st.Compute)
+	if left > time.Second {
+		t.Fatalf("the job left %v after its cancel, want within a second", left)
+	}
+	if seqs[1].Err != nil {
+		t.Fatal(seqs[1].Err)
+	}
+	if err := jobs[1].out.Close(context.Background(), len(jobs[1].tokens)); err != nil {
+		t.Fatal(err)
+	}
+	checkStates(t, "the other job", jobs[1:], want)
 }

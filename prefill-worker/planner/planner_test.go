@@ -2,7 +2,9 @@ package planner
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -340,5 +342,63 @@ func TestMakeDraining(t *testing.T) {
 	p, err = Make(Input{Costs: c, Budget: budget, Depth: 1, Jobs: jobs})
 	if err != nil || len(p.Pieces) != 1 || !p.Pieces[0].Final {
 		t.Fatalf("without draining: %s, %v; want job a whole", p, err)
+	}
+}
+
+// TestNextTile: with no cost budget the calls are Tiles'; a budget ends a
+// call at the step that would pass it (at least one step per call), cut
+// only on the Align grid of each piece; a cost that grows with the
+// position (attention) makes later calls shorter.
+func TestNextTile(t *testing.T) {
+	all := func(lens, starts []int, tile int, budget float64, cost func(int, int, int) float64) []Range {
+		var out []Range
+		total := 0
+		for _, n := range lens {
+			total += n
+		}
+		for from := 0; from < total; {
+			r := NextTile(lens, starts, from, tile, budget, cost)
+			if r.Lo != from || r.Hi <= r.Lo {
+				t.Fatalf("NextTile from %d: %v", from, r)
+			}
+			out = append(out, r)
+			from = r.Hi
+		}
+		return out
+	}
+	flat := func(_, lo, hi int) float64 { return float64(hi - lo) }
+	lens, starts := []int{100, 300, 30, 700}, []int{0, 128, 0, 64}
+	for _, tile := range []int{64, 128, 500, 4096} {
+		if got, want := all(lens, starts, tile, math.Inf(1), flat), Tiles(lens, tile); !slices.Equal(got, want) {
+			t.Errorf("tile %d: %v, Tiles gives %v", tile, got, want)
+		}
+	}
+	// A budget of 200 rows' cost: calls of at most 200 rows, cut on the grid.
+	for _, r := range all(lens, starts, 0, 200, flat) {
+		if r.Hi-r.Lo > 200 {
+			t.Errorf("call %v over the budget", r)
+		}
+	}
+	// Attention-like cost: a step at position p costs p; each call stays
+	// within the budget unless it is one step, and later calls are shorter.
+	grow := func(_, lo, hi int) float64 { return float64(hi-lo) * float64(hi) }
+	calls := all([]int{4096}, []int{0}, 0, 64*2048, grow)
+	if len(calls) < 4 || calls[0].Hi-calls[0].Lo <= calls[len(calls)-1].Hi-calls[len(calls)-1].Lo {
+		t.Fatalf("calls %v: want more than a few, shrinking", calls)
+	}
+	for _, r := range calls {
+		if (r.Lo%Align != 0) || (r.Hi != 4096 && r.Hi%Align != 0) {
+			t.Errorf("call %v off the grid", r)
+		}
+		c := 0.0
+		for p := r.Lo; p < r.Hi; p += Align {
+			c += grow(0, p, min(r.Hi, p+Align))
+		}
+		if c > 64*2048 && r.Hi-r.Lo > Align {
+			t.Errorf("call %v costs %v, over the budget", r, c)
+		}
+	}
+	if r := NextTile([]int{1000}, []int{0}, 0, 0, 1, flat); r != (Range{0, 64}) {
+		t.Fatalf("a step over the budget alone: %v, want one step", r)
 	}
 }

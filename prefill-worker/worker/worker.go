@@ -236,9 +236,12 @@ func passSample(m *costmodel.Model, rep scheduler.PassReport) (costmodel.Sample,
 		work = work.Add(m.Work(pc.Lo, pc.Hi))
 		lens[i] = pc.Len()
 	}
-	calls := m.Layers
-	if plan.Tile > 0 && plan.Tokens > plan.Tile {
-		calls *= len(planner.Tiles(lens, plan.Tile))
+	calls := st.Calls
+	if calls <= 0 {
+		calls = m.Layers
+		if plan.Tile > 0 && plan.Tokens > plan.Tile {
+			calls *= len(planner.Tiles(lens, plan.Tile))
+		}
 	}
 	return costmodel.Sample{Work: work, Calls: calls, Took: st.Compute}, true
 }
