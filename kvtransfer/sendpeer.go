@@ -22,7 +22,11 @@ type peer struct {
 	addr          string
 	chunk, window int // the receiver's grid and credit window; 0 until the first WELCOME
 
-	parts  map[partKey]*outPart
+	parts map[partKey]*outPart
+	// early holds the last WELCOME's verified chunks of parts not handed
+	// over yet (a reconnection can come before the layer is put): they are
+	// applied when the part arrives, not sent again.
+	early  map[partKey]bitmap
 	order  []*outPart // in hand-over order
 	fresh  []*outPart // parts with chunks never sent
 	resend []chunkRef
@@ -141,6 +145,16 @@ func (s *Sender) setChunksLocked(op *outPart) {
 	op.peer.chunks += op.n
 	if op.n == 0 {
 		s.partDoneLocked(op)
+		return
+	}
+	k := partKey{op.layer.L, op.kind}
+	if b := op.peer.early[k]; b != nil {
+		delete(op.peer.early, k)
+		for i := 0; i < op.n; i++ {
+			if b.has(i) {
+				s.ackLocked(op, i)
+			}
+		}
 	}
 }
 
@@ -229,9 +243,18 @@ func (s *Sender) applyWelcomeLocked(p *peer, w *header) error {
 	} else if p.chunk != w.Chunk {
 		return fmt.Errorf("%w: the receiver changed its chunk size from %d to %d", ErrProtocol, p.chunk, w.Chunk)
 	}
+	p.early = nil // this WELCOME is the receiver's whole account
 	for _, d := range w.Done {
-		op := p.parts[partKey{d.Layer, d.Part}]
-		if op == nil || op.done {
+		k := partKey{d.Layer, d.Part}
+		op := p.parts[k]
+		if op == nil {
+			if p.early == nil {
+				p.early = map[partKey]bitmap{}
+			}
+			p.early[k] = bitmap(slices.Clone(d.Bits))
+			continue
+		}
+		if op.done {
 			continue
 		}
 		for i := 0; i < op.n; i++ {
