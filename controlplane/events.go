@@ -54,6 +54,10 @@ type RouteDecision struct {
 	PrefillWorker   string        `msgpack:"prefill_worker,omitempty" json:"prefill_worker,omitempty"`
 	DecodeGroup     string        `msgpack:"decode_group" json:"decode_group"`
 	Reason          string        `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	// CachedTokens is the prefix of the prompt the decode group advertised
+	// in its prefix cache, which the local prediction priced as not to be
+	// prefilled.
+	CachedTokens int `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
 }
 
 func (d *RouteDecision) validate(msg string) error {
@@ -64,6 +68,8 @@ func (d *RouteDecision) validate(msg string) error {
 		return fieldErr(msg, "route.target", "is %q, must be local or remote", d.Target)
 	case d.PredictedLocal < 0 || d.PredictedRemote < 0:
 		return fieldErr(msg, "route", "has a negative prediction (local %v, remote %v)", d.PredictedLocal, d.PredictedRemote)
+	case d.CachedTokens < 0:
+		return fieldErr(msg, "route.cached_tokens", "is %d, must be >= 0", d.CachedTokens)
 	case d.Target == TargetRemote && d.PrefillWorker == "":
 		return fieldErr(msg, "route.prefill_worker", "is empty for a remote route")
 	}

@@ -233,6 +233,20 @@ func TestPredictions(t *testing.T) {
 	if want := truth.Time(m.Work(0, 512), 0); busy.QueueWait != want {
 		t.Fatalf("queue wait %v, want one chunk of the long prompt %v", busy.QueueWait, want)
 	}
+	// A prompt the group holds 11,520 tokens of in its prefix cache: only
+	// the rest is prefilled (attending to the cached rows), in its own
+	// chunks; the remote side is unchanged (the prefill worker has no
+	// such cache).
+	hit := PredictLocal(m, r, Load{LocalChunk: 512, LocalCached: 11520}, 12001)
+	if want := truth.Time(m.Work(11520, 12000), m.Layers); hit.Prefill != want || hit.Prefill*10 > l.Prefill {
+		t.Fatalf("12k tokens with 11.5k cached: %v, want %v (whole: %v)", hit.Prefill, want, l.Prefill)
+	}
+	if all := PredictLocal(m, r, Load{LocalChunk: 512, LocalCached: 50000}, 12001); all.Prefill != 0 || all.Total != r.DecodeStep {
+		t.Fatalf("a cache longer than the prompt: %+v, want only the first step", all)
+	}
+	if p := PredictRemote(m, r, Load{PrefillUp: true, LocalCached: 11520}, 12001); p.Pass != truth.Time(m.Work(0, 12000), m.Layers) {
+		t.Fatalf("remote with a local cache: %+v", p)
+	}
 	if u := PredictLocal(m, Rates{}, Load{}, 100); u.Total != Unknown {
 		t.Fatalf("unmeasured rates: %v, want Unknown", u.Total)
 	}

@@ -42,6 +42,11 @@ type Load struct {
 	// waits for at most as many tokens of each earlier one as it has
 	// itself. 0 means whole prompts in arrival order.
 	LocalChunk int
+	// LocalCached is how many of the new prompt's first tokens the decode
+	// group holds in its prefix cache: it prefills only the rest (attending
+	// to the cached rows). The prefill worker has no such cache: a remote
+	// prefill is the whole prompt.
+	LocalCached int
 	// Threshold is the prompt length above which the router's Threshold
 	// policy goes remote (not a cost).
 	Threshold int
@@ -90,22 +95,23 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 func PredictLocal(m *Model, r Rates, l Load, prompt int) Prediction {
 	var p Prediction
 	tokens := max(prompt-1, 0)
+	from := min(max(l.LocalCached, 0), tokens) // a cached prefix is not prefilled again
 	var ahead FLOPs
-	for _, s := range aheadShares(l.LocalQueue, l.LocalChunk, tokens) {
+	for _, s := range aheadShares(l.LocalQueue, l.LocalChunk, tokens-from) {
 		ahead = ahead.Add(m.Work(0, s))
 	}
 	// Queued chunks share the group's steps with this prompt's: their
 	// fixed costs are this prompt's own.
 	p.QueueWait = r.Local.Time(ahead, 0)
 	calls := 0
-	if tokens > 0 {
+	if tokens > from {
 		steps := 1
 		if l.LocalChunk > 0 {
-			steps = (tokens + l.LocalChunk - 1) / l.LocalChunk
+			steps = (tokens - from + l.LocalChunk - 1) / l.LocalChunk
 		}
 		calls = steps * m.Layers
 	}
-	p.Prefill = r.Local.Time(m.Work(0, tokens), calls)
+	p.Prefill = r.Local.Time(m.Work(from, tokens), calls)
 	p.FirstStep = r.DecodeStep
 	p.Total = sum(p.QueueWait, p.Prefill, p.FirstStep)
 	return p

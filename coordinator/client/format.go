@@ -15,6 +15,9 @@ func Route(r *cp.RouteDecision) string {
 		return "not routed"
 	}
 	where := "decode group " + r.DecodeGroup + " prefills it itself"
+	if r.CachedTokens > 0 {
+		where += fmt.Sprintf(" (it holds the first %d tokens in its prefix cache)", r.CachedTokens)
+	}
 	if r.Target == cp.TargetRemote {
 		where = "prefill worker " + r.PrefillWorker + " prefills it, decode group " + r.DecodeGroup + " decodes"
 	}

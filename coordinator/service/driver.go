@@ -348,7 +348,7 @@ func (r *run) place(exclude []string) jobrun.Event {
 	workers, changed := c.view.snapshot()
 	r.changed = changed
 	gs, problems := groups(workers, m)
-	g := pickGroup(gs, need)
+	g := pickGroup(gs, need, r.req.TokenIDs)
 	var pf *cp.WorkerInfo
 	for _, w := range prefillWorkers(workers, m) {
 		if !slices.Contains(exclude, w.ID) || policy == cp.PolicyRemote {
@@ -369,7 +369,7 @@ func (r *run) place(exclude []string) jobrun.Event {
 	case policy == cp.PolicyRemote && pf == nil && n > 1:
 		return jobrun.Candidate{At: now, Why: fmt.Sprintf("policy remote: no prefill worker of model %s is up", m.ID)}
 	}
-	rd, _ := c.decide(policy, pf, g, n)
+	rd, _ := c.decide(policy, pf, g, r.req.TokenIDs)
 	remote := rd.Target == cp.TargetRemote
 	if remote {
 		if why := r.answers(pf.ID); why != "" {
@@ -407,25 +407,40 @@ func (r *run) place(exclude []string) jobrun.Event {
 }
 
 // pickGroup chooses the decode group for a job of need tokens: one that
-// can hold it, preferring room now, then the least loaded.
-func pickGroup(gs []group, need int) *group {
-	var best *group
-	better := func(a, b *group) bool {
-		if (a.Free >= need) != (b.Free >= need) {
-			return a.Free >= need
-		}
-		return a.Active < b.Active
-	}
+// can hold it, preferring room now, then the one holding the longest
+// prefix of prompt in its prefix cache (a session's next turn goes where
+// its history is), then the least loaded.
+func pickGroup(gs []group, need int, prompt []int32) *group {
+	best, bestCached := -1, 0
 	for i := range gs {
 		g := &gs[i]
 		if g.Capacity < need {
 			continue
 		}
-		if best == nil || better(g, best) {
-			best = g
+		h := g.Head()
+		cached := cachedPrefix(&h, prompt)
+		if best < 0 {
+			best, bestCached = i, cached
+			continue
+		}
+		b := &gs[best]
+		better := false
+		switch {
+		case (g.Free >= need) != (b.Free >= need):
+			better = g.Free >= need
+		case cached != bestCached:
+			better = cached > bestCached
+		default:
+			better = g.Active < b.Active
+		}
+		if better {
+			best, bestCached = i, cached
 		}
 	}
-	return best
+	if best < 0 {
+		return nil
+	}
+	return &gs[best]
 }
 
 // answers checks that a prefill worker is there before the decode group

@@ -30,8 +30,14 @@ func TestSessionTurnsFromThePrefixCache(t *testing.T) {
 		t.Fatalf("first turn: %+v", tm)
 	}
 	second := append(append(append([]int32(nil), first...), res.Tokens...), prompt(30, vocab, 6)...)
+	// The head's heartbeat advertises the first turn's prefix: the router
+	// prices the second turn's local prefill without it.
+	waitMetric(t, opt.Metrics, c.RankID(0), "tandem_coordinator_prefix_cache_entries", 1)
 	res = run(t, nc, cp.SubmitRequest{TokenIDs: second, Sampling: cp.Sampling{MaxTokens: 8}, Policy: cp.PolicyLocal})
 	checkDone(t, res, ref.Greedy(t, second, 8), cp.TargetLocal)
+	if rt := res.Final.Route; rt.CachedTokens != 128 || !strings.Contains(client.Route(rt), "holds the first 128 tokens") {
+		t.Fatalf("route %+v: the router did not price the cached prefix", rt)
+	}
 	tm := res.Final.Timing
 	if tm.CachedTokens != 128 || tm.CachedOn != res.Final.Route.DecodeGroup+"-r0" {
 		t.Fatalf("second turn: %d cached tokens on %q, want 128 on the group's head (route %+v)", tm.CachedTokens, tm.CachedOn, res.Final.Route)
@@ -70,5 +76,33 @@ func TestSessionTurnsFromThePrefixCache(t *testing.T) {
 			t.Fatalf("metrics of %s: %v, want %v and bytes", tm.CachedOn, got, want)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitMetric waits until the coordinator's gauge name for worker reads want.
+func waitMetric(t *testing.T, m *metrics.Metrics, worker, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mfs, err := m.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, x := range mf.GetMetric() {
+				for _, l := range x.GetLabel() {
+					if l.GetName() == "worker" && l.GetValue() == worker && x.GetGauge().GetValue() == want {
+						return
+					}
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s{worker=%q} never read %v", name, worker, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

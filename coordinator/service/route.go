@@ -7,6 +7,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/costmodel"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 )
 
 // loadTracker is what the coordinator knows of the work it has handed out:
@@ -135,7 +136,8 @@ func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
 
 // decide routes a prompt of n tokens under policy between prefill worker
 // pf (nil: none usable) and group g.
-func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n int) (*cp.RouteDecision, router.Decision) {
+func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prompt []int32) (*cp.RouteDecision, router.Decision) {
+	n := len(prompt)
 	r := c.rates(pf, g)
 	pfID := ""
 	if pf != nil && n > 1 {
@@ -144,12 +146,15 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n in
 	}
 	pol := router.Policy(policy)
 	m := c.cfg.Model.Cost
-	d := router.Route(pol, m, r, c.load.routerLoad(m, pfID, g.ID, g.Head().PrefillChunk, r), n)
+	load := c.load.routerLoad(m, pfID, g.ID, g.Head().PrefillChunk, r)
+	h := g.Head()
+	load.LocalCached = cachedPrefix(&h, prompt)
+	d := router.Route(pol, m, r, load, n)
 	if n <= 1 && pf != nil {
 		d.Reason = "a one-token prompt has nothing to prefill: " + d.Reason
 	}
 	rd := &cp.RouteDecision{Policy: policy, Target: cp.Target(d.Target), PredictedLocal: d.Local.Total,
-		PredictedRemote: d.Remote.Total, DecodeGroup: g.ID, Reason: d.Reason}
+		PredictedRemote: d.Remote.Total, DecodeGroup: g.ID, Reason: d.Reason, CachedTokens: load.LocalCached}
 	// A side whose rates are not known yet has no prediction: say so
 	// rather than show the router's stand-in for infinity.
 	if d.Local.Total >= unknown {
@@ -162,4 +167,21 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, n in
 		rd.PrefillWorker = pf.ID
 	}
 	return rd, d
+}
+
+// cachedPrefix is how many of prompt's first tokens the decode group whose
+// head is h can resume from its prefix cache, by the prefixes its heartbeat
+// advertises (0 when it advertises none). The group compares the tokens
+// itself: a hash collision here only misprices one job.
+func cachedPrefix(h *cp.WorkerInfo, prompt []int32) int {
+	c := h.PrefixCache
+	if c == nil || len(c.Prefixes) == 0 {
+		return 0
+	}
+	held := make(map[prefixkey.Hash]int, len(c.Prefixes))
+	for _, p := range c.Prefixes {
+		held[prefixkey.Hash(p.Link)] = p.Tokens
+	}
+	// The last prompt token always runs as the first decode step.
+	return prefixkey.Longest(prefixkey.SHA256, prefixkey.Hash(c.Salt), prompt, len(prompt)-1, held)
 }
