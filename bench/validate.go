@@ -303,7 +303,7 @@ func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf f
 			rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape = r, fmt.Sprintf("%dx%d·%dx%dᵀ", T, s[1], s[0], s[1])
 		}
 	}
-	rep.Notes = append(rep.Notes, "the BF16 GEMM limit is this backend's best MatMul over large shapes (cuBLASLt is not bound yet), so GEMM ratios measure shape efficiency against the backend's own best, not against the GPU's peak")
+	rep.Notes = append(rep.Notes, "the BF16 GEMM limit is this backend's best MatMul over large shapes (cuBLASLt's with TANDEM_CUBLASLT=1, else the backend's own kernel), so GEMM ratios measure shape efficiency against that, not necessarily the GPU's peak")
 	logf("limits: BF16 GEMM %.2f TFLOP/s (%s), device copy %.1f GB/s, pinned H2D %.1f GB/s",
 		rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape, rep.Limits.HBMCopyGBps, rep.Limits.H2DGBps)
 

@@ -43,6 +43,8 @@ type Backend struct {
 	mods             map[string]cuModule
 	funcs            map[string]cuFunc
 
+	lt *lt // cuBLASLt, when enabled (cublaslt.go)
+
 	// onLaunch, when set (tests), sees every launch's kernel and arguments.
 	onLaunch func(mod, name string, args []any)
 
@@ -156,7 +158,7 @@ func (b *Backend) initDevice(ordinal int) error {
 		}
 		b.mods[n] = m
 	}
-	return nil
+	return b.enableLt()
 }
 
 // DeviceMemory returns the device's free and total memory now.
@@ -188,6 +190,10 @@ func (b *Backend) Close() {
 	defer runtime.UnlockOSThread()
 	if b.compute != 0 {
 		b.d.cuStreamSynchronize(b.compute)
+	}
+	if b.lt != nil {
+		b.lt.destroy(b.lt.handle)
+		b.lt = nil
 	}
 	for _, ps := range b.pool {
 		for _, p := range ps {

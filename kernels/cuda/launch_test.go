@@ -61,25 +61,9 @@ func entries(t *testing.T) map[string][]string {
 	return out
 }
 
-// fits says whether a launch argument matches a PTX parameter type.
-func fits(a any, ty string) bool {
-	switch a.(type) {
-	case devPtr, i64:
-		return ty == "u64" || ty == "b64" || ty == "s64"
-	case i32:
-		return ty == "u32" || ty == "b32" || ty == "s32"
-	case f32:
-		return ty == "f32" || ty == "b32"
-	}
-	return false
-}
-
-// TestLaunchesMatchThePTX runs every op of the backend on a fake driver and
-// checks each launch against the kernel's parameters in the embedded PTX:
-// the kernel exists in the named module and every argument has its
-// parameter's width and kind. (The driver would otherwise read a wrong
-// parameter block silently.) Every kernel of the contract is launched.
-func TestLaunchesMatchThePTX(t *testing.T) {
+// fakeBackend is a backend on the fake driver whose launches are checked
+// against the PTX's parameters and counted.
+func fakeBackend(t *testing.T) (*Backend, map[string]int) {
 	sig := entries(t)
 	b := &Backend{d: fakeDriver(), ctx: 1, mods: map[string]cuModule{}, funcs: map[string]cuFunc{}, pool: map[uint64][]devPtr{}, host: map[unsafe.Pointer]int{}}
 	for mod := range ptx.Modules() {
@@ -104,6 +88,102 @@ func TestLaunchesMatchThePTX(t *testing.T) {
 			}
 		}
 	}
+	return b, launched
+}
+
+// TestCuBLASLtCall: with cuBLASLt enabled, a BF16 or MX MatMul decodes the
+// weight (MX only) and the activations to BF16 with tandem_dequant_bf16 and
+// calls cublasLtMatmul as D[O, T] = Aᵀ·B with A = W as [I, O] and B = X as
+// [I, T], column-major, BF16 in, fp32 out; F32 weights keep the exact
+// kernel.
+func TestCuBLASLtCall(t *testing.T) {
+	b, launched := fakeBackend(t)
+	type layout struct {
+		ty         int32
+		rows, cols uint64
+		ld         int64
+	}
+	var layouts []layout
+	var trans []int32
+	matmuls := 0
+	next := uintptr(1)
+	b.lt = &lt{
+		descCreate: func(d *uintptr, compute, scale int32) int32 {
+			if compute != cublasCompute32F || scale != cudaR32F {
+				t.Errorf("desc: compute %d scale %d", compute, scale)
+			}
+			*d = next
+			next++
+			return 0
+		},
+		descDestroy: func(uintptr) int32 { return 0 },
+		descSetAttribute: func(_ uintptr, attr int32, buf unsafe.Pointer, size uint64) int32 {
+			trans = append(trans, attr, *(*int32)(buf))
+			return 0
+		},
+		layoutCreate: func(l *uintptr, ty int32, rows, cols uint64, ld int64) int32 {
+			layouts = append(layouts, layout{ty, rows, cols, ld})
+			*l = next
+			next++
+			return 0
+		},
+		layoutDestroy: func(uintptr) int32 { return 0 },
+		matmul: func(h, desc uintptr, alpha unsafe.Pointer, a devPtr, ad uintptr, bb devPtr, bd uintptr, beta unsafe.Pointer, c devPtr, cd uintptr, d devPtr, dd uintptr, algo uintptr, ws devPtr, wsSize uint64, s cuStream) int32 {
+			matmuls++
+			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 || c != d || cd != dd || a == 0 || bb == 0 || ws == 0 && wsSize != 0 {
+				t.Errorf("matmul arguments: alpha %v beta %v", *(*float32)(alpha), *(*float32)(beta))
+			}
+			return 0
+		},
+	}
+	b.lt.ws = b.alloc(ltWorkspace)
+	const T, O, I = 5, 96, 64
+	x, y := b.NewTensor(T, I), b.NewTensor(T, O)
+	for _, f := range []kernels.Format{kernels.BF16, kernels.MXFP4, kernels.F32} {
+		w := conformance.RandomMatrix(1, "w", f, O, I)
+		if err := b.Bind(w); err != nil {
+			t.Fatal(err)
+		}
+		b.MatMul(y, x, w)
+	}
+	if matmuls != 2 || launched["gemm.tandem_gemm_f32"] != 1 || launched["gemm.tandem_gemm_bf16"] != 0 {
+		t.Fatalf("%d cuBLASLt calls, launches %v", matmuls, launched)
+	}
+	// Activations twice (BF16 and MX), the MX weight once.
+	if launched["elementwise.tandem_dequant_bf16"] != 3 {
+		t.Errorf("dequant_bf16 launched %d times, want 3", launched["elementwise.tandem_dequant_bf16"])
+	}
+	want := []layout{{cudaR16BF, I, O, I}, {cudaR16BF, I, T, I}, {cudaR32F, O, T, O}}
+	for i, l := range layouts {
+		if l != want[i%3] {
+			t.Errorf("layout %d: %+v, want %+v", i, l, want[i%3])
+		}
+	}
+	if len(trans) != 8 || trans[0] != ltDescTransA || trans[1] != cublasOpT || trans[2] != ltDescTransB || trans[3] != cublasOpN {
+		t.Errorf("transposes %v", trans)
+	}
+}
+
+// fits says whether a launch argument matches a PTX parameter type.
+func fits(a any, ty string) bool {
+	switch a.(type) {
+	case devPtr, i64:
+		return ty == "u64" || ty == "b64" || ty == "s64"
+	case i32:
+		return ty == "u32" || ty == "b32" || ty == "s32"
+	case f32:
+		return ty == "f32" || ty == "b32"
+	}
+	return false
+}
+
+// TestLaunchesMatchThePTX runs every op of the backend on a fake driver and
+// checks each launch against the kernel's parameters in the embedded PTX:
+// the kernel exists in the named module and every argument has its
+// parameter's width and kind. (The driver would otherwise read a wrong
+// parameter block silently.) Every kernel of the contract is launched.
+func TestLaunchesMatchThePTX(t *testing.T) {
+	b, launched := fakeBackend(t)
 	run := func(name string, fn func()) {
 		defer func() {
 			if p := recover(); p != nil {

@@ -64,3 +64,40 @@ func loadDriver() (*driver, error) {
 	}
 	return d, nil
 }
+
+// loadLt loads cuBLASLt: the pip wheels' directories under the Python site
+// directories in TANDEM_CUBLASLT_DIRS (nvidia/cu13/lib for CUDA 13,
+// nvidia/cublas/lib for 12), then the loader's path, then CUDA_HOME and
+// CUDA_PATH, then /usr/local/cuda.
+func loadLt() (*lt, error) {
+	var cands []string
+	sonames := []string{"libcublasLt.so.13", "libcublasLt.so.12"}
+	for _, d := range filepath.SplitList(os.Getenv("TANDEM_CUBLASLT_DIRS")) {
+		for _, sub := range []string{"", "nvidia/cu13/lib", "nvidia/cublas/lib"} {
+			for _, so := range sonames {
+				cands = append(cands, filepath.Join(d, sub, so))
+			}
+		}
+	}
+	cands = append(cands, sonames...)
+	for _, root := range []string{os.Getenv("CUDA_HOME"), os.Getenv("CUDA_PATH"), "/usr/local/cuda"} {
+		if root != "" {
+			for _, so := range sonames {
+				cands = append(cands, filepath.Join(root, "lib64", so))
+			}
+		}
+	}
+	h, path, err := openLib(cands)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: cuBLASLt (libcublasLt.so.13 or .12) not found (%v): install it (pip's nvidia-cublas wheel: give its site directory in TANDEM_CUBLASLT_DIRS) or unset %s", err, LtEnv)
+	}
+	l := &lt{path: path}
+	for _, s := range l.symbols() {
+		sym, err := purego.Dlsym(h, s.name)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: %s has no %s: %w", path, s.name, err)
+		}
+		purego.RegisterFunc(s.fn, sym)
+	}
+	return l, nil
+}

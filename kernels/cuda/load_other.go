@@ -12,3 +12,5 @@ import (
 func loadDriver() (*driver, error) {
 	return nil, fmt.Errorf("%w (%s/%s): run the prefill worker with --backend cpu, or on Linux with an NVIDIA GPU", ErrUnsupported, runtime.GOOS, runtime.GOARCH)
 }
+
+func loadLt() (*lt, error) { return nil, ErrUnsupported }

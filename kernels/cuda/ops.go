@@ -137,8 +137,10 @@ func (b *Backend) gemm(y, x devPtr, T int, w *kernels.Matrix) {
 	}
 	md := b.matrix(w)
 	O, I := w.Rows, w.Cols
-	switch w.Format {
-	case kernels.F32, kernels.F16:
+	switch {
+	case b.lt != nil && w.Format != kernels.F32 && w.Format != kernels.F16:
+		b.ltGemm(y, x, T, w)
+	case w.Format == kernels.F32 || w.Format == kernels.F16:
 		b.launch("gemm", "tandem_gemm_f32", [3]uint32{uint32((O + 15) / 16), uint32((T + 15) / 16), 1}, block256,
 			y, x, i64(T), i32(O), i32(I), md.data, md.scales, i32(w.Format))
 	default:
