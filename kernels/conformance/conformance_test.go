@@ -213,3 +213,18 @@ func TestPlantedBugsFail(t *testing.T) {
 		}
 	}
 }
+
+// The model on a backend whose tensors hide their values (Data nil) as a
+// device's do: every layer and the model compute the CPU's bits, so model
+// code moves values only through the backend.
+func TestOpaqueBackend(t *testing.T) {
+	rep := runSuite(t, Opaque{cpu.New(0)}, Options{ModelDir: tinyModel(t), Only: []string{"copy_block", "short_conv", "kda/chunked", "write_latent", "mla"}})
+	for _, r := range rep.Results {
+		if !r.Pass || r.Rel != 0 || r.Max != 0 {
+			t.Errorf("%s on opaque tensors: rel %.3g max %.3g pass %v %s", r.Name, r.Rel, r.Max, r.Pass, r.Note)
+		}
+	}
+	if rep.Agreement != 1 {
+		t.Errorf("greedy agreement %.3f, want 1", rep.Agreement)
+	}
+}

@@ -364,8 +364,9 @@ func (r *run) emit(L int, timeout time.Duration) {
 func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 	m := r.e.Model
 	rows := r.b.Rows()
-	// Calls are host row views; tensors in device memory run whole.
-	if r.b.Partial.Data == nil {
+	// Calls are row views (kernels.RowsViewer on a device); a device
+	// tensor that cannot address rows runs whole.
+	if _, devView := r.b.Partial.Dev.(kernels.RowsViewer); r.b.Partial.Data == nil && !devView {
 		r.calls++
 		return m.RunLayer(ctx, l, r.b, model.PhasePrefill)
 	}
@@ -413,7 +414,8 @@ func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 			return err
 		}
 		if blockStart {
-			copy(next.Data[tl.Lo*d:tl.Hi*d], sub.Partial.Data)
+			m.Backend.CopyBlock(next, tl.Lo, 0, sub.Partial, 0, 0, tl.Hi-tl.Lo, d)
+			m.Backend.Free(sub.Partial)
 		}
 		// Elsewhere the call's partial sum was updated in place in the view.
 		if r.e.onCall != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels/conformance"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
@@ -425,4 +426,25 @@ func TestCancelWithinALongMLALayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkStates(t, "the other job", jobs[1:], want)
+}
+
+// TestStreamedPrefillOnOpaqueTensors: passes on a backend whose tensors hide
+// their values as a device's do (conformance.Opaque: Data nil) give the
+// reference's states bit for bit, super-chunked and in tiles (row views,
+// block-start copies) and with a job dropped: the executor and the model
+// move values only through the backend.
+func TestStreamedPrefillOnOpaqueTensors(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
+	several := [][]int32{prompt(151, cfg.VocabSize, 1), prompt(2, cfg.VocabSize, 2), prompt(70, cfg.VocabSize, 3)}
+	want := reference(t, dir, model.BF16, several)
+	e := newExecutor(t, dir, 2, model.BF16)
+	m := model.New(e.Model.Cfg, conformance.Opaque{CPU: cpu.New(2)})
+	m.State = e.Model.State
+	e.Model = m
+	for _, p := range []struct{ chunk, tile int }{{0, 0}, {128, 64}} {
+		jobs := newJobs(e, several)
+		runPasses(t, e, jobs, p.chunk, 1, p.tile)
+		checkStates(t, fmt.Sprintf("opaque tensors, chunk %d tile %d", p.chunk, p.tile), jobs, want)
+	}
 }
