@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -227,7 +229,7 @@ func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 			if r.err == nil {
 				return r.nc, nil
 			}
-			if !o.RetryConnect || !errors.Is(r.err, nats.ErrNoServers) {
+			if !o.RetryConnect || !transient(r.err) {
 				return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), r.err)
 			}
 			select {
@@ -246,6 +248,16 @@ func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 			return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), ctx.Err())
 		}
 	}
+}
+
+// transient reports whether a failed first connection is worth another
+// try under RetryConnect: no server answered, or the handshake with one was
+// cut short or garbled (a server dying, or one too loaded to answer its
+// PING before sending its own), as opposed to a refusal (credentials,
+// TLS), which another try would only repeat.
+func transient(err error) bool {
+	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || strings.HasPrefix(err.Error(), "nats: expected '")
 }
 
 // redactURL hides passwords and tokens in server URLs before they are logged.
