@@ -109,7 +109,7 @@ func (d *deployment) startPrefill(ctx context.Context) error {
 		return err
 	}
 	d.pnc = nc
-	reg, err := cp.OpenRegistry(ctx, nc, d.registry)
+	reg, err := cp.WorkerRegistry(ctx, nc, d.registry, d.c.Identities() != nil, nil)
 	if err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func (d *deployment) limitLinks(ctx context.Context) error {
 			return err
 		}
 		d.rankNCs = append(d.rankNCs, nc)
-		reg, err := cp.OpenRegistry(ctx, nc, d.registry)
+		reg, err := cp.WorkerRegistry(ctx, nc, d.registry, d.c.Identities() != nil, nil)
 		if err != nil {
 			return err
 		}

@@ -131,23 +131,24 @@ func InboxPrefix(p Principal, name string) string {
 // Permissions are the subjects identity p (named name) may publish to and
 // subscribe to. They are the whole of tandem's access control on NATS:
 //
-//   - a client publishes only its own requests (submit, cancel, list under
-//     ClientPrefix(name)) and reads only its own namespace and inbox: other
+//   - a client publishes only its own requests (submit, cancel, list,
+//     availability under ClientPrefix(name)) and reads only its own namespace and inbox: other
 //     clients' jobs, the job queue, assignments (with their transfer
 //     secrets) and progress are out of its reach, and it cannot forge a
 //     worker's progress or a token;
 //   - a worker takes assignments and cancellations on its own subjects (any
 //     worker's, for the shared worker identity), answers them, reports
 //     progress under its worker subjects, publishes tokens into clients'
-//     namespaces, and keeps its registry key; it cannot read the job queue,
-//     other clients' requests or job events;
+//     namespaces, and keeps its registry key in the bucket the coordinators
+//     set up; it cannot read the job queue, other clients' requests or job
+//     events, nor create, change or delete any stream or bucket;
 //   - the coordinator may do everything.
 func Permissions(p Principal, name string) *server.Permissions {
 	switch p {
 	case PrincipalClient:
 		ns := ClientPrefix(name)
 		return &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{ns + ".submit", ns + ".cancel", ns + ".list"}},
+			Publish:   &server.SubjectPermission{Allow: []string{ns + ".submit", ns + ".cancel", ns + ".list", ns + ".availability"}},
 			Subscribe: &server.SubjectPermission{Allow: []string{ns + ".jobs.>", InboxPrefix(p, name) + ".>"}},
 		}
 	case PrincipalWorker:
@@ -160,11 +161,14 @@ func Permissions(p Principal, name string) *server.Permissions {
 			Publish: &server.SubjectPermission{Allow: []string{
 				Prefix + ".workers." + w + ".jobs.*.progress",
 				Prefix + ".clients.*.jobs.*.tokens",
+				// Its heartbeat: a put (or, leaving, a delete) of its
+				// registry key, on the bucket bound with one stream
+				// info (JoinRegistry). No other JetStream API: a
+				// worker that could create or update the bucket's
+				// stream could give it other subjects and republish
+				// them (clients' requests and events) to its inbox.
 				"$KV." + WorkersBucket + "." + w,
-				"$JS.API.INFO", // the key-value client checks the account first
 				"$JS.API.STREAM.INFO." + bucket,
-				"$JS.API.STREAM.CREATE." + bucket,
-				"$JS.API.STREAM.UPDATE." + bucket,
 			}},
 			Subscribe: &server.SubjectPermission{Allow: []string{
 				Prefix + ".workers." + w + ".assign",

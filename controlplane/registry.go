@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 )
 
 // RegistryConfig configures the worker registry. Zero fields take defaults.
@@ -82,6 +83,48 @@ func BindRegistry(ctx context.Context, nc *nats.Conn, bucket string) (*Registry,
 		return nil, fmt.Errorf("worker registry: bucket %s: %w", bucket, err)
 	}
 	return &Registry{kv: kv, ttl: st.TTL()}, nil
+}
+
+// JoinRegistry opens the registry bucket (default WorkersBucket) as a
+// worker with a tandem identity does: as the coordinators configured it,
+// never creating or changing it (the worker identity may not: the stream
+// API subjects are the coordinator's). A bucket that is not there yet (no
+// coordinator has started) is waited for until ctx ends; waiting is
+// logged once, through waiting (nil: silent).
+func JoinRegistry(ctx context.Context, nc *nats.Conn, bucket string, waiting func(error)) (*Registry, error) {
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		reg, err := BindRegistry(ctx, nc, bucket)
+		if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return reg, err
+		}
+		if waiting != nil {
+			waiting(err)
+			waiting = nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("worker registry: waiting for a coordinator to create it: %w (%w)", ctx.Err(), err)
+		case <-time.After(pause):
+		}
+	}
+}
+
+// WorkerRegistry opens the registry for a worker. One logged in with a
+// tandem identity (identity true) joins the bucket the coordinators set up
+// (JoinRegistry), logging on log that it waits when there is none yet; one
+// on a server without tandem identities (open, or one user for
+// everything) creates or updates the bucket to cfg as OpenRegistry does,
+// so that its workers may start before any coordinator.
+func WorkerRegistry(ctx context.Context, nc *nats.Conn, cfg RegistryConfig, identity bool, log *zap.Logger) (*Registry, error) {
+	if !identity {
+		return OpenRegistry(ctx, nc, cfg)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return JoinRegistry(ctx, nc, cfg.Bucket, func(err error) {
+		log.Info("waiting for a coordinator to create the worker registry", zap.Error(err))
+	})
 }
 
 // TTL is how long a worker stays registered after its last heartbeat.

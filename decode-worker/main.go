@@ -192,7 +192,7 @@ func startAdapter(ctx context.Context, cfg *config, layout *rank.Layout, w *pipe
 	if err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	reg, err := controlplane.OpenRegistry(ctx, nc, cfg.Registry)
+	reg, err := controlplane.WorkerRegistry(ctx, nc, cfg.Registry, o.Identity != nil || o.IdentityFile != "", log)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("control plane: %w", err)

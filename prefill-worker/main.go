@@ -127,7 +127,7 @@ func controlPlane(ctx context.Context, cfg *config, wc worker.Config, log *zap.L
 		return fmt.Errorf("control plane: %w", err)
 	}
 	defer nc.Close()
-	reg, err := controlplane.OpenRegistry(ctx, nc, cfg.Registry)
+	reg, err := controlplane.WorkerRegistry(ctx, nc, cfg.Registry, o.Identity != nil || o.IdentityFile != "", log)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}

@@ -236,6 +236,12 @@ func (c *Cluster) registry(ctx context.Context, nc *nats.Conn) (*cp.Registry, er
 	return cp.OpenRegistry(ctx, nc, c.opt.Registry)
 }
 
+// workerRegistry is the registry as a worker on nc opens it: with the
+// deployment's identities, the bucket the coordinator set up.
+func (c *Cluster) workerRegistry(ctx context.Context, nc *nats.Conn) (*cp.Registry, error) {
+	return cp.WorkerRegistry(ctx, nc, c.opt.Registry, c.opt.Identities != nil, c.log)
+}
+
 // Coordinator is the running coordinator (nil while stopped).
 func (c *Cluster) Coordinator() *service.Coordinator {
 	c.mu.Lock()
@@ -329,7 +335,7 @@ func (c *Cluster) StartPrefill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reg, err := c.registry(ctx, nc)
+	reg, err := c.workerRegistry(ctx, nc)
 	if err != nil {
 		nc.Close()
 		return err
@@ -415,7 +421,7 @@ func (c *Cluster) StartRank(ctx context.Context, r int) error {
 	if err != nil {
 		return err
 	}
-	reg, err := c.registry(ctx, nc)
+	reg, err := c.workerRegistry(ctx, nc)
 	if err != nil {
 		nc.Close()
 		return err
