@@ -52,6 +52,9 @@ func sampleMessages() []Message {
 		&Progress{JobID: "j-abc", WorkerID: "gpu-0", Stage: StatePrefilling, Time: when, Layers: &LayerProgress{Done: 1, Total: 61}, Tokens: 300000, Bytes: 1 << 27,
 			Elapsed: time.Second, Measured: &Rates{PrefillTokensPerSec: 2500}},
 		&QueuedJob{JobID: "j-abc", Submitted: when, Request: SubmitRequest{TokenIDs: []int32{1}}, Client: "c-1"},
+		&AvailabilityRequest{},
+		&AvailabilityReply{Model: "k3", DecodeGroups: 1, DecodeRanks: 4, PrefillWorkers: 1, MaxTokens: 300000, Problems: []string{"group b: rank 1 of 2 not registered"}},
+		&AvailabilityReply{Error: "shutting down", Code: CodeUnavailable},
 	}
 }
 
@@ -296,6 +299,9 @@ func TestValidateRejects(t *testing.T) {
 		}(), "secret"},
 		{"refusal without reason", &AssignReply{JobID: "j", WorkerID: "w"}, "error"},
 		{"failed progress without error", &Progress{JobID: "j", WorkerID: "w", Stage: StateFailed, Time: when}, "error"},
+		{"availability without a model", &AvailabilityReply{DecodeGroups: 1, DecodeRanks: 1}, "model"},
+		{"availability with more groups than ranks", &AvailabilityReply{Model: "k3", DecodeGroups: 2, DecodeRanks: 1}, "decode_ranks"},
+		{"availability with negative capacity", &AvailabilityReply{Model: "k3", MaxTokens: -1}, "max_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.m.Validate()

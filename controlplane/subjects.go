@@ -12,14 +12,16 @@ const (
 	// Prefix is the root of every tandem subject of this protocol version.
 	Prefix = "tandem.v1"
 
-	// SubjectAllSubmit, SubjectAllCancel and SubjectAllList match every
-	// client's requests (ClientSubmit, ClientCancel, ClientList): the
+	// SubjectAllSubmit, SubjectAllCancel, SubjectAllList and
+	// SubjectAllAvailability match every client's requests (ClientSubmit,
+	// ClientCancel, ClientList, ClientAvailability): the
 	// coordinators serve them, and learn from the subject which client
 	// asks (the NATS server lets a client publish only under its own
 	// ClientPrefix).
-	SubjectAllSubmit = Prefix + ".clients.*.submit"
-	SubjectAllCancel = Prefix + ".clients.*.cancel"
-	SubjectAllList   = Prefix + ".clients.*.list"
+	SubjectAllSubmit       = Prefix + ".clients.*.submit"
+	SubjectAllCancel       = Prefix + ".clients.*.cancel"
+	SubjectAllList         = Prefix + ".clients.*.list"
+	SubjectAllAvailability = Prefix + ".clients.*.availability"
 
 	// SubjectJobQueue is where accepted submissions are stored (QueuedJob
 	// messages in the JetStream work-queue stream). Clients never publish
@@ -60,6 +62,11 @@ func ClientCancel(name string) string { return ClientPrefix(name) + ".cancel" }
 // ListJobsRequest answered by a ListJobsReply.
 func ClientList(name string) string { return ClientPrefix(name) + ".list" }
 
+// ClientAvailability is the subject on which client name asks what the
+// deployment can run now: an AvailabilityRequest answered by an
+// AvailabilityReply.
+func ClientAvailability(name string) string { return ClientPrefix(name) + ".availability" }
+
 // ClientJobEvents is the subject on which the coordinator publishes the
 // JobEvent messages of job id, a job of client name.
 func ClientJobEvents(name, jobID string) string {
@@ -78,12 +85,12 @@ func ClientAllJobEvents(name string) string { return ClientPrefix(name) + ".jobs
 func ClientAllJobTokens(name string) string { return ClientPrefix(name) + ".jobs.*.tokens" }
 
 // ClientOf returns the client whose request subject (ClientSubmit,
-// ClientCancel or ClientList) subject is.
+// ClientCancel, ClientList or ClientAvailability) subject is.
 func ClientOf(subject string) (string, error) {
 	rest, ok := strings.CutPrefix(subject, Prefix+".clients.")
 	name, verb, ok2 := strings.Cut(rest, ".")
-	if !ok || !ok2 || (verb != "submit" && verb != "cancel" && verb != "list") {
-		return "", fmt.Errorf("subject %q is not a client request subject (%s.<client>.submit|cancel|list)", subject, Prefix+".clients")
+	if !ok || !ok2 || (verb != "submit" && verb != "cancel" && verb != "list" && verb != "availability") {
+		return "", fmt.Errorf("subject %q is not a client request subject (%s.<client>.submit|cancel|list|availability)", subject, Prefix+".clients")
 	}
 	if err := CheckID(name); err != nil {
 		return "", fmt.Errorf("subject %q: client name: %w", subject, err)
