@@ -108,6 +108,20 @@ type Cancel struct {
 	Reason string
 }
 
+// Checked answers Check: the worker's account of the job, or why there is
+// none (Err; a worker that does not answer or does not serve status).
+type Checked struct {
+	At    time.Time
+	Reply *cp.JobStatusReply
+	Err   error
+}
+
+// Reconnected: the coordinator's NATS connection came back after a loss.
+// Reports published while it was away never reached it (core NATS keeps
+// nothing for a missing subscriber), so a run that follows a job asks the
+// job's decode group how it stands.
+type Reconnected struct{ At time.Time }
+
 // Tick: the time Next named has come.
 type Tick struct{ At time.Time }
 
@@ -122,6 +136,8 @@ func (Report) event()         {}
 func (WorkerLost) event()     {}
 func (WorkersChanged) event() {}
 func (Cancel) event()         {}
+func (Checked) event()        {}
+func (Reconnected) event()    {}
 func (Tick) event()           {}
 func (Shutdown) event()       {}
 
@@ -145,6 +161,13 @@ type Assign struct {
 	Worker     string
 	Assignment *cp.Assignment
 }
+
+// Check asks worker (the decode group's head) what it knows of the job
+// (its status request); the answer comes back as Checked. A run asks
+// before it fails a job that went silent, and after the coordinator's
+// connection came back: a lost report must not fail, or hang, a job that
+// runs or ended well.
+type Check struct{ Worker string }
 
 // CancelOn tells workers to drop the job.
 type CancelOn struct {
@@ -209,6 +232,7 @@ func (Publish) action()             {}
 func (Inquire) action()             {}
 func (Place) action()               {}
 func (Assign) action()              {}
+func (Check) action()               {}
 func (CancelOn) action()            {}
 func (ReplyCancel) action()         {}
 func (ObservePass) action()         {}

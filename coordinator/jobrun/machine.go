@@ -15,6 +15,14 @@
 // ended, and never assigned a second time. Workers admit a job id once,
 // so an assignment that reaches a worker already holding the job is
 // answered Resumed and adopted the same way.
+//
+// Reports are core NATS messages: one published as a server dies, or while
+// the coordinator's connection is down, is lost. So a run never fails a
+// job for silence alone: before it does, and after its connection came
+// back, it asks the decode group (Check). A group still producing tokens
+// keeps the job; one that ended it hands over its final report, output
+// included; one that does not know the job, or holds it without a new
+// token since the last report, fails it.
 package jobrun
 
 import (
@@ -67,6 +75,15 @@ const (
 	phaseEnded           // final, or handed back
 )
 
+// check is why a Check is out.
+type check int
+
+const (
+	checkNone   check = iota
+	checkStall        // the decode group went silent for StallTimeout
+	checkResync       // the coordinator's connection came back
+)
+
 // Machine is one delivery of one job. It is not safe for concurrent use:
 // one driver owns it.
 type Machine struct {
@@ -91,6 +108,9 @@ type Machine struct {
 	involved                   map[string]time.Time // worker -> when it got the job
 	prefillOpen, decodeOpen    bool
 	adopted                    bool
+	reinquired                 bool // asked the workers again after a Resumed answer
+	decoded                    int  // tokens the head last reported
+	checking                   check
 
 	final *cp.JobEvent
 	acts  []Action
@@ -160,6 +180,13 @@ func (m *Machine) Step(ev Event) []Action {
 		m.report(e)
 	case WorkerLost:
 		m.lost(e)
+	case Checked:
+		m.checked(e)
+	case Reconnected:
+		if m.phase == phaseFollowing && m.decodeOpen && m.checking == checkNone {
+			m.checking = checkResync
+			m.emit(Check{Worker: m.head})
+		}
 	case WorkersChanged:
 		if m.phase == phasePlacing && m.retryAt.IsZero() {
 			m.emit(Place{Exclude: m.excluded()})
@@ -261,6 +288,7 @@ func (m *Machine) adopt(at time.Time, head, group string, ranks []string, p *cp.
 		Reason: fmt.Sprintf("adopted: an earlier delivery of the job assigned it to decode group %s, which has it", group)}
 	m.advance(at, cp.StateRouted, jobs.Update{Route: rd, Detail: rd.Reason})
 	m.phase = phaseFollowing
+	m.placeBy, m.retryAt = time.Time{}, time.Time{} // placed
 	for _, id := range ranks {
 		m.involved[id] = at
 	}
@@ -372,10 +400,17 @@ func (m *Machine) assigned(e Assigned) {
 			m.emit(CancelOn{Workers: []string{p.Head}, Reason: "the prefill worker did not take the job"})
 		}
 		m.fail(e.At, &cp.JobError{Code: rep.Code, Worker: worker, Message: "refused the assignment: " + rep.Error})
+	case rep.Resumed && !prefill && !m.reinquired:
+		// The decode group has the job from an earlier delivery, which
+		// the inquiry missed (a worker or this coordinator was
+		// reconnecting). Send the prefill worker nothing (its new
+		// transfer session would be one the group does not expect) and
+		// ask again, once, to learn how that delivery ran it (a remote
+		// job's prefill worker).
+		m.reinquired = true
+		m.phase = phaseInquiring
+		m.emit(Inquire{})
 	case rep.Resumed && !prefill:
-		// The decode group has the job from an earlier delivery: follow it
-		// as it is, and send the prefill worker nothing (its new transfer
-		// session would be one the group does not expect).
 		m.adopt(e.At, p.Head, p.Group, p.Ranks, rep.Progress, nil)
 	case !prefill && p.Prefill != "":
 		m.prefillAssigned = true
@@ -390,6 +425,7 @@ func (m *Machine) placed(at time.Time, rep *cp.AssignReply) {
 	p := m.plan
 	remote := p.Prefill != ""
 	m.phase = phaseFollowing
+	m.placeBy, m.retryAt = time.Time{}, time.Time{}
 	m.group, m.head, m.decodeOpen = p.Group, p.Head, true
 	for _, id := range p.Ranks {
 		m.involved[id] = m.sentDecode
@@ -488,6 +524,7 @@ func (m *Machine) onDecode(p *cp.Progress, at time.Time) {
 	switch p.Stage {
 	case cp.StateDecoding:
 		m.stallAt = at.Add(m.cfg.StallTimeout)
+		m.decoded = max(m.decoded, p.Tokens)
 		if m.job.State() != cp.StateDecoding {
 			if !m.adopted {
 				mk.FirstToken = at
@@ -565,6 +602,51 @@ func (m *Machine) lost(e WorkerLost) {
 	m.fail(e.At, &cp.JobError{Code: cp.CodeUnavailable, Worker: e.Worker, Message: e.Reason})
 }
 
+// checked adopts the decode group's account of the job, asked for by a
+// Check.
+func (m *Machine) checked(e Checked) {
+	why := m.checking
+	m.checking = checkNone
+	if m.phase != phaseFollowing || why == checkNone {
+		return
+	}
+	stalled := why == checkStall
+	rep := e.Reply
+	if e.Err == nil && rep != nil && rep.WorkerID != m.head {
+		e.Err = fmt.Errorf("the answer is from worker %s, not the group's head %s", rep.WorkerID, m.head)
+	}
+	var p *cp.Progress
+	if e.Err == nil && rep != nil && rep.Progress != nil && rep.Progress.WorkerID == m.head {
+		p = rep.Progress
+	}
+	switch {
+	case p != nil && rep.Finished():
+		// It ended and the report was lost: its final report carries the
+		// whole output.
+		m.report(Report{At: e.At, P: p})
+	case p != nil && rep.Held && p.Stage == cp.StateDecoding && p.Tokens > m.decoded:
+		// Decoding on: only the reports were lost.
+		m.report(Report{At: e.At, P: p})
+	case !stalled:
+		// After a reconnection, anything else leaves the timers as they
+		// are: the group may not have reported yet.
+	case e.Err != nil:
+		m.stallFail(e.At, fmt.Sprintf("and it does not answer for the job: %v", e.Err))
+	case rep == nil || !rep.Held:
+		m.stallFail(e.At, "and it no longer knows the job")
+	default:
+		m.stallFail(e.At, fmt.Sprintf("and it holds the job with no token since (%d so far)", m.decoded))
+	}
+}
+
+// stallFail fails a job whose decode group went silent; more says what the
+// group answered when asked.
+func (m *Machine) stallFail(at time.Time, more string) {
+	m.cancelWorkers("the decode group went silent")
+	m.fail(at, &cp.JobError{Code: cp.CodeUnavailable, Worker: m.head,
+		Message: fmt.Sprintf("no report from the decode group for %v while decoding, %s", m.cfg.StallTimeout, more)})
+}
+
 func (m *Machine) cancel(e Cancel) {
 	switch m.phase {
 	case phaseFollowing:
@@ -593,9 +675,10 @@ func (m *Machine) tick(now time.Time) {
 			m.cancelWorkers("the coordinator stopped; the job goes back to the queue")
 			m.release()
 		case !m.stallAt.IsZero() && !now.Before(m.stallAt):
-			m.cancelWorkers("the decode group went silent")
-			m.fail(now, &cp.JobError{Code: cp.CodeUnavailable, Worker: m.head,
-				Message: fmt.Sprintf("no report from the decode group for %v while decoding", m.cfg.StallTimeout)})
+			// Silent, or its reports lost: ask before failing it.
+			m.stallAt = time.Time{}
+			m.checking = checkStall
+			m.emit(Check{Worker: m.head})
 		case !now.Before(m.deadline):
 			m.cancelWorkers("job timeout")
 			m.fail(now, &cp.JobError{Code: cp.CodeUnavailable, Message: fmt.Sprintf("the job did not finish within %v of its submission (job timeout)", m.cfg.JobTimeout)})

@@ -42,6 +42,8 @@ func show(acts []Action) string {
 			out = append(out, "Place")
 		case Inquire:
 			out = append(out, "Inquire")
+		case Check:
+			out = append(out, "Check("+a.Worker+")")
 		case ReplyCancel:
 			out = append(out, "ReplyCancel")
 		case Bug:
@@ -230,7 +232,8 @@ func TestRedeliveredJobNobodyHasRunsAfresh(t *testing.T) {
 
 // An assignment answered Resumed (the worker had the job already: the
 // inquiry missed it, e.g. the worker was still reconnecting) is adopted,
-// and the prefill worker gets nothing.
+// and the prefill worker gets nothing. The workers are asked once more,
+// so that the adopted route says how the earlier delivery ran the job.
 func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
 	m := newMachine()
 	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
@@ -238,7 +241,16 @@ func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
 	step(t, m, Candidate{At: at(2), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
 	rep := accepted("g-r0")
 	rep.Resumed, rep.Progress = true, progress("g-r0", cp.StatePrefilling, 0)
-	step(t, m, Assigned{At: at(3), Reply: rep}, "Publish(routed) Publish(prefilling)")
+	step(t, m, Assigned{At: at(3), Reply: rep}, "Inquire")
+	// The second inquiry finds both sides: the route is remote.
+	acts := step(t, m, Inquired{At: at(4), Reports: []WorkerReport{
+		{Worker: "pf", Kind: cp.KindPrefill, Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf", Progress: progress("pf", cp.StateDone, 11)}},
+		{Worker: "g-r0", Kind: cp.KindDecode, Group: "g", Ranks: []string{"g-r0", "g-r1"},
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Held: true, Progress: progress("g-r0", cp.StatePrefilling, 0)}},
+	}}, "Publish(routed) Publish(prefilling)")
+	if rd := acts[0].(Publish).Event.Route; rd.Target != cp.TargetRemote || rd.PrefillWorker != "pf" {
+		t.Fatalf("adopted route %+v, want remote through pf", rd)
+	}
 	step(t, m, Report{At: at(9), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
 	step(t, m, Report{At: at(10), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
 
@@ -248,7 +260,12 @@ func TestResumedAssignmentIsAdoptedWithoutPrefill(t *testing.T) {
 	step(t, m, Candidate{At: at(2), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
 	rep = accepted("g-r0")
 	rep.Resumed, rep.Progress = true, decodeDone(3)
-	step(t, m, Assigned{At: at(3), Reply: rep}, "Publish(routed) ObserveDecodeStep Publish(done) Ack")
+	step(t, m, Assigned{At: at(3), Reply: rep}, "Inquire")
+	// The second inquiry gets no answer: placed again, the Resumed answer
+	// is adopted as it is.
+	step(t, m, Inquired{At: at(4)}, "Place")
+	step(t, m, Candidate{At: at(5), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(6), Reply: rep}, "Publish(routed) ObserveDecodeStep Publish(done) Ack")
 }
 
 func TestPlacementRetriesThenGivesUp(t *testing.T) {
@@ -342,7 +359,8 @@ func TestTimersLostWorkersCancelAndShutdown(t *testing.T) {
 		m := following()
 		step(t, m, Report{At: at(2000), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
 		step(t, m, Tick{At: at(6999)}, "")
-		step(t, m, Tick{At: at(7000)}, "CancelOn(g-r0) Publish(failed) Ack")
+		step(t, m, Tick{At: at(7000)}, "Check(g-r0)")
+		step(t, m, Checked{At: at(7001), Err: errors.New("timeout")}, "CancelOn(g-r0) Publish(failed) Ack")
 	})
 	t.Run("lost", func(t *testing.T) {
 		m := following()
@@ -393,4 +411,99 @@ func TestDeliveryOutcomesAtStart(t *testing.T) {
 		m := newMachine()
 		step(t, m, Start{At: at(0), Delivery: tc.d}, tc.want)
 	}
+}
+
+// TestSilentJobIsCheckedWithItsGroup: a decoding job silent for the stall
+// timeout (its reports lost with a NATS server, or the group stuck) is
+// failed only after its decode group was asked, and as the group answers.
+func TestSilentJobIsCheckedWithItsGroup(t *testing.T) {
+	decoding := func(t *testing.T) *Machine {
+		m := newMachine()
+		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+		step(t, m, Candidate{At: at(1), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+		step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
+		step(t, m, Report{At: at(1000), P: progress("g-r0", cp.StateDecoding, 4)}, "LoadForget Publish(decoding)")
+		step(t, m, Tick{At: at(6000)}, "Check(g-r0)")
+		step(t, m, Tick{At: at(6001)}, "") // one check at a time
+		return m
+	}
+	status := func(held bool, p *cp.Progress) *cp.JobStatusReply {
+		return &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Held: held, Progress: p}
+	}
+	t.Run("ended: its final report is taken", func(t *testing.T) {
+		m := decoding(t)
+		acts := step(t, m, Checked{At: at(6010), Reply: status(false, decodeDone(3))}, "ObserveDecodeStep Publish(done) Ack")
+		ev := acts[1].(Publish).Event
+		if ev.Output == nil || ev.Output.Text != "abc" || !slices.Equal(ev.Output.TokenIDs, []int32{7, 8, 9}) {
+			t.Fatalf("output %+v, want the group's final report's", ev.Output)
+		}
+	})
+	t.Run("failed there", func(t *testing.T) {
+		m := decoding(t)
+		step(t, m, Checked{At: at(6010), Reply: status(false, progress("g-r0", cp.StateFailed, 5))}, "Publish(failed) Ack")
+		if e := m.Final().Error; e == nil || e.Message != "boom" {
+			t.Fatalf("error %+v, want the group's", e)
+		}
+	})
+	t.Run("still decoding: keeps waiting", func(t *testing.T) {
+		m := decoding(t)
+		step(t, m, Checked{At: at(6010), Reply: status(true, progress("g-r0", cp.StateDecoding, 9))}, "")
+		if got, want := m.Next(), at(6010).Add(cfg.StallTimeout); !got.Equal(want) {
+			t.Fatalf("next check at %v, want %v", got, want)
+		}
+		// Silent again, and this time no token came since 9: stuck.
+		step(t, m, Tick{At: at(11010)}, "Check(g-r0)")
+		step(t, m, Checked{At: at(11011), Reply: status(true, progress("g-r0", cp.StateDecoding, 9))}, "CancelOn(g-r0) Publish(failed) Ack")
+		if e := m.Final().Error; e == nil || !strings.Contains(e.Message, "holds the job with no token since (9 so far)") {
+			t.Fatalf("error %+v", e)
+		}
+	})
+	t.Run("unknown there", func(t *testing.T) {
+		m := decoding(t)
+		step(t, m, Checked{At: at(6010), Reply: status(false, nil)}, "CancelOn(g-r0) Publish(failed) Ack")
+		if e := m.Final().Error; e == nil || !strings.Contains(e.Message, "no longer knows the job") {
+			t.Fatalf("error %+v", e)
+		}
+	})
+	t.Run("an answer for another worker is no answer", func(t *testing.T) {
+		m := decoding(t)
+		r := status(false, decodeDone(3))
+		r.WorkerID = "g-r1"
+		step(t, m, Checked{At: at(6010), Reply: r}, "CancelOn(g-r0) Publish(failed) Ack")
+	})
+	t.Run("a late answer changes nothing", func(t *testing.T) {
+		m := decoding(t)
+		step(t, m, Report{At: at(6005), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+		step(t, m, Checked{At: at(6010), Reply: status(false, nil)}, "")
+	})
+}
+
+// TestReconnectedRunAsksItsGroup: after the coordinator's connection came
+// back, a run that follows a job asks its decode group, takes an end it
+// missed, and otherwise keeps its timers.
+func TestReconnectedRunAsksItsGroup(t *testing.T) {
+	status := func(held bool, p *cp.Progress) *cp.JobStatusReply {
+		return &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Held: held, Progress: p}
+	}
+	m := newMachine()
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Reconnected{At: at(1)}, "") // nothing assigned yet
+	step(t, m, Candidate{At: at(1), Plan: localPlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "LoadLocal AssignedAt Publish(prefilling)")
+	// Before the first token: the group holds the job, still prefilling.
+	step(t, m, Reconnected{At: at(100)}, "Check(g-r0)")
+	step(t, m, Checked{At: at(101), Reply: status(true, progress("g-r0", cp.StatePrefilling, 0))}, "")
+	// Its first-token report was lost: the check finds it decoding.
+	step(t, m, Reconnected{At: at(500)}, "Check(g-r0)")
+	step(t, m, Checked{At: at(501), Reply: status(true, progress("g-r0", cp.StateDecoding, 3))}, "LoadForget Publish(decoding)")
+	// Unknown or no answer after a reconnection fails nothing.
+	step(t, m, Reconnected{At: at(600)}, "Check(g-r0)")
+	step(t, m, Checked{At: at(601), Err: errors.New("no responders")}, "")
+	if got, want := m.Next(), at(501).Add(cfg.StallTimeout); !got.Equal(want) {
+		t.Fatalf("next timer %v, want the stall check at %v", got, want)
+	}
+	// Its final report was lost: the check ends the job.
+	step(t, m, Reconnected{At: at(900)}, "Check(g-r0)")
+	step(t, m, Checked{At: at(901), Reply: status(false, decodeDone(3))}, "ObserveDecodeStep Publish(done) Ack")
+	step(t, m, Reconnected{At: at(950)}, "")
 }

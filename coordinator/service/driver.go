@@ -27,6 +27,8 @@ type message struct {
 
 	cancel string
 	reply  chan *cp.CancelReply
+
+	reconnected bool // the coordinator's connection came back
 }
 
 // mailbox queues messages for a run without ever blocking the sender (the
@@ -212,6 +214,8 @@ func (r *run) eventOf(msg message) jobrun.Event {
 	case msg.reply != nil:
 		r.cancelReply = msg.reply
 		return jobrun.Cancel{At: time.Now(), Reason: msg.cancel}
+	case msg.reconnected:
+		return jobrun.Reconnected{At: time.Now()}
 	case msg.lost != "":
 		return jobrun.WorkerLost{At: time.Now(), Worker: msg.lost, Reason: msg.reason, Since: msg.since}
 	default:
@@ -236,6 +240,8 @@ func (r *run) exec(acts []jobrun.Action) {
 			r.publish(a.Event)
 		case jobrun.Inquire:
 			acts = append(acts, r.m.Step(r.inquire())...)
+		case jobrun.Check:
+			acts = append(acts, r.m.Step(r.check(a.Worker))...)
 		case jobrun.Place:
 			acts = append(acts, r.m.Step(r.place(a.Exclude))...)
 		case jobrun.Assign:
@@ -333,6 +339,24 @@ func (r *run) inquire() jobrun.Event {
 		}
 	}
 	return jobrun.Inquired{At: time.Now(), Reports: asked}
+}
+
+// check asks worker what it knows of the job, bounded by the assignment
+// timeout.
+func (r *run) check(worker string) jobrun.Event {
+	ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.AssignTimeout)
+	defer cancel()
+	rep, err := cp.JobStatus(ctx, r.c.nc, worker, r.id)
+	switch {
+	case err != nil:
+		r.log.Info("job status: no answer", zap.String("worker", worker), zap.Error(err))
+	case rep.Progress != nil:
+		r.log.Info("job status", zap.String("worker", worker), zap.Bool("held", rep.Held),
+			zap.String("stage", string(rep.Progress.Stage)), zap.Int("tokens", rep.Progress.Tokens))
+	default:
+		r.log.Info("job status: the worker does not know the job", zap.String("worker", worker))
+	}
+	return jobrun.Checked{At: time.Now(), Reply: rep, Err: err}
 }
 
 // place looks for a decode group (and prefill worker) that can take the

@@ -253,6 +253,21 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return fmt.Errorf("coordinator: the worker registry did not list its workers: %w", setup.Err())
 	}
 
+	// Reports published while the connection was down are lost: every
+	// run asks its decode group how its job stands once it is back.
+	prevReconnected := c.nc.Opts.ReconnectedCB
+	c.nc.SetReconnectHandler(func(nc *nats.Conn) {
+		if prevReconnected != nil {
+			prevReconnected(nc)
+		}
+		c.mu.Lock()
+		for _, r := range c.runs {
+			r.inbox.put(message{reconnected: true})
+		}
+		c.mu.Unlock()
+	})
+	defer c.nc.SetReconnectHandler(prevReconnected)
+
 	progress, err := c.nc.Subscribe(cp.SubjectAllProgress, c.onProgress)
 	if err != nil {
 		return fmt.Errorf("coordinator: subscribe to progress: %w", err)
@@ -272,6 +287,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		}
 	}
 	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllList, cp.QueueGroupCoordinators, c.list); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllAvailability, cp.QueueGroupCoordinators, c.availability); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	bgWG.Add(1)

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -324,3 +325,34 @@ func (l *lossWatch) notify(id, reason string, since time.Time) {
 		f(reason, since)
 	}
 }
+
+// availability answers a client's availability request from the registry
+// as this coordinator follows it.
+func (c *Coordinator) availability(ctx context.Context, _ *cp.AvailabilityRequest) (*cp.AvailabilityReply, error) {
+	if _, err := cp.ClientOf(cp.RequestSubject(ctx)); err != nil {
+		return nil, refuse(cp.CodeBadRequest, "%v", err)
+	}
+	workers, _ := c.view.snapshot()
+	return availabilityOf(workers, c.cfg.Model), nil
+}
+
+// availabilityOf is what workers can run of model m: its usable decode
+// groups (as placement sees them), their longest sequence, its prefill
+// workers, and why the other groups are not usable.
+func availabilityOf(workers map[string]cp.WorkerInfo, m *modelinfo.Info) *cp.AvailabilityReply {
+	gs, problems := groups(workers, m)
+	rep := &cp.AvailabilityReply{Model: m.ID, DecodeGroups: len(gs), PrefillWorkers: len(prefillWorkers(workers, m))}
+	for _, g := range gs {
+		rep.DecodeRanks += len(g.Ranks)
+		rep.MaxTokens = max(rep.MaxTokens, g.Capacity)
+	}
+	if len(problems) > maxReportedProblems {
+		problems = append(problems[:maxReportedProblems-1], fmt.Sprintf("and %d more", len(problems)-maxReportedProblems+1))
+	}
+	rep.Problems = problems
+	return rep
+}
+
+// maxReportedProblems is what an availability reply may carry (the
+// protocol's bound).
+const maxReportedProblems = 64
