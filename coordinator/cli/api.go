@@ -85,7 +85,7 @@ func runAPI(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer nc.Close()
-	return serveAPI(cmd.Context(), v, nc, nil, v.GetString("model"), info, tok, log, nil)
+	return serveAPI(cmd.Context(), v, nc, v.GetString("model"), info, tok, log, nil)
 }
 
 // apiIdentity gives the API's connection a client's identity: the
@@ -129,14 +129,12 @@ func apiConfig(v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.I
 }
 
 // serveAPI serves the front door until ctx ends; ready gets its address.
-// registry (nil: nc) is the connection it watches the workers on.
-func serveAPI(ctx context.Context, v *viper.Viper, nc, registry *nats.Conn, modelDir string, info *modelinfo.Info, tok *tokenizer.Tokenizer,
+func serveAPI(ctx context.Context, v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.Info, tok *tokenizer.Tokenizer,
 	log *zap.Logger, ready func(string)) error {
 	cfg, err := apiConfig(v, nc, modelDir, info, tok, log)
 	if err != nil {
 		return err
 	}
-	cfg.RegistryConn = registry
 	srv, err := openai.New(cfg)
 	if err != nil {
 		return err

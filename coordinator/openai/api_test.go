@@ -77,14 +77,7 @@ func startDeployment(t *testing.T, mod func(*openai.Config)) *deployment {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	// The registry is the coordinators' and workers': the front door
-	// watches it on a coordinator's connection, as serve's does.
-	reg, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "api-registry")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Close)
-	cfg := openai.Config{Conn: nc, RegistryConn: reg, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: modelName, Log: testLogger(t)}
+	cfg := openai.Config{Conn: nc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: modelName, Log: testLogger(t)}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -45,8 +45,11 @@ func tooLong(param, format string, args ...any) *apiError {
 	return newErr(http.StatusRequestEntityTooLarge, "invalid_request_error", "context_length_exceeded", param, format, args...)
 }
 
-var errNoWorkers = newErr(http.StatusServiceUnavailable, "service_unavailable", "no_workers", "",
-	"no decode group serves this model now; retry later")
+// noWorkers is a 503: no decode group can take a job of the model now,
+// why as the coordinators say.
+func noWorkers(why string) *apiError {
+	return newErr(http.StatusServiceUnavailable, "service_unavailable", "no_workers", "", "%s; retry later", why)
+}
 
 // fromJob maps a refusal or a failure of the job (a *cp.RemoteError from
 // the submission, a *cp.JobError from its final event) to a status.

@@ -100,8 +100,8 @@ type response struct {
 // serves the model; otherwise the job's reply, streamed or whole. A client
 // that goes away cancels the job.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, pl *plan) {
-	if n, known := s.workers.count(); known && n == 0 {
-		writeError(w, errNoWorkers)
+	if e := s.workers.check(r.Context()); e != nil {
+		writeError(w, e)
 		return
 	}
 	ctx, cancel := context.WithCancel(r.Context())

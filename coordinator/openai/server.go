@@ -9,7 +9,6 @@
 package openai
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -54,13 +53,7 @@ type Config struct {
 	MaxConcurrentPerKey int
 	// Policy routes the jobs (empty: the coordinator's default).
 	Policy cp.Policy
-	// RegistryBucket is the worker registry's bucket (default:
-	// controlplane's), watched on RegistryConn (default Conn) to answer 503
-	// at once when no decode rank serves the model. A client identity may
-	// not read it; serve gives the coordinator's connection.
-	RegistryBucket string
-	RegistryConn   *nats.Conn
-	Log            *zap.Logger
+	Log    *zap.Logger
 }
 
 // Defaults.
@@ -74,7 +67,7 @@ type Server struct {
 	cfg     Config
 	plan    planner
 	keys    [][32]byte // SHA-256 of each key: compared in constant time
-	workers *workerView
+	workers *availability
 	log     *zap.Logger
 	created int64
 
@@ -101,7 +94,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, created: time.Now().Unix(), inFlight: map[string]int{},
 		plan:    planner{name: cfg.ModelName, info: cfg.Model, tok: cfg.Tokenizer, maxPrompt: cfg.MaxPromptTokens},
-		workers: newWorkerView(cmp.Or(cfg.RegistryConn, cfg.Conn), cfg.RegistryBucket, cfg.Model.ID, cfg.Log)}
+		workers: newAvailability(cfg.Conn, cfg.Model.ID)}
 	for i, k := range cfg.APIKeys {
 		if strings.TrimSpace(k) == "" || strings.ContainsAny(k, " \t\r\n") {
 			return nil, fmt.Errorf("openai: API key %d is empty or has whitespace", i)
@@ -149,7 +142,6 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(string)) err
 func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready func(string)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go s.workers.run(ctx)
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
@@ -259,23 +251,34 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.card())
 }
 
-// health answers 200 when NATS is connected and a decode group serves the
-// model (or the registry cannot be read here), 503 otherwise; it needs no
-// key (load balancers probe it).
-func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+// health answers 200 when NATS is connected and the coordinators say a
+// decode group serves the model, 503 otherwise; it needs no key (load
+// balancers probe it).
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	type status struct {
 		Status  string `json:"status"`
 		Model   string `json:"model"`
 		NATS    bool   `json:"nats"`
-		Workers *int   `json:"decode_workers"` // null: the registry is not readable here
+		Workers *int   `json:"decode_workers"` // null: no coordinator answered
+		Reason  string `json:"reason,omitempty"`
 	}
 	st := status{Status: "ok", Model: s.cfg.ModelName, NATS: s.cfg.Conn.IsConnected()}
-	n, known := s.workers.count()
+	n, known := s.workers.ranks(r.Context())
 	if known {
 		st.Workers = &n
 	}
 	code := http.StatusOK
-	if !st.NATS || (known && n == 0) {
+	switch {
+	case !st.NATS:
+		st.Reason = "not connected to NATS"
+	case !known:
+		st.Reason = errNoAnswer.Error()
+	case n == 0:
+		if e := s.workers.check(r.Context()); e != nil {
+			st.Reason = e.Message
+		}
+	}
+	if st.Reason != "" {
 		st.Status, code = "unavailable", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, st)

@@ -2,87 +2,113 @@ package openai
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 )
 
-// workerView follows the worker registry to know whether any decode rank
-// serves the model, so that a request with nobody to run it gets 503 at
-// once instead of waiting in the queue for the placement timeout. A front
-// door that cannot read the registry (a client identity may not: it is
-// the coordinators' and workers') does not know, and leaves the answer to
-// the coordinator, which fails a job it cannot place as unavailable.
-type workerView struct {
-	nc     *nats.Conn
-	bucket string
-	model  string
-	log    *zap.Logger
+// availability asks the coordinators whether a decode group serves the
+// model (cp.Availability, on the client's own subjects: a client identity
+// may not read the worker registry), so that a request nobody could run
+// gets 503 at once, saying why, instead of waiting in the queue for the
+// placement timeout. An answer is kept for fresh; while one is asked,
+// every request waits for that one, so a burst costs one round trip.
+type availability struct {
+	nc    *nats.Conn
+	model string
+	fresh time.Duration
+	wait  time.Duration // bound on one request
 
-	mu     sync.Mutex
-	synced bool
-	decode map[string]bool // live, non-draining decode ranks of the model
+	mu       sync.Mutex
+	at       time.Time
+	rep      *cp.AvailabilityReply // nil: unknown (no answer)
+	inFlight chan struct{}         // closed when the request out is answered
 }
 
-func newWorkerView(nc *nats.Conn, bucket, model string, log *zap.Logger) *workerView {
-	return &workerView{nc: nc, bucket: bucket, model: model, log: log, decode: map[string]bool{}}
+// Defaults of the availability cache.
+const (
+	availabilityFresh = time.Second
+	availabilityWait  = 2 * time.Second
+)
+
+func newAvailability(nc *nats.Conn, model string) *availability {
+	return &availability{nc: nc, model: model, fresh: availabilityFresh, wait: availabilityWait}
 }
 
-// count is the number of decode ranks serving the model; known is false
-// until the registry has been read.
-func (v *workerView) count() (n int, known bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return len(v.decode), v.synced
-}
-
-// run binds the registry (retrying until a coordinator created it) and
-// follows it until ctx ends.
-func (v *workerView) run(ctx context.Context) {
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		if err := v.watch(ctx); err != nil && ctx.Err() == nil {
-			v.log.Debug("worker registry not watched yet", zap.Error(err))
-		}
-		v.mu.Lock()
-		v.decode, v.synced = map[string]bool{}, false
-		v.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
+// get returns the latest answer (nil: none, the coordinators did not
+// answer), asking again when it is older than fresh.
+func (a *availability) get(ctx context.Context) *cp.AvailabilityReply {
+	a.mu.Lock()
+	if !a.at.IsZero() && time.Since(a.at) < a.fresh {
+		rep := a.rep
+		a.mu.Unlock()
+		return rep
 	}
+	ch := a.inFlight
+	if ch == nil {
+		ch = make(chan struct{})
+		a.inFlight = ch
+		go a.ask(ch)
+	}
+	a.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rep
 }
 
-func (v *workerView) watch(ctx context.Context) error {
-	reg, err := cp.BindRegistry(ctx, v.nc, v.bucket)
+func (a *availability) ask(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.wait)
+	defer cancel()
+	rep, err := cp.Availability(ctx, a.nc)
 	if err != nil {
-		return err
+		rep = nil
 	}
-	ch, err := reg.Watch(ctx)
-	if err != nil {
-		return err
-	}
-	for c := range ch {
-		v.mu.Lock()
-		switch c.Op {
-		case cp.WorkerUp:
-			w := c.Info
-			if w.Kind == cp.KindDecode && (w.Model == "" || w.Model == v.model) && !w.Draining {
-				v.decode[w.ID] = true
-			} else {
-				delete(v.decode, w.ID)
-			}
-		case cp.WorkerLeft, cp.WorkerExpired:
-			delete(v.decode, c.ID)
-		case cp.WorkerSynced:
-			v.synced = true
-		}
-		v.mu.Unlock()
-	}
-	return ctx.Err()
+	a.mu.Lock()
+	a.rep, a.at, a.inFlight = rep, time.Now(), nil
+	a.mu.Unlock()
+	close(done)
 }
+
+// check returns the 503 to answer when the coordinators say no job of the
+// model could be placed now, nil otherwise. Without an answer (no
+// coordinator answered in time, or one too old to know the request) the
+// job is submitted and the coordinator decides.
+func (a *availability) check(ctx context.Context) *apiError {
+	rep := a.get(ctx)
+	if rep == nil {
+		return nil
+	}
+	if rep.Model != a.model {
+		return noWorkers(fmt.Sprintf("the coordinators serve model %s, this front door %s", rep.Model, a.model))
+	}
+	if ok, why := rep.Available(); !ok {
+		return noWorkers(why)
+	}
+	return nil
+}
+
+// ranks is the number of ready decode ranks of the model; known is false
+// without an answer.
+func (a *availability) ranks(ctx context.Context) (n int, known bool) {
+	rep := a.get(ctx)
+	if rep == nil {
+		return 0, false
+	}
+	if rep.Model != a.model {
+		return 0, true
+	}
+	return rep.DecodeRanks, true
+}
+
+// errNoAnswer is what the health check says without an answer.
+var errNoAnswer = errors.New("no coordinator answered the availability request")

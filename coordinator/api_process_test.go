@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+)
+
+// TestStandaloneAPIWithoutWorkers: `coordinator api` alone, logged in as a
+// client (which may not read the worker registry), in front of a
+// coordinator process with no workers: a chat completion is answered 503
+// at once (not after the coordinator's 60 s placement wait) with an
+// OpenAI-shaped error saying why, and /health says the same.
+func TestStandaloneAPIWithoutWorkers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an API process: not in -short")
+	}
+	dir := testmodel.Dir(t, "demo", 1, 2)
+	port := freePort(t)
+	creds, _ := credentials(t)
+	startCoordinator(t, "--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", t.TempDir(),
+		"--embedded-credentials-dir", creds)
+	api := startChild(t, "OpenAI-compatible API", "api", "--model", dir, "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", port),
+		"--nats-credentials", cp.IdentityFile(creds, cp.PrincipalClient), "--http-listen", "127.0.0.1:0", "--log-format", "json")
+	var base string
+	for _, line := range strings.Split(api.log.String(), "\n") {
+		var m struct{ Msg, URL string }
+		if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "OpenAI-compatible API" {
+			base = m.URL
+		}
+	}
+	if base == "" {
+		t.Fatalf("no API address in the log:\n%s", api.log.String())
+	}
+
+	start := time.Now()
+	body := fmt.Sprintf(`{"model": %q, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true}`, filepath.Base(dir))
+	resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	var e struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(b, &e) != nil {
+		t.Fatalf("chat completion without workers: %d %s, want a 503 error object", resp.StatusCode, b)
+	}
+	if e.Error.Type != "service_unavailable" || e.Error.Code == nil || *e.Error.Code != "no_workers" ||
+		!strings.Contains(e.Error.Message, "no decode group of model") {
+		t.Fatalf("error %s, want service_unavailable / no_workers saying no decode group is up", b)
+	}
+	// Far below the coordinator's placement wait (60 s): the answer came
+	// from the availability request, not a job that timed out.
+	if took > 20*time.Second {
+		t.Fatalf("503 after %v", took)
+	}
+	t.Logf("503 in %v: %s", took.Round(time.Millisecond), e.Error.Message)
+
+	resp, err = http.Get(strings.TrimSuffix(base, "/v1") + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var h struct {
+		Status  string `json:"status"`
+		Workers *int   `json:"decode_workers"`
+		Reason  string `json:"reason"`
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(b, &h) != nil || h.Workers == nil || *h.Workers != 0 ||
+		!strings.Contains(h.Reason, "no decode group") {
+		t.Fatalf("/health without workers: %d %s", resp.StatusCode, b)
+	}
+}
