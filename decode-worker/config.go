@@ -123,7 +123,7 @@ func loadConfig(args []string) (*config, error) {
 	fs.String("worker-id", "", "control-plane mode: this rank's worker id (default <group>-r<rank>)")
 	fs.String("nats-credentials", "", "control-plane mode: the worker's identity file (worker.json from `coordinator credentials`; default: this machine's, when present)")
 	fs.String("advertise", "", "control-plane mode: host:port other workers reach this rank on (default: its endpoint in the group file)")
-	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL, as the coordinator's")
+	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL when this worker creates it (a server without tandem identities); with an identity the bucket's own")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

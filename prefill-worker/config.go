@@ -119,7 +119,7 @@ func loadConfig(args []string) (*config, error) {
 	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the worker registers and takes its jobs")
 	fs.String("worker-id", "", "control-plane mode: this worker's id (default prefill-<host name>)")
 	fs.String("nats-credentials", "", "control-plane mode: the worker's identity file (worker.json from `coordinator credentials`; default: this machine's, when present)")
-	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL, as the coordinator's")
+	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL when this worker creates it (a server without tandem identities); with an identity the bucket's own")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
