@@ -54,10 +54,13 @@ func startDeployment(t *testing.T, mod func(*openai.Config)) *deployment {
 		ModelDir: testmodel.Dir(t, "demo", 1, 2),
 		Queue:    cp.QueueConfig{Memory: true},
 		Registry: cp.RegistryConfig{Memory: true, TTL: 3 * time.Second},
-		// The coordinator drives 32 jobs at a time (the rest wait in its
-		// queue): 200 admissions at once around the decode ring of a
-		// loaded 2-core machine can outlast any assignment timeout.
-		Coordinator: service.Config{AssignTimeout: time.Minute, MaxRunning: 32, Rates: router.Rates{PassFloor: 20 * time.Millisecond,
+		// No cap on the jobs the coordinator drives: all 200 of
+		// TestConcurrentStreams are assigned at once and the decode group
+		// admits them together. An admission is a trip around the ring
+		// behind the steps in flight (up to MicroBatches decode and as
+		// many prefill steps per rank); on this 2-core machine at load
+		// 50+ that passed the default 10 s assignment timeout.
+		Coordinator: service.Config{AssignTimeout: time.Minute, Rates: router.Rates{PassFloor: 20 * time.Millisecond,
 			LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}, SeedPrefillTokPerS: 3000, SeedLocalTokPerS: 2500},
 		Threads: 1, Log: testLogger(t),
 	})

@@ -63,9 +63,11 @@ type Config struct {
 	// TransferDeadline bounds a remote job's transfer when its assignment
 	// has no deadline (default 30 min).
 	TransferDeadline time.Duration
-	// Handlers is the number of assignment handlers on rank 0 (default
-	// 16): an admission waits for a trip around the ring, and several
-	// admissions travel it at once.
+	// Handlers is the number of assignments rank 0 admits at once
+	// (default 256): an admission waits for a trip around the ring, and
+	// they travel it together. An assignment beyond them is refused
+	// unavailable at once, and the coordinator places it again after a
+	// pause, rather than waiting unanswered past its assignment timeout.
 	Handlers int
 	// Remember is how long rank 0 keeps a finished job's final report
 	// (default 1 h, at most 4096 jobs), so that a coordinator taking the
@@ -124,7 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		cfg.TransferDeadline = 30 * time.Minute
 	}
 	if cfg.Handlers <= 0 {
-		cfg.Handlers = 16
+		cfg.Handlers = 256
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
@@ -144,15 +146,26 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	serveCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	if cfg.Rank == 0 {
-		// Several subscriptions in one queue group: requests are spread
-		// over them and handled in parallel.
 		queue := "tandem-worker-" + cfg.WorkerID
-		for range cfg.Handlers {
-			if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign); err != nil {
-				cancel()
-				_ = hb.Stop(ctx)
-				return nil, fmt.Errorf("decode adapter: %w", err)
+		// Each assignment is answered on a goroutine of its own, up to
+		// Handlers at once (a handler per subscription queued a burst
+		// of 200 behind 16 admissions in progress); the rest are refused
+		// busy at once.
+		admitting := make(chan struct{}, cfg.Handlers)
+		if _, err := cp.Subscribe(cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, serveCtx.Done(), func(m *nats.Msg) {
+			select {
+			case admitting <- struct{}{}:
+				go func() {
+					defer func() { <-admitting }()
+					cp.Answer(serveCtx, m, a.assign)
+				}()
+			default:
+				cp.Answer(serveCtx, m, a.busy)
 			}
+		}); err != nil {
+			cancel()
+			_ = hb.Stop(ctx)
+			return nil, fmt.Errorf("decode adapter: %w", err)
 		}
 		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
 			cancel()
@@ -342,6 +355,14 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	rep.ReservedBytes = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, len(req.Tokens)+as.CachedTokens+req.MaxTokens, a.cfg.LatentDType))
 	a.log.Info("job admitted", zap.String("job", as.JobID), zap.Int("tokens", len(req.Tokens)),
 		zap.Int("cached", as.CachedTokens), zap.Int("max_tokens", req.MaxTokens))
+	return rep, nil
+}
+
+// busy refuses an assignment while Handlers admissions are in progress.
+func (a *Adapter) busy(_ context.Context, as *cp.Assignment) (*cp.AssignReply, error) {
+	rep := &cp.AssignReply{JobID: as.JobID, WorkerID: a.cfg.WorkerID}
+	rep.SetError(cp.CodeUnavailable, fmt.Sprintf("decode group %s (rank 0 %s): admitting %d jobs already; try again",
+		a.cfg.Layout.Group, a.cfg.WorkerID, a.cfg.Handlers))
 	return rep, nil
 }
 

@@ -279,18 +279,27 @@ func (w *Worker) run() {
 	defer tick.Stop()
 	for {
 		if w.runnable() {
-			// Work is waiting: take what has arrived without blocking.
-			select {
-			case <-w.ctx.Done():
-				w.shutdown()
-				return
-			case fn := <-w.calls:
-				fn()
-			case ev := <-events:
-				w.onEvent(ev)
-			case c := <-w.commits:
-				w.onCommit(c)
-			default:
+			// Work is waiting: first take everything that has arrived,
+			// without blocking. Steps run on this goroutine, so taking one
+			// message per step made each admission (a call here, the Admit
+			// around the ring, its return) wait several steps per hop, and
+			// 200 admissions at once outlasted the coordinator's
+			// assignment timeout; now a message waits one step at most.
+		drain:
+			for range maxDrain {
+				select {
+				case <-w.ctx.Done():
+					w.shutdown()
+					return
+				case fn := <-w.calls:
+					fn()
+				case ev := <-events:
+					w.onEvent(ev)
+				case c := <-w.commits:
+					w.onCommit(c)
+				default:
+					break drain
+				}
 			}
 		} else {
 			select {
@@ -311,6 +320,10 @@ func (w *Worker) run() {
 		w.publish()
 	}
 }
+
+// maxDrain bounds the messages the loop takes between two steps, so that
+// a flood of them cannot hold the steps back either.
+const maxDrain = 1024
 
 // shutdown ends everything on Close.
 func (w *Worker) shutdown() {
