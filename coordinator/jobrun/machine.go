@@ -248,8 +248,10 @@ func (m *Machine) inquired(e Inquired) {
 		return
 	}
 	var dec, pre *WorkerReport
+	silentPrefill := false
 	for i := range e.Reports {
 		r := &e.Reports[i]
+		silentPrefill = silentPrefill || (r.Reply == nil && r.Kind == cp.KindPrefill)
 		if r.Reply == nil || !(r.Reply.Held || r.Reply.Finished()) || (r.Reply.Finished() && r.Reply.Progress.Stage == cp.StateCancelled) {
 			continue // not there, or cancelled there (handed back): may run again
 		}
@@ -261,6 +263,12 @@ func (m *Machine) inquired(e Inquired) {
 		}
 	}
 	switch {
+	case dec != nil && pre == nil && silentPrefill && !m.reinquired:
+		// A prefill worker did not answer (it, or this coordinator, was
+		// reconnecting): it may have prefilled the job. Ask once more
+		// after a pause, so that the adopted route says so.
+		m.reinquired = true
+		m.retryAt = e.At.Add(m.cfg.RetryPause)
 	case dec != nil:
 		m.adopt(e.At, dec.Worker, dec.Group, dec.Ranks, dec.Reply.Progress, pre)
 	case pre != nil && pre.Reply.Held:
@@ -660,6 +668,11 @@ func (m *Machine) cancel(e Cancel) {
 
 func (m *Machine) tick(now time.Time) {
 	switch m.phase {
+	case phaseInquiring:
+		if !m.retryAt.IsZero() && !now.Before(m.retryAt) {
+			m.retryAt = time.Time{}
+			m.emit(Inquire{})
+		}
 	case phasePlacing:
 		if !m.placeBy.IsZero() && !now.Before(m.placeBy) {
 			m.fail(now, &cp.JobError{Code: cp.CodeUnavailable, Message: fmt.Sprintf("not placed within %v: %s", m.cfg.PlacementWait, m.refused)})

@@ -507,3 +507,29 @@ func TestReconnectedRunAsksItsGroup(t *testing.T) {
 	step(t, m, Checked{At: at(901), Reply: status(false, decodeDone(3))}, "ObserveDecodeStep Publish(done) Ack")
 	step(t, m, Reconnected{At: at(950)}, "")
 }
+
+// A redelivered job its decode group holds, while a prefill worker did
+// not answer the inquiry, is asked about once more after a pause: the
+// adopted route then names the prefill worker that ran it.
+func TestInquiryAsksASilentPrefillWorkerAgain(t *testing.T) {
+	held := WorkerReport{Worker: "g-r0", Kind: cp.KindDecode, Group: "g", Ranks: []string{"g-r0", "g-r1"},
+		Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Held: true, Progress: progress("g-r0", cp.StateDecoding, 40)}}
+	m := newMachine()
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+	step(t, m, Inquired{At: at(1), Reports: []WorkerReport{{Worker: "pf", Kind: cp.KindPrefill}, held}}, "")
+	step(t, m, Tick{At: at(250)}, "")
+	step(t, m, Tick{At: at(251)}, "Inquire")
+	acts := step(t, m, Inquired{At: at(260), Reports: []WorkerReport{
+		{Worker: "pf", Kind: cp.KindPrefill, Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "pf", Progress: progress("pf", cp.StateDone, 11)}}, held}},
+		"Publish(routed) LoadForget Publish(decoding)")
+	if rd := acts[0].(Publish).Event.Route; rd.Target != cp.TargetRemote || rd.PrefillWorker != "pf" {
+		t.Fatalf("adopted route %+v", rd)
+	}
+
+	// Silent again: adopted as the decode group says, once.
+	m = newMachine()
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+	step(t, m, Inquired{At: at(1), Reports: []WorkerReport{{Worker: "pf", Kind: cp.KindPrefill}, held}}, "")
+	step(t, m, Tick{At: at(251)}, "Inquire")
+	step(t, m, Inquired{At: at(260), Reports: []WorkerReport{{Worker: "pf", Kind: cp.KindPrefill}, held}}, "Publish(routed) LoadForget Publish(decoding)")
+}
