@@ -285,7 +285,7 @@ func TestWorkerLostWithItsAssignmentUnanswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wc.Close()
-	reg, err := cp.OpenRegistry(ctx, wc, opt.Registry)
+	reg, err := cp.JoinRegistry(ctx, wc, opt.Registry.Bucket, nil) // a worker identity joins, never configures
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,6 +57,7 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 	sweep := time.NewTicker(ttl / 4)
 	defer sweep.Stop()
 	seen := map[string]time.Time{} // when the registry last recorded each worker
+	heard := time.Now()            // when the watch last delivered anything
 	for {
 		var lost map[string]string
 		var since time.Time
@@ -65,9 +66,18 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 			if !ok {
 				return
 			}
+			heard = time.Now()
 			lost = c.apply(ch, seen)
 			since = ch.Time
 		case now := <-sweep.C:
+			if now.Sub(heard) > ttl/2 {
+				// Nothing at all for half a TTL while workers beat every
+				// third: the watch is what went silent (this coordinator
+				// reconnecting, the bucket electing a leader), not the
+				// workers. The server's expiry markers still come for
+				// workers that died meanwhile.
+				continue
+			}
 			since = now
 			v := c.view
 			v.mu.Lock()
