@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -49,7 +51,12 @@ type apiReport struct {
 	Completed       int     `json:"completed"`
 	ConcurrentSecs  float64 `json:"concurrent_s"`
 	HeapPeakDeltaMB float64 `json:"heap_peak_delta_mib"`
-	Pass            bool    `json:"pass"`
+	// With --api-bin: the front door's own process, its resident set
+	// after the warm-up and its peak (VmHWM) by the end of the streams.
+	APIProcess   bool    `json:"api_process"`
+	APIRSSIdleMB float64 `json:"api_rss_idle_mib,omitempty"`
+	APIRSSPeakMB float64 `json:"api_rss_peak_mib,omitempty"`
+	Pass         bool    `json:"pass"`
 }
 
 func runAPIBench(ctx context.Context, args []string) error {
@@ -61,6 +68,7 @@ func runAPIBench(ctx context.Context, args []string) error {
 	limitP99 := fs.Duration("max-p99", 10*time.Millisecond, "limit on the API's overhead at p99")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line")
 	verbose := fs.Bool("v", false, "log the services (to stderr)")
+	apiBin := fs.String("api-bin", "", "a built coordinator binary: run the front door as its own `coordinator api` process (logged in as the client) and report its resident memory (Linux /proc); default: in this process")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench api [flags]
 
@@ -74,7 +82,9 @@ text, read from the socket). The API's overhead at p50 and p99 is the
 difference, checked against the limits. Then it sends --concurrent streamed
 requests at once and counts those that end with [DONE] and their usage, with
 the process's peak heap growth meanwhile (an upper bound on the front
-door's: the workers' per-job state is in it too).
+door's: the workers' per-job state is in it too). With --api-bin the front
+door is a coordinator api process of its own instead, and its resident set
+(after the warm-up, and its peak) is the front door's memory alone.
 
 `)
 		fs.PrintDefaults()
@@ -123,20 +133,32 @@ door's: the workers' per-job state is in it too).
 	}
 	defer anc.Close()
 	const name = "bench"
-	srv, err := openai.New(openai.Config{Conn: anc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: name,
-		MaxConcurrentPerKey: max(*concurrent, 1), Log: log})
-	if err != nil {
-		return err
+	var base string // http://host:port
+	var apiProc *os.Process
+	if *apiBin != "" {
+		p, addr, err := startAPIProcess(ctx, *apiBin, dir, name, c, max(*concurrent, 1))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = p.Kill(); _, _ = p.Wait() }()
+		apiProc, base = p, "http://"+addr
+	} else {
+		srv, err := openai.New(openai.Config{Conn: anc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: name,
+			MaxConcurrentPerKey: max(*concurrent, 1), Log: log})
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = srv.ServeListener(sctx, ln, nil) }()
+		base = "http://" + ln.Addr().String()
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() { _ = srv.ServeListener(sctx, ln, nil) }()
-	url := "http://" + ln.Addr().String() + "/v1/chat/completions"
-	if err := waitHealthy(ctx, "http://"+ln.Addr().String()+"/health"); err != nil {
+	url := base + "/v1/chat/completions"
+	if err := waitHealthy(ctx, base+"/health"); err != nil {
 		return err
 	}
 
@@ -195,7 +217,14 @@ door's: the workers' per-job state is in it too).
 			}
 		}
 	}
-	rep := apiReport{Pairs: *pairs, LimitP50Ms: msOf(*limitP50), LimitP99Ms: msOf(*limitP99)}
+	rep := apiReport{Pairs: *pairs, LimitP50Ms: msOf(*limitP50), LimitP99Ms: msOf(*limitP99), APIProcess: apiProc != nil}
+	if apiProc != nil {
+		if rss, _, err := procMemory(apiProc.Pid); err == nil {
+			rep.APIRSSIdleMB = rss
+		} else {
+			fmt.Fprintf(os.Stderr, "front door memory not measured: %v\n", err)
+		}
+	}
 	rep.DirectP50Ms, rep.DirectP99Ms = msOf(quantile(ds, 0.5)), msOf(quantile(ds, 0.99))
 	rep.HTTPP50Ms, rep.HTTPP99Ms = msOf(quantile(hs, 0.5)), msOf(quantile(hs, 0.99))
 	rep.OverheadP50Ms, rep.OverheadP99Ms = rep.HTTPP50Ms-rep.DirectP50Ms, rep.HTTPP99Ms-rep.DirectP99Ms
@@ -250,6 +279,11 @@ door's: the workers' per-job state is in it too).
 			fmt.Fprintf(os.Stderr, "%d streams failed, the first: %v\n", len(errs), errs[0])
 		}
 		rep.Pass = rep.Pass && rep.Completed == n
+		if apiProc != nil {
+			if _, hwm, err := procMemory(apiProc.Pid); err == nil {
+				rep.APIRSSPeakMB = hwm
+			}
+		}
 	}
 
 	fmt.Printf("time to first token, %d pairs interleaved (one-token greedy chat, %d prompt tokens):\n", rep.Pairs, len(ids))
@@ -258,8 +292,16 @@ door's: the workers' per-job state is in it too).
 	fmt.Printf("  API overhead                       p50 %8.3f ms   p99 %8.3f ms   (limits %.0f / %.0f ms: %.2fx / %.2fx)\n",
 		rep.OverheadP50Ms, rep.OverheadP99Ms, rep.LimitP50Ms, rep.LimitP99Ms, rep.OverheadP50Ms/rep.LimitP50Ms, rep.OverheadP99Ms/rep.LimitP99Ms)
 	if rep.Concurrent > 0 {
-		fmt.Printf("%d concurrent streams: %d completed with usage and [DONE] in %.1f s; process heap peak +%.1f MiB (%.0f KiB a stream, workers included)\n",
-			rep.Concurrent, rep.Completed, rep.ConcurrentSecs, rep.HeapPeakDeltaMB, rep.HeapPeakDeltaMB*1024/float64(rep.Concurrent))
+		what := "workers included"
+		if rep.APIProcess {
+			what = "the deployment without the front door"
+		}
+		fmt.Printf("%d concurrent streams: %d completed with usage and [DONE] in %.1f s; this process's heap peak +%.1f MiB (%.0f KiB a stream, %s)\n",
+			rep.Concurrent, rep.Completed, rep.ConcurrentSecs, rep.HeapPeakDeltaMB, rep.HeapPeakDeltaMB*1024/float64(rep.Concurrent), what)
+	}
+	if rep.APIProcess && rep.APIRSSPeakMB > 0 {
+		fmt.Printf("front door alone (coordinator api process): resident %.1f MiB after the warm-up, peak %.1f MiB with %d streams (+%.0f KiB a stream)\n",
+			rep.APIRSSIdleMB, rep.APIRSSPeakMB, rep.Concurrent, (rep.APIRSSPeakMB-rep.APIRSSIdleMB)*1024/float64(max(rep.Concurrent, 1)))
 	}
 	if *asJSON {
 		b, _ := json.Marshal(rep)
@@ -380,3 +422,80 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+// startAPIProcess runs bin's `coordinator api` for model dir on the
+// cluster's NATS, logged in as the deployment's client (its identity
+// written to a private temporary file), and returns the process and its
+// HTTP address once it serves.
+func startAPIProcess(ctx context.Context, bin, dir, name string, c *cluster.Cluster, maxConcurrent int) (*os.Process, string, error) {
+	id := cp.Find(c.Identities(), cp.PrincipalClient)
+	if id == nil {
+		return nil, "", errors.New("api process: the deployment has no client identity")
+	}
+	tmp, err := os.MkdirTemp("", "bench-api-")
+	if err != nil {
+		return nil, "", err
+	}
+	creds := filepath.Join(tmp, "client.json")
+	if err := cp.SaveIdentity(creds, id); err != nil {
+		return nil, "", err
+	}
+	cmd := exec.CommandContext(ctx, bin, "api", "--model", dir, "--nats-url", c.URL, "--nats-credentials", creds,
+		"--http-listen", "127.0.0.1:0", "--http-model-name", name, "--http-max-concurrent-per-key", fmt.Sprint(maxConcurrent),
+		"--log-format", "json", "--log-level", "info")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("api process: %w", err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		defer os.RemoveAll(tmp)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line struct{ Msg, URL string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "OpenAI-compatible API" {
+				select {
+				case addr <- strings.TrimSuffix(strings.TrimPrefix(line.URL, "http://"), "/v1"):
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		return cmd.Process, a, nil
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+		return nil, "", errors.New("api process: not serving after 1 minute")
+	}
+}
+
+// procMemory is a process's resident set and its peak (VmRSS, VmHWM) in
+// MiB, from Linux's /proc.
+func procMemory(pid int) (rss, hwm float64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, fmt.Errorf("resident memory: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb float64
+		switch {
+		case strings.HasPrefix(line, "VmRSS:"):
+			if _, err := fmt.Sscanf(strings.TrimPrefix(line, "VmRSS:"), "%f", &kb); err == nil {
+				rss = kb / 1024
+			}
+		case strings.HasPrefix(line, "VmHWM:"):
+			if _, err := fmt.Sscanf(strings.TrimPrefix(line, "VmHWM:"), "%f", &kb); err == nil {
+				hwm = kb / 1024
+			}
+		}
+	}
+	if rss == 0 || hwm == 0 {
+		return 0, 0, fmt.Errorf("resident memory: no VmRSS/VmHWM in /proc/%d/status", pid)
+	}
+	return rss, hwm, nil
+}
