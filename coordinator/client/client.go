@@ -129,6 +129,7 @@ type follower struct {
 	lastToken bool // the final token message arrived
 	missed    bool // token messages were lost (the connection dropped)
 	resync    bool // a status request is due (after a reconnection)
+	notStored bool // an attempt was answered not stored (its events may still arrive)
 	retry     *time.Timer
 	tail      <-chan time.Time
 }
@@ -167,6 +168,7 @@ func (f *follower) submit(req *cp.SubmitRequest) error {
 		// saying it was not queued) is dropped, and the same submission
 		// goes again.
 		f.drainEvents()
+		f.notStored = f.notStored || re != nil
 		// An attempt whose answer was lost may have been stored and even
 		// have ended: once one is answered, ask where the job is.
 		f.resync = true
@@ -175,6 +177,10 @@ func (f *follower) submit(req *cp.SubmitRequest) error {
 		}
 	}
 }
+
+// notQueued starts the message of the failed event a coordinator publishes
+// for a submission it could not store (coordinator/service).
+const notQueued = "not queued: "
 
 // drainEvents drops the events received so far: they came before the
 // answer to a submission that was not stored.
@@ -278,6 +284,11 @@ func (f *follower) lookup() {
 
 func (f *follower) event(ev cp.JobEvent) {
 	res := f.res
+	if f.notStored && ev.State == cp.StateFailed && ev.Error != nil && strings.HasPrefix(ev.Error.Message, notQueued) {
+		// The failed event of an attempt that was not stored, arriving
+		// after its answer: the job is the retried one's.
+		return
+	}
 	res.Events = append(res.Events, ev)
 	if f.h.Event != nil {
 		f.h.Event(ev)
