@@ -142,17 +142,10 @@ type respMessage struct {
 	ToolCalls []toolCall `json:"tool_calls,omitempty"`
 }
 
-// chatChunk is a streamed chunk; its usage is null on every chunk but the
+// chatChunk is a streamed chunk: the same fields as a whole completion
+// (Object "chat.completion.chunk"); its usage is null on every chunk but the
 // last when the client asked for usage (OpenAI's shape).
-type chatChunk struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
-	Tandem  *tandemInfo  `json:"tandem,omitempty"`
-}
+type chatChunk = chatCompletion
 
 type textCompletion struct {
 	ID      string       `json:"id"`
