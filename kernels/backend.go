@@ -305,3 +305,27 @@ func NewF32Matrix(name string, rows, cols int, data []float32) *Matrix {
 	}
 	return &Matrix{Name: name, Rows: rows, Cols: cols, Format: F32, Data: b}
 }
+
+// DeviceError is what a device backend panics with when the device itself
+// fails under an op (out of memory, a launch or copy the driver refused):
+// ops have no error result, so the caller that owns a pass recovers this one
+// type with CatchDevice and fails that pass's jobs with it. Every other
+// panic is a programmer error and is not recovered.
+type DeviceError struct{ Err error }
+
+func (e *DeviceError) Error() string { return "device: " + e.Err.Error() }
+func (e *DeviceError) Unwrap() error { return e.Err }
+
+// CatchDevice, deferred, turns a DeviceError panic into *err and lets any
+// other panic go on.
+func CatchDevice(err *error) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	de, ok := p.(*DeviceError)
+	if !ok {
+		panic(p)
+	}
+	*err = de
+}

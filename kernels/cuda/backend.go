@@ -226,11 +226,12 @@ func (b *Backend) enter() {
 	}
 }
 
-// must panics with the driver's error: ops have no error result, and a
-// failed launch or copy leaves the batch's values undefined.
+// must panics with the driver's error as a kernels.DeviceError: ops have no
+// error result, a failed launch or copy leaves the batch's values undefined,
+// and the executor fails the pass's jobs with it instead of the process.
 func (b *Backend) must(op string, r cuResult) {
 	if err := b.d.check(op, r); err != nil {
-		panic(err)
+		panic(&kernels.DeviceError{Err: err})
 	}
 }
 
@@ -274,7 +275,7 @@ func (b *Backend) alloc(n uint64) devPtr {
 		r = b.d.cuMemAlloc(&p, n)
 	}
 	if err := b.d.check(fmt.Sprintf("cuMemAlloc(%d bytes, %d in use)", n, b.inUse), r); err != nil {
-		panic(err)
+		panic(&kernels.DeviceError{Err: err})
 	}
 	b.inUse += n
 	return p

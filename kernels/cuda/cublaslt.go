@@ -73,7 +73,7 @@ func (l *lt) check(op string, st int32) {
 	if l.getStatusName != nil {
 		name = cString(l.getStatusName(st))
 	}
-	panic(fmt.Sprintf("cuda: cuBLASLt %s: status %d %s", op, st, name))
+	panic(&kernels.DeviceError{Err: fmt.Errorf("cuda: cuBLASLt %s: status %d %s", op, st, name)})
 }
 
 // enableLt loads cuBLASLt when TANDEM_CUBLASLT=1; a missing library is an

@@ -98,8 +98,25 @@ var ErrNoSeqs = errors.New("executor: no sequences")
 // itself failed (weights unreadable, a layer that does not bind): every
 // sequence still in the pass then carries that error too. Sequences dropped
 // on their own (cancelled, sink failure, bad tokens) carry their error and
-// the pass goes on.
+// the pass goes on. A device that fails under an op (kernels.DeviceError)
+// fails the pass the same way, not the process.
 func (e *Executor) Run(ctx context.Context, seqs []*Seq, opt Options) (Stats, error) {
+	st, err := e.runCatchingDevice(ctx, seqs, opt)
+	var dev *kernels.DeviceError
+	if errors.As(err, &dev) {
+		err = e.failAll(seqs, fmt.Errorf("pass %d: %w", opt.Pass, err))
+	}
+	return st, err
+}
+
+// runCatchingDevice is run with a device failure returned as its error
+// (CatchDevice must itself be the deferred call for its recover to work).
+func (e *Executor) runCatchingDevice(ctx context.Context, seqs []*Seq, opt Options) (st Stats, err error) {
+	defer kernels.CatchDevice(&err)
+	return e.run(ctx, seqs, opt)
+}
+
+func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, error) {
 	var st Stats
 	if len(seqs) == 0 {
 		return st, ErrNoSeqs

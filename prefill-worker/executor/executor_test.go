@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/conformance"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -447,4 +448,69 @@ func TestStreamedPrefillOnOpaqueTensors(t *testing.T) {
 		runPasses(t, e, jobs, p.chunk, 1, p.tile)
 		checkStates(t, fmt.Sprintf("opaque tensors, chunk %d tile %d", p.chunk, p.tile), jobs, want)
 	}
+}
+
+// failingDevice is a backend whose device fails under the after-th MatMul,
+// as a device backend reports it (a kernels.DeviceError panic).
+type failingDevice struct {
+	kernels.Backend
+	after int
+	calls int
+}
+
+func (f *failingDevice) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
+	if f.calls++; f.calls == f.after {
+		panic(&kernels.DeviceError{Err: errors.New("out of memory (planted)")})
+	}
+	f.Backend.MatMul(dst, x, w)
+}
+
+// A device failing in the middle of a pass fails that pass's jobs with the
+// device's error, not the process, and the next pass on a healthy device
+// computes the same states as the reference.
+func TestDeviceFailureFailsThePass(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 0)
+	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
+	prompts := [][]int32{prompt(40, cfg.VocabSize, 1), prompt(20, cfg.VocabSize, 2)}
+	want := reference(t, dir, model.BF16, prompts)
+	e := newExecutor(t, dir, 2, model.BF16)
+	healthy := e.Model
+	m := model.New(healthy.Cfg, &failingDevice{Backend: healthy.Backend, after: 20})
+	m.State = healthy.State
+	e.Model = m
+	jobs := newJobs(e, prompts)
+	var seqs []*executor.Seq
+	for _, j := range jobs {
+		seqs = append(seqs, &executor.Seq{ID: j.id, State: j.state, Tokens: j.tokens, Final: true, Out: j.out})
+	}
+	_, err := e.Run(context.Background(), seqs, executor.Options{Depth: 1, Pass: 7})
+	var dev *kernels.DeviceError
+	if !errors.As(err, &dev) || !strings.Contains(err.Error(), "pass 7") || !strings.Contains(err.Error(), "planted") {
+		t.Fatalf("pass error: %v", err)
+	}
+	for i, s := range seqs {
+		if !errors.As(s.Err, &dev) || !strings.Contains(s.Err.Error(), jobs[i].id) {
+			t.Fatalf("job %d error: %v", i, s.Err)
+		}
+		if jobs[i].mem.Aborted() == nil {
+			t.Fatalf("job %d: sink not aborted", i)
+		}
+	}
+	e.Model = healthy
+	jobs = newJobs(e, prompts)
+	runPasses(t, e, jobs, 0, 1, 0)
+	checkStates(t, "after the device failure", jobs, want)
+}
+
+// Any other panic is a programmer error: the executor does not hide it.
+func TestOtherPanicsAreNotCaught(t *testing.T) {
+	defer func() {
+		if p := recover(); p != "not a device error" {
+			t.Fatalf("recovered %v, want the original panic", p)
+		}
+	}()
+	func() (err error) {
+		defer kernels.CatchDevice(&err)
+		panic("not a device error")
+	}()
 }
