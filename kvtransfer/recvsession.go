@@ -29,6 +29,14 @@ type ExpectSpec struct {
 	// latent buffer (at least Tokens), so that decode appends to the
 	// committed state without copying it. Zero means Tokens.
 	LatentCapacity int
+	// Base, when > 0, expects an append: this rank holds the sequence's
+	// first Base tokens already, so MLA parts carry Tokens-Base rows (the
+	// rows from Base on) and KDA parts are whole; the committed state's
+	// MLA parts hold those rows only, for the caller to append to its own.
+	// The sender must name the same Base and BaseKey (the prefix-key link
+	// of those tokens) in END, or the state is refused.
+	Base    int
+	BaseKey uint64
 	// Deadline bounds the whole transfer; at the deadline the session fails
 	// and its buffers are freed. Required.
 	Deadline time.Time
@@ -149,8 +157,10 @@ func (sp *ExpectSpec) validate() error {
 		return fmt.Errorf("negative token count %d", sp.Tokens)
 	case sp.LatentDType != model.BF16 && sp.LatentDType != model.F32:
 		return fmt.Errorf("latent dtype %s is not BF16 or F32", sp.LatentDType)
-	case sp.LatentCapacity < sp.Tokens:
-		return fmt.Errorf("latent capacity %d is below the %d tokens", sp.LatentCapacity, sp.Tokens)
+	case sp.Base < 0 || sp.Base > sp.Tokens:
+		return fmt.Errorf("append base of %d tokens for a state of %d", sp.Base, sp.Tokens)
+	case sp.LatentCapacity < sp.Tokens-sp.Base:
+		return fmt.Errorf("latent capacity %d is below the %d tokens", sp.LatentCapacity, sp.Tokens-sp.Base)
 	case sp.Deadline.IsZero():
 		return fmt.Errorf("no deadline")
 	case time.Until(sp.Deadline) <= 0:
@@ -183,7 +193,7 @@ func newRSession(srv *Server, sp ExpectSpec) *rsession {
 	// Everything but the buffers: those wait for an authenticated sender.
 	for _, L := range sp.Layers {
 		rl := &rlayer{L: L}
-		for _, p := range sp.Model.ExpectedParts(L, sp.Tokens, sp.LatentDType) {
+		for _, p := range sp.Model.ExpectedParts(L, sp.Tokens-sp.Base, sp.LatentDType) {
 			size := p.Elems() * p.DType.Size()
 			n := chunkCount(size, s.chunk)
 			rl.parts = append(rl.parts, rpart{want: p, size: size, missing: n})
@@ -367,6 +377,9 @@ func (s *rsession) end(h *header) error {
 	switch {
 	case len(missing) > 0:
 		return s.errorf(missing[0], "%w: sender finished without layers %v (sent %v)", ErrProtocol, missing, h.Sent)
+	case h.Base != s.spec.Base || h.BaseKey != s.spec.BaseKey:
+		return s.errorf(-1, "%w: sender appends to a prefix of %d tokens (key %016x); this rank holds %d tokens (key %016x) for it",
+			ErrProtocol, h.Base, h.BaseKey, s.spec.Base, s.spec.BaseKey)
 	case h.Tokens != s.spec.Tokens || h.Layers != len(s.layers) || h.Parts != s.nParts || h.Bytes != s.wantBytes:
 		return s.errorf(-1, "%w: sender finished with %d layers, %d parts, %d bytes for %d tokens; this rank expects %d layers, %d parts, %d bytes for %d tokens",
 			ErrProtocol, h.Layers, h.Parts, h.Bytes, h.Tokens, len(s.layers), s.nParts, s.wantBytes, s.spec.Tokens)

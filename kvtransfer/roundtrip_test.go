@@ -3,6 +3,7 @@ package kvtransfer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,4 +103,71 @@ func TestLatentCapacity(t *testing.T) {
 			t.Errorf("T=%d: latent len %d cap %d, want %d and %d", T, len(p.Data), cap(p.Data), T*80, 8000)
 		}
 	}
+}
+
+// TestAppend: a transfer that appends to a prefix the rank holds carries
+// the MLA rows past the base and whole KDA states; a receiver that holds
+// another base (length or key) refuses it at END, naming both, and
+// commits nothing.
+func TestAppend(t *testing.T) {
+	const T, base = 100, 64
+	r := newRig(t, "tiny", 1, ServerConfig{})
+	all := kvtest.AllLayers(r.cfg.NumLayers)
+	// The delta: MLA rows [base, T) only.
+	delta := kvtest.RandomSeq(r.cfg, all, T-base, model.BF16, 7)
+	delta.Tokens = T
+	send := func(sid string, b int, key uint64) error {
+		s, err := NewSender(SenderConfig{Transport: r.client, Session: sid, Secret: testSecret, Placement: r.place,
+			Deadline: time.Now().Add(5 * time.Second), Timeouts: fast, Base: b, BaseKey: key})
+		if err != nil {
+			return err
+		}
+		ctx := context.Background()
+		if err := putAll(ctx, t, s, delta, all, 1, 2); err != nil {
+			s.Abort(err)
+			return err
+		}
+		return s.Close(ctx, T)
+	}
+	expect := func(sid string, key uint64) *Incoming {
+		in, err := r.servers[0].Expect(ExpectSpec{Session: sid, Secret: testSecret, Model: r.cfg, Layers: all,
+			Tokens: T, Base: base, BaseKey: key, Deadline: time.Now().Add(5 * time.Second)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	in := expect("app-ok", 0xabc)
+	if err := send("app-ok", base, 0xabc); err != nil {
+		t.Fatal(err)
+	}
+	st, err := in.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tokens != T {
+		t.Fatalf("committed %d tokens, want %d", st.Tokens, T)
+	}
+	if err := kvtest.Diff(delta, st, all); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		b    int
+		key  uint64
+	}{{"another key", base, 0xdef}, {"another length", 32, 0xabc}, {"whole state", 0, 0}} {
+		sid := "app-" + tc.name
+		in := expect(sid, 0xabc)
+		err := send(sid, tc.b, tc.key)
+		if _, werr := in.Wait(context.Background()); werr == nil || err == nil {
+			t.Fatalf("%s: sent (%v) and committed (%v)", tc.name, err, werr)
+		} else if tc.b != 0 && !strings.Contains(werr.Error(), "; this rank holds 64 tokens (key 0000000000000abc)") {
+			t.Fatalf("%s: %v", tc.name, werr)
+		}
+	}
+	if _, err := r.servers[0].Expect(ExpectSpec{Session: "bad", Secret: testSecret, Model: r.cfg, Layers: all,
+		Tokens: 10, Base: 64, Deadline: time.Now().Add(time.Second)}); err == nil {
+		t.Fatal("a base longer than the state was expected")
+	}
+	r.checkFreed()
 }

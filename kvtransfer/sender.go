@@ -33,6 +33,14 @@ type SenderConfig struct {
 	// committed, the sender fails and frees everything. Required.
 	Deadline time.Time
 	Timeouts Timeouts
+	// Base, when > 0, makes the transfer an append: the receivers already
+	// hold the sequence's first Base tokens (their MLA rows), which the
+	// layers put here leave out (MLA parts hold the rows from Base on; KDA
+	// parts are whole). BaseKey names that prefix (its prefix-key chain
+	// link); both go in END and a receiver expecting another base refuses
+	// the state.
+	Base    int
+	BaseKey uint64
 }
 
 // Sender streams one sequence's layer states to the decode ranks. It

@@ -427,7 +427,7 @@ func (s *Sender) writeLoop(p *peer, cs *sconn) {
 			}
 			if s.closing && !p.ended && !p.unsent() {
 				p.ended = true
-				ctl = &header{Type: frameEnd, Tokens: s.tokens, Layers: len(p.layers), Parts: p.nParts, Bytes: p.nBytes, Sent: p.sentLayers()}
+				ctl = &header{Type: frameEnd, Tokens: s.tokens, Base: s.cfg.Base, BaseKey: s.cfg.BaseKey, Layers: len(p.layers), Parts: p.nParts, Bytes: p.nBytes, Sent: p.sentLayers()}
 				break
 			}
 			wait := s.to.KeepAlive - now.Sub(cs.lastWrite)

@@ -129,7 +129,7 @@ func (srv *Server) Expect(spec ExpectSpec) (*Incoming, error) {
 		spec.LatentDType = model.BF16
 	}
 	if spec.LatentCapacity == 0 {
-		spec.LatentCapacity = spec.Tokens
+		spec.LatentCapacity = spec.Tokens - spec.Base
 	}
 	if spec.ChunkSize == 0 {
 		spec.ChunkSize = srv.chunk

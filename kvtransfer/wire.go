@@ -85,9 +85,13 @@ type header struct {
 	// END totals for this receiver, and the layers it was sent.
 	Sent   []int `msgpack:"sent,omitempty"`
 	Tokens int   `msgpack:"tok,omitempty"`
-	Layers int   `msgpack:"nl,omitempty"`
-	Parts  int   `msgpack:"np,omitempty"`
-	Bytes  int64 `msgpack:"nb,omitempty"`
+	// An append's base: the tokens the receiver already holds and the
+	// prefix-key link that names them (see SenderConfig.Base).
+	Base    int    `msgpack:"bt,omitempty"`
+	BaseKey uint64 `msgpack:"bk,omitempty"`
+	Layers  int    `msgpack:"nl,omitempty"`
+	Parts   int    `msgpack:"np,omitempty"`
+	Bytes   int64  `msgpack:"nb,omitempty"`
 
 	// ERROR and ABORT.
 	Code string `msgpack:"code,omitempty"`

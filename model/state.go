@@ -332,22 +332,97 @@ func (s *SeqState) MarshalBinary() ([]byte, error) {
 		if ls == nil {
 			continue
 		}
-		b = binary.LittleEndian.AppendUint32(b, uint32(ls.Layer))
-		b = append(b, byte(ls.Kind))
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(ls.Parts)))
-		for _, p := range ls.Parts {
-			if p.Elems()*p.DType.Size() != len(p.Data) {
-				return nil, fmt.Errorf("layer %d part %s: shape %v x %s is %d bytes, data has %d", ls.Layer, p.Kind, p.Shape, p.DType, p.Elems()*p.DType.Size(), len(p.Data))
-			}
-			b = append(b, byte(p.Kind), byte(p.DType), byte(len(p.Shape)))
-			for _, d := range p.Shape {
-				b = binary.LittleEndian.AppendUint64(b, uint64(d))
-			}
-			b = binary.LittleEndian.AppendUint64(b, uint64(len(p.Data)))
-			b = append(b, p.Data...)
+		var err error
+		if b, err = AppendLayerState(b, ls); err != nil {
+			return nil, err
 		}
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+}
+
+// AppendLayerState appends one layer's record of the encoding (layer,
+// kind, parts) to b: what MarshalBinary writes per held layer, and what a
+// writer that streams a state layer by layer (the prefill worker's prefix
+// store) writes.
+func AppendLayerState(b []byte, ls *LayerState) ([]byte, error) {
+	b = binary.LittleEndian.AppendUint32(b, uint32(ls.Layer))
+	b = append(b, byte(ls.Kind))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ls.Parts)))
+	for _, p := range ls.Parts {
+		if p.Elems()*p.DType.Size() != len(p.Data) {
+			return nil, fmt.Errorf("layer %d part %s: shape %v x %s is %d bytes, data has %d", ls.Layer, p.Kind, p.Shape, p.DType, p.Elems()*p.DType.Size(), len(p.Data))
+		}
+		b = append(b, byte(p.Kind), byte(p.DType), byte(len(p.Shape)))
+		for _, d := range p.Shape {
+			b = binary.LittleEndian.AppendUint64(b, uint64(d))
+		}
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(p.Data)))
+		b = append(b, p.Data...)
+	}
+	return b, nil
+}
+
+// ReadLayerState decodes one layer record (AppendLayerState's) from the
+// front of b, for a model of nl layers, and returns the rest of b. Sizes
+// are checked against what b holds before anything is allocated.
+func ReadLayerState(b []byte, nl int) (*LayerState, []byte, error) {
+	r := reader{b: b}
+	ls, err := r.layer(nl)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrBadState, err)
+	}
+	return ls, r.b, nil
+}
+
+// layer reads one layer record.
+func (r *reader) layer(nl int) (*LayerState, error) {
+	L := int(r.u32())
+	kind := LayerKind(r.u8())
+	np := int(r.u32())
+	if r.err != nil {
+		return nil, r.err
+	}
+	if L >= nl {
+		return nil, fmt.Errorf("layer %d out of range", L)
+	}
+	if kind != KDA && kind != MLA || np > 8 {
+		return nil, fmt.Errorf("layer %d: kind %d with %d parts", L, kind, np)
+	}
+	ls := &LayerState{Layer: L, Kind: kind, Parts: make([]Part, np)}
+	for j := 0; j < np && r.err == nil; j++ {
+		p := &ls.Parts[j]
+		p.Kind, p.DType = PartKind(r.u8()), DType(r.u8())
+		rank := int(r.u8())
+		if p.DType.Size() == 0 || rank > 4 {
+			return nil, fmt.Errorf("layer %d part %d: dtype %d rank %d", L, j, p.DType, rank)
+		}
+		p.Shape = make([]int, rank)
+		elems := uint64(1)
+		for k := range p.Shape {
+			d := r.u64()
+			if d > 1<<32 {
+				return nil, fmt.Errorf("layer %d part %s: dimension %d too large", L, p.Kind, d)
+			}
+			p.Shape[k] = int(d)
+			elems *= d
+			if elems > 1<<40 {
+				return nil, fmt.Errorf("layer %d part %s: shape too large", L, p.Kind)
+			}
+		}
+		n := r.u64()
+		if n != elems*uint64(p.DType.Size()) {
+			return nil, fmt.Errorf("layer %d part %s: %d bytes for shape %v of %s", L, p.Kind, n, p.Shape, p.DType)
+		}
+		if n > uint64(len(r.b)) {
+			r.err = fmt.Errorf("truncated: need %d bytes, %d left", n, len(r.b))
+			break
+		}
+		p.Data = append([]byte(nil), r.bytes(int(n))...)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return ls, nil
 }
 
 // ErrBadState is wrapped by every decoding error.
@@ -378,46 +453,14 @@ func (s *SeqState) UnmarshalBinary(b []byte) error {
 	}
 	out := SeqState{Tokens: int(tokens), Layers: make([]*LayerState, nl)}
 	for i := 0; i < held && r.err == nil; i++ {
-		L := int(r.u32())
-		kind := LayerKind(r.u8())
-		np := int(r.u32())
-		if r.err != nil {
-			break
+		ls, err := r.layer(nl)
+		if err != nil {
+			return bad("%v", err)
 		}
-		if L >= nl || out.Layers[L] != nil {
-			return bad("layer %d out of range or repeated", L)
+		if out.Layers[ls.Layer] != nil {
+			return bad("layer %d repeated", ls.Layer)
 		}
-		if kind != KDA && kind != MLA || np > 8 {
-			return bad("layer %d: kind %d with %d parts", L, kind, np)
-		}
-		ls := &LayerState{Layer: L, Kind: kind, Parts: make([]Part, np)}
-		for j := 0; j < np && r.err == nil; j++ {
-			p := &ls.Parts[j]
-			p.Kind, p.DType = PartKind(r.u8()), DType(r.u8())
-			rank := int(r.u8())
-			if p.DType.Size() == 0 || rank > 4 {
-				return bad("layer %d part %d: dtype %d rank %d", L, j, p.DType, rank)
-			}
-			p.Shape = make([]int, rank)
-			elems := uint64(1)
-			for k := range p.Shape {
-				d := r.u64()
-				if d > 1<<32 {
-					return bad("layer %d part %s: dimension %d too large", L, p.Kind, d)
-				}
-				p.Shape[k] = int(d)
-				elems *= d
-				if elems > 1<<40 {
-					return bad("layer %d part %s: shape too large", L, p.Kind)
-				}
-			}
-			n := r.u64()
-			if n != elems*uint64(p.DType.Size()) {
-				return bad("layer %d part %s: %d bytes for shape %v of %s", L, p.Kind, n, p.Shape, p.DType)
-			}
-			p.Data = append([]byte(nil), r.bytes(int(n))...)
-		}
-		out.Layers[L] = ls
+		out.Layers[ls.Layer] = ls
 	}
 	if r.err != nil {
 		return bad("%v", r.err)

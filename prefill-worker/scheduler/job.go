@@ -17,6 +17,10 @@ type Spec struct {
 	// (the decode side runs that one as its first step). Empty is allowed:
 	// the sink then gets every layer's empty state.
 	Tokens []int32
+	// Base, when set, is the state of the tokens before Tokens (a stored
+	// prefix, every layer, Base.Tokens a multiple of the KDA chunk): the
+	// job continues from it, and the sink gets the state of both.
+	Base *model.SeqState
 	// Sink receives the state layer by layer; the job owns it until done.
 	Sink model.LayerSink
 	// Progress, if set, is called after every layer of every pass the job
@@ -40,7 +44,8 @@ type Progress struct {
 
 // Result is how a job went.
 type Result struct {
-	Tokens int
+	Tokens int // prefilled (after Base)
+	Cached int // taken from Base
 	Passes int
 	// Wait is submit to the first pass start; Prefill the first pass start
 	// to the state's commit by the sink.
@@ -50,10 +55,11 @@ type Result struct {
 
 // Job is a submitted job.
 type Job struct {
-	spec      Spec
-	ctx       context.Context
-	cancel    context.CancelCauseFunc
-	submitted time.Time
+	spec       Spec
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	submitted  time.Time
+	baseTokens int
 
 	// Owned by the scheduler loop.
 	state   *model.SeqState
@@ -106,6 +112,7 @@ func (j *Job) settle(err error) {
 	}
 	j.result.Err = err
 	j.result.Tokens = len(j.spec.Tokens)
+	j.result.Cached = j.base()
 	j.result.Passes = j.passes
 	if !j.started.IsZero() {
 		j.result.Wait = j.started.Sub(j.submitted)
@@ -116,6 +123,10 @@ func (j *Job) settle(err error) {
 	j.cancel(err)
 	close(j.finish)
 }
+
+// base is the tokens the job's state starts with (Base.Tokens at submit:
+// the state itself grows as the job runs).
+func (j *Job) base() int { return j.baseTokens }
 
 func (j *Job) finished() bool {
 	select {

@@ -121,6 +121,17 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 		if spec.Sink == nil {
 			return nil, fmt.Errorf("scheduler: job %s has no sink", spec.ID)
 		}
+		if b := spec.Base; b != nil {
+			if b.Tokens <= 0 || b.Tokens%model.KDAChunk != 0 || len(b.Layers) != c.NumLayers {
+				return nil, fmt.Errorf("scheduler: job %s: a base state of %d tokens and %d layers; want a multiple of %d tokens and the model's %d layers",
+					spec.ID, b.Tokens, len(b.Layers), model.KDAChunk, c.NumLayers)
+			}
+			for L, ls := range b.Layers {
+				if err := c.CheckLayerState(ls, L, b.Tokens, s.cfg.Exec.Model.State.LatentDType); err != nil {
+					return nil, fmt.Errorf("scheduler: job %s: base %w", spec.ID, err)
+				}
+			}
+		}
 		for i, id := range spec.Tokens {
 			if id < 0 || int(id) >= c.VocabSize {
 				return nil, fmt.Errorf("scheduler: job %s: token id %d at position %d is outside the vocabulary [0, %d)", spec.ID, id, i, c.VocabSize)
@@ -140,6 +151,9 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 	out := make([]*Job, len(specs))
 	for i, spec := range specs {
 		j := &Job{spec: spec, submitted: time.Now(), finish: make(chan struct{})}
+		if spec.Base != nil {
+			j.baseTokens = spec.Base.Tokens
+		}
 		j.ctx, j.cancel = context.WithCancelCause(context.Background())
 		if !spec.Deadline.IsZero() {
 			var cancel context.CancelFunc
@@ -162,18 +176,23 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 	return out, nil
 }
 
-// finishEmpty serves a prompt of one token: nothing to prefill, so the sink
-// gets every layer's empty state and the job is done.
+// finishEmpty serves a job with nothing to prefill (a prompt of one token,
+// or one whose prefix state is its Base whole): the sink gets every
+// layer's state, empty or the base's, and the job is done.
 func (s *Scheduler) finishEmpty(j *Job) {
 	c := s.cfg.Exec.Model.Cfg
 	ctx, cancel := context.WithTimeout(j.ctx, s.cfg.CloseTimeout)
 	defer cancel()
 	var err error
 	for L := 0; L < c.NumLayers && err == nil; L++ {
-		err = j.spec.Sink.PutLayer(ctx, c.NewLayerState(L, s.cfg.Exec.Model.State))
+		ls := c.NewLayerState(L, s.cfg.Exec.Model.State)
+		if j.spec.Base != nil {
+			ls = j.spec.Base.Layers[L]
+		}
+		err = j.spec.Sink.PutLayer(ctx, ls)
 	}
 	if err == nil {
-		err = j.spec.Sink.Close(ctx, 0)
+		err = j.spec.Sink.Close(ctx, j.base())
 	}
 	if err != nil {
 		err = fmt.Errorf("job %s: %w", j.spec.ID, err)
@@ -374,7 +393,11 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 	for i, pc := range plan.Pieces {
 		j := js[pc.Job]
 		if j.state == nil {
-			j.state = c.NewSeqState(0, c.NumLayers, model.StateOptions{LatentDType: s.cfg.Exec.Model.State.LatentDType, LatentCapacity: len(j.spec.Tokens)})
+			if b := j.spec.Base; b != nil {
+				j.state = b // continued: the executor appends the job's rows to its own
+			} else {
+				j.state = c.NewSeqState(0, c.NumLayers, model.StateOptions{LatentDType: s.cfg.Exec.Model.State.LatentDType, LatentCapacity: len(j.spec.Tokens)})
+			}
 			j.out = sink.NewQueue(j.spec.Sink, s.cfg.SinkQueue)
 			j.started = now
 			for k, w := range s.waiting {
@@ -450,7 +473,7 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 func (s *Scheduler) commit(j *Job) {
 	ctx, cancel := context.WithTimeout(j.ctx, s.cfg.CloseTimeout)
 	defer cancel()
-	err := j.out.Close(ctx, len(j.spec.Tokens))
+	err := j.out.Close(ctx, j.base()+len(j.spec.Tokens))
 	if err != nil {
 		err = fmt.Errorf("job %s: committing the state: %w", j.spec.ID, err)
 	}

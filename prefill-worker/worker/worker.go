@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
@@ -57,6 +59,10 @@ type Config struct {
 	SinkQueue                 int
 	SinkTimeout, CloseTimeout time.Duration
 	Log                       *zap.Logger
+	// Store, when set, is the worker's prefix store (prefixstore.Open, for
+	// this model and LatentDType): jobs resume from the longest stored
+	// prefix of their tokens and leave their state there (see withStore).
+	Store *prefixstore.Store
 	// OnPass, if set, is called after every pass.
 	OnPass func(scheduler.PassReport)
 }
@@ -193,10 +199,26 @@ type Job = scheduler.Job
 type Spec = scheduler.Spec
 
 // Submit queues a job for the next pass.
-func (w *Worker) Submit(spec Spec) (*Job, error) { return w.sched.Submit(spec) }
+func (w *Worker) Submit(spec Spec) (*Job, error) {
+	js, err := w.SubmitAll([]Spec{spec})
+	if err != nil {
+		return nil, err
+	}
+	return js[0], nil
+}
 
 // SubmitAll queues several jobs atomically, so that they share a pass.
-func (w *Worker) SubmitAll(specs []Spec) ([]*Job, error) { return w.sched.SubmitAll(specs) }
+func (w *Worker) SubmitAll(specs []Spec) ([]*Job, error) {
+	specs = slices.Clone(specs)
+	for i := range specs {
+		specs[i] = w.withStore(specs[i])
+	}
+	js, err := w.sched.SubmitAll(specs)
+	if err != nil {
+		untee(specs)
+	}
+	return js, err
+}
 
 // Cancel cancels a job; a job in a pass leaves it at the next layer.
 func (w *Worker) Cancel(id string) bool { return w.sched.Cancel(id) }
