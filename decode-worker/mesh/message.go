@@ -97,10 +97,14 @@ type Admit struct {
 
 // Prefix is the head's prefix-cache decision for one sequence: resume from
 // entry Hit at token At (its first At tokens are not run), and keep the
-// state at the Snaps positions as entry Keep when the sequence ends.
+// state at the Snaps positions as entry Keep when the sequence ends. For a
+// remote sequence, Hit and At are the base its transfer appends to: the
+// ranks take the MLA rows of entry Hit's first At tokens, whose prefix-key
+// link is Link, and receive the rest.
 type Prefix struct {
 	Hit   uint64 `msgpack:"hit,omitempty"`
 	At    int    `msgpack:"at,omitempty"`
+	Link  uint64 `msgpack:"link,omitempty"`
 	Keep  uint64 `msgpack:"keep,omitempty"`
 	Snaps []int  `msgpack:"snaps,omitempty"`
 }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -259,7 +260,8 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 	if pre == nil {
 		pre = &mesh.Prefix{}
 	}
-	if pre.At < 0 || pre.At%prefixcache.Block != 0 || (pre.Hit == 0) != (pre.At == 0) || a.Remote && (pre.Hit != 0 || pre.Keep != 0) {
+	badRemote := a.Remote && (pre.At >= max(a.Cached, 1) || pre.Keep != 0 && !slices.Equal(pre.Snaps, []int{a.Cached}))
+	if pre.At < 0 || pre.At%prefixcache.Block != 0 || (pre.Hit == 0) != (pre.At == 0) || badRemote {
 		return fmt.Errorf("prefix cache decision %+v for a %s sequence", *pre, map[bool]string{true: "remote", false: "local"}[a.Remote])
 	}
 	if w.cache != nil {
@@ -269,7 +271,12 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 	} else if pre.Hit != 0 {
 		return fmt.Errorf("%w: this rank's prefix cache is off", prefixcache.ErrMissing)
 	}
-	s := &seq{id: id, admit: a, slot: -1, from: pre.At}
+	s := &seq{id: id, admit: a, slot: -1}
+	capacity := a.Cached + a.Tokens + a.MaxTokens
+	if !a.Remote {
+		s.from = pre.At // a remote state's base is part of a.Cached
+		capacity += pre.At
+	}
 	if w.last {
 		p := sampling.Params{Temperature: a.Sampling.Temperature, TopK: a.Sampling.TopK, TopP: a.Sampling.TopP, Seed: a.Sampling.Seed}
 		var err error
@@ -281,15 +288,26 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 			s.stop[t] = true
 		}
 	}
-	e, err := w.reserve(id, a.Cached+pre.At+a.Tokens+a.MaxTokens, pre.Hit, a)
+	e, err := w.reserve(id, capacity, pre.Hit, a)
 	if err != nil {
 		return err
 	}
 	s.e = e
 	if a.Remote {
+		if pre.Hit != 0 {
+			// An append: the base's rows now, the rest with the transfer.
+			w.table.Create(e)
+			if err := w.cache.RestoreRows(e.State, pre.Hit, pre.At); err != nil {
+				w.table.Free(id)
+				return err
+			}
+		}
 		if err := w.expect(s); err != nil {
 			w.table.Free(id)
 			return err
+		}
+		if pre.Keep != 0 && w.cache != nil {
+			s.pend = &prefixcache.Pending{ID: pre.Keep, Plan: pre.Snaps, From: pre.Hit, FromPos: pre.At}
 		}
 	} else {
 		w.table.Create(e)
@@ -361,7 +379,7 @@ func (w *Worker) retire(s *seq, keep bool) {
 		return
 	}
 	if keep && st != nil {
-		w.cache.Insert(pend, st, s.req.Tokens)
+		w.cache.Insert(pend, st, s.prompt())
 		return
 	}
 	w.cache.Abandon(pend)
@@ -382,9 +400,15 @@ func (w *Worker) expect(s *seq) error {
 		layers = append(layers, L)
 	}
 	sess := a.Sessions[w.cfg.Rank]
-	in, err := w.cfg.Server.Expect(kvtransfer.ExpectSpec{Job: s.id, Session: sess.ID, Secret: sess.Secret,
+	spec := kvtransfer.ExpectSpec{Job: s.id, Session: sess.ID, Secret: sess.Secret,
 		Model: w.m.Cfg, Layers: layers, Tokens: a.Cached, LatentDType: w.dtype,
-		LatentCapacity: s.e.Capacity, Deadline: time.Unix(0, a.Deadline)})
+		LatentCapacity: s.e.Capacity, Deadline: time.Unix(0, a.Deadline)}
+	if pre := a.Prefix; pre != nil && pre.Hit != 0 {
+		// An append to the rows restored at admission: only the rest
+		// comes, and the sender must name the same base.
+		spec.Base, spec.BaseKey, spec.LatentCapacity = pre.At, pre.Link, a.Cached-pre.At
+	}
+	in, err := w.cfg.Server.Expect(spec)
 	if err != nil {
 		return err
 	}
@@ -418,8 +442,15 @@ func (w *Worker) onCommit(c commit) {
 	}
 	s.in = nil
 	err := c.err
+	st := c.st
+	if pre := s.admit.Prefix; err == nil && pre != nil && pre.Hit != 0 {
+		st = appendState(s.e.State, c.st, w.lo, w.hi)
+	}
 	if err == nil {
-		err = w.table.Install(s.e, c.st, s.admit.Cached)
+		err = w.table.Install(s.e, st, s.admit.Cached)
+	}
+	if err == nil && s.pend != nil {
+		w.cache.Snapshot(s.pend, s.e.State) // a remote state on the grid: the entry's snapshot
 	}
 	if err != nil {
 		reason := fmt.Sprintf("state for layers [%d, %d) refused: %v", w.lo, w.hi, err)
@@ -438,6 +469,27 @@ func (w *Worker) onCommit(c commit) {
 		return
 	}
 	w.send(&mesh.Header{Kind: mesh.KindReady, Epoch: w.epoch, Rank: w.cfg.Rank, Seq: s.id}, nil)
+}
+
+// appendState completes base (the MLA rows restored from the prefix cache)
+// with an append transfer's state: its MLA rows after them and its KDA
+// states. The result is checked whole by the table's Install.
+func appendState(base, delta *model.SeqState, lo, hi int) *model.SeqState {
+	for L := lo; L < hi; L++ {
+		d := delta.Layers[L]
+		if d == nil {
+			continue
+		}
+		if d.Kind != model.MLA {
+			base.Layers[L] = d
+			continue
+		}
+		bp, dp := &base.Layers[L].Parts[0], &d.Parts[0]
+		bp.Data = append(bp.Data, dp.Data...)
+		bp.Shape = []int{bp.Shape[0] + dp.Shape[0], bp.Shape[1]}
+	}
+	base.Tokens = delta.Tokens
+	return base
 }
 
 // send sends a message of this rank's own to the next rank.

@@ -32,6 +32,7 @@ func (w *Worker) Submit(ctx context.Context, req Request) error {
 	if req.Remote != nil {
 		rm := *req.Remote
 		rm.Sessions = slices.Clone(rm.Sessions)
+		rm.Prompt = slices.Clone(rm.Prompt)
 		req.Remote = &rm
 	}
 	reply := make(chan error, 1)
@@ -108,6 +109,9 @@ func (w *Worker) admitAs(req *Request, reply chan error, useCache bool, evicted 
 		for _, s := range rm.Sessions {
 			a.Sessions = append(a.Sessions, mesh.Session{ID: s.ID, Secret: s.Secret})
 		}
+		if w.cache != nil && !w.cacheOff {
+			a.Prefix = w.planRemote(rm, useCache)
+		}
 	} else if w.cache != nil && !w.cacheOff {
 		a.Prefix = w.plan(req.Tokens, useCache)
 		if a.Prefix != nil {
@@ -158,6 +162,37 @@ func (w *Worker) plan(prompt []int32, lookup bool) *mesh.Prefix {
 	return p
 }
 
+// planRemote is the head's prefix-cache decision for a remote state: the
+// base its transfer appends to (the proposed one, if an entry holds its
+// rows and lookup is allowed), and an entry kept of the state when it lies
+// on the grid. nil: neither.
+func (w *Worker) planRemote(rm *Remote, lookup bool) *mesh.Prefix {
+	if rm.Prompt == nil {
+		return nil
+	}
+	p := &mesh.Prefix{}
+	if lookup && rm.Append > 0 {
+		if id, link := w.cache.Holding(rm.Prompt[:rm.Append]); id != 0 {
+			p.Hit, p.At, p.Link = id, rm.Append, uint64(link)
+		}
+	}
+	if rm.Tokens > 0 && rm.Tokens%prefixcache.Block == 0 {
+		p.Keep, p.Snaps = w.cache.NewID(), []int{rm.Tokens}
+	}
+	if p.Hit == 0 && p.Keep == 0 {
+		return nil
+	}
+	return p
+}
+
+// prompt is the sequence's whole prompt, as far as the head knows it.
+func (s *seq) prompt() []int32 {
+	if rm := s.req.Remote; rm != nil && rm.Prompt != nil {
+		return append(slices.Clone(rm.Prompt), s.req.Tokens...)
+	}
+	return s.req.Tokens
+}
+
 // onAdmitted: the Admit came back around the ring.
 func (w *Worker) onAdmitted(m *mesh.Msg) {
 	s := w.seqs[m.Seq]
@@ -202,6 +237,12 @@ func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 	}
 	w.counters.admitted++
 	s.timing.Admitted = time.Now()
+	if rm := s.req.Remote; rm != nil && rm.Appended != nil {
+		*rm.Appended = 0
+		if pre := s.admit.Prefix; pre != nil {
+			*rm.Appended = pre.At
+		}
+	}
 	s.reply <- nil // kept: it also identifies the Submit call (see its abandon path)
 	w.log.Info("sequence admitted", zap.String("seq", s.id), zap.Int("tokens", len(s.req.Tokens)),
 		zap.Int("cached", s.admit.Cached), zap.Int("from_prefix_cache", s.from), zap.Bool("remote", s.admit.Remote), zap.Int("max_tokens", s.req.MaxTokens))

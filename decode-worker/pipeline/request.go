@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 )
 
@@ -39,6 +40,19 @@ type Remote struct {
 	// Deadline bounds the transfer: a state not committed on every rank by
 	// then fails the sequence before it decodes.
 	Deadline time.Time
+	// Prompt, when set, are those Tokens tokens themselves. With it, and
+	// the prefix cache on, the group keeps the state as a cache entry (when
+	// Tokens lies on the cache's grid) and can take a base: see Append.
+	Prompt []int32
+	// Append proposes a base: the group's prefix cache may hold the MLA
+	// rows of Prompt[:Append], so that the transfer carries only the rows
+	// after them (and the KDA states). The head takes it if it holds those
+	// rows (tokens compared) and every rank registers the transfer as an
+	// append to them; otherwise the transfer carries the whole state.
+	Append int
+	// Appended, if set, receives the base the group took (0: none) before
+	// Submit returns: the prefill worker is told to send accordingly.
+	Appended *int
 }
 
 // Session is one rank's kvtransfer session.
@@ -140,6 +154,17 @@ func (r *Request) validate(vocab, ranks int) error {
 			return bad("%d transfer sessions for %d ranks", len(rm.Sessions), ranks)
 		case rm.Deadline.IsZero() || time.Until(rm.Deadline) <= 0:
 			return bad("the transfer deadline is unset or past")
+		}
+		switch {
+		case rm.Prompt != nil && len(rm.Prompt) != rm.Tokens:
+			return bad("remote prompt of %d tokens for a state of %d", len(rm.Prompt), rm.Tokens)
+		case rm.Append < 0 || rm.Append > 0 && (rm.Prompt == nil || rm.Append >= rm.Tokens || rm.Append%prefixcache.Block != 0):
+			return bad("append base of %d tokens for a remote state of %d (a multiple of %d below it, with the prompt)", rm.Append, rm.Tokens, prefixcache.Block)
+		}
+		for i, id := range rm.Prompt {
+			if id < 0 || int(id) >= vocab {
+				return bad("remote prompt token %d is %d, outside the vocabulary [0, %d)", i, id, vocab)
+			}
 		}
 		for i, s := range rm.Sessions {
 			if s.ID == "" || len(s.Secret) < 16 {

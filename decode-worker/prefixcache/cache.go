@@ -200,6 +200,54 @@ func (c *Cache) Restore(st *model.SeqState, id uint64, pos int) error {
 	return nil
 }
 
+// Holding finds an entry whose MLA rows start with prefix (any prefix of an
+// entry's rows is reusable: a remote transfer appends to them), the most
+// recently used first, and returns its id and the prefix's chain link; id
+// 0 when there is none. Only a cache with Index can look up.
+func (c *Cache) Holding(prefix []int32) (uint64, Hash) {
+	n := len(prefix)
+	if n == 0 || n%Block != 0 {
+		return 0, 0
+	}
+	var best *Entry
+	for _, e := range c.entries {
+		if e.Len < n || len(e.Tokens) < n || !slices.Equal(e.Tokens[:n], prefix) {
+			continue
+		}
+		if best == nil || e.used > best.used || e.used == best.used && e.ID < best.ID {
+			best = e
+		}
+	}
+	if best == nil {
+		return 0, 0
+	}
+	return best.ID, best.chain[n/Block-1]
+}
+
+// RestoreRows fills a fresh state of the rank's layers with the MLA rows of
+// entry id's first pos tokens (the base a remote transfer appends to; the
+// KDA states come with the transfer), and marks the entry used. The state
+// holds pos tokens of rows but no KDA state until the transfer's arrive.
+func (c *Cache) RestoreRows(st *model.SeqState, id uint64, pos int) error {
+	e := c.entries[id]
+	if e == nil || pos > e.Len {
+		c.stats.Misses++
+		return fmt.Errorf("%w: entry %d with %d tokens of rows", ErrMissing, id, pos)
+	}
+	for L := c.cfg.Lo; L < c.cfg.Hi; L++ {
+		if c.cfg.Model.LayerKind(L) != model.MLA {
+			continue
+		}
+		src := e.rows[L-c.cfg.Lo].Parts[0]
+		p := &st.Layers[L].Parts[0]
+		rowBytes := src.Shape[1] * src.DType.Size()
+		p.Data = append(p.Data[:0], src.Data[:pos*rowBytes]...)
+		p.Shape = []int{pos, src.Shape[1]}
+	}
+	c.touch(e)
+	return nil
+}
+
 func (c *Cache) touch(e *Entry) {
 	c.clock++
 	e.used = c.clock
