@@ -72,9 +72,10 @@ echo "== go test for GOARCH=arm64 under qemu-user (the decode workers' architect
 # architecture and too slow or real-time under emulation: the full-size K3
 # sparse layout (TestK3SparseIsTheRelease, ~3 min alone), the group's
 # batching test and kvtransfer's round trips, whose 10-20 s transfer
-# deadlines pass under emulation (TestBatchedSequences, TestRoundTrip), the
-# group's prefix-cache tests (TestPrefixCache*: their 60 s contexts ran out
-# emulated on the loaded machine; the cache's own package runs), and a
+# deadlines pass under emulation (TestBatchedSequences, TestRoundTrip, and
+# the append transfer's TestAppend), the group's prefix-cache tests
+# (TestPrefixCache*, TestRemoteSuffix: their 60 s contexts ran out emulated
+# on the loaded machine; the cache's own package runs), and a
 # comparison of two timings (TestSlotHoldingPeerDoesNotStarveTransfers).
 # Measured on this 2-core machine under a load average of 130-170 (no quiet
 # machine was available): the tests 195 s of CPU (user+sys; 21 min of wall
@@ -86,7 +87,7 @@ if [ "$(go env GOARCH)" != arm64 ] && command -v qemu-aarch64-static >/dev/null;
 	arm64_pkgs="$(go list ./internal/expmath ./mxfp ./kernels/cpu ./model/... ./tokenizer/... ./kvtransfer/... ./decode-worker/... |
 		grep -vE '/(kvtransfer/rdma|kvtransfer/rdma/sysverbs|decode-worker)$')"
 	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m \
-		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestPrefixCache.*|TestSlotHoldingPeerDoesNotStarveTransfers)$' $arm64_pkgs
+		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers)$' $arm64_pkgs
 else
 	echo "skipped: qemu-aarch64-static not found (scripts/setup.sh installs Debian's qemu-user-static)" >&2
 fi
