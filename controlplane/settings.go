@@ -1,30 +1,30 @@
 package controlplane
 
-import "time"
+import (
+	"time"
 
-// Setting is one configuration key of a tandem binary: its default (which
-// also gives its type) and what it means. Binaries read settings through
-// viper: a config file, TANDEM_* environment variables and flags.
-type Setting struct {
-	Key     string
-	Default any
-	Help    string
-}
+	"github.com/tandem-inference/tandem/internal/config"
+)
+
+// Setting is one configuration key of a tandem binary (package
+// internal/config resolves them: flags, TANDEM_* environment variables
+// and a config file).
+type Setting = config.Setting
 
 // ClientSettings are the keys of a NATS client connection, the same in the
 // coordinator and both workers.
 var ClientSettings = []Setting{
-	{"nats.url", "", "NATS server URL(s), comma-separated"},
-	{"nats.credentials", "", "tandem identity file (JSON: principal, name, user, password), as `coordinator credentials` writes; default: this machine's own in <user config dir>/tandem/nats when no other credentials are given"},
-	{"nats.user", "", "NATS user (with nats.password)"},
-	{"nats.password", "", "NATS password"},
-	{"nats.token", "", "NATS token"},
-	{"nats.nkey_seed_file", "", "file with this client's nkey seed"},
-	{"nats.creds_file", "", "NATS credentials file (JWT + nkey seed, operator mode)"},
-	{"nats.tls.ca", "", "CA file that verifies the NATS server (turns TLS on)"},
-	{"nats.tls.cert", "", "client certificate file for NATS TLS"},
-	{"nats.tls.key", "", "client key file for NATS TLS"},
-	{"nats.connect_timeout", 5 * time.Second, "bound on connecting to NATS"},
+	{Key: "nats.url", Default: "", Help: "NATS server URL(s), comma-separated"},
+	{Key: "nats.credentials", Default: "", Help: "tandem identity file (JSON: principal, name, user, password), as `coordinator credentials` writes; default: this machine's own in <user config dir>/tandem/nats when no other credentials are given"},
+	{Key: "nats.user", Default: "", Help: "NATS user (with nats.password)"},
+	{Key: "nats.password", Default: "", Help: "NATS password"},
+	{Key: "nats.token", Default: "", Help: "NATS token"},
+	{Key: "nats.nkey_seed_file", Default: "", Help: "file with this client's nkey seed"},
+	{Key: "nats.creds_file", Default: "", Help: "NATS credentials file (JWT + nkey seed, operator mode)"},
+	{Key: "nats.tls.ca", Default: "", Help: "CA file that verifies the NATS server (turns TLS on)"},
+	{Key: "nats.tls.cert", Default: "", Help: "client certificate file for NATS TLS"},
+	{Key: "nats.tls.key", Default: "", Help: "client key file for NATS TLS"},
+	{Key: "nats.connect_timeout", Default: 5 * time.Second, Help: "bound on connecting to NATS"},
 }
 
 // OptionsFromSettings builds connection Options from ClientSettings' keys,

@@ -3,72 +3,86 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/model"
 )
 
-// envPrefix prefixes the environment variables: TANDEM_DECODE_RANK,
-// TANDEM_DECODE_MESH_IDLE, ...
-const envPrefix = "TANDEM_DECODE"
+// process names the worker's environment variables:
+// TANDEM_DECODE_WORKER_RANK, TANDEM_DECODE_WORKER_MESH_IDLE, ...
+const process = "decode-worker"
 
-// defaults lists every configuration key with its default. Keys are read
-// from flags, then the environment, then the --config file.
-var defaults = map[string]any{
-	"rank":          0,
-	"group_config":  "",
-	"model":         "",
-	"listen":        "", // default: the rank's endpoint in the group config
-	"threads":       0,  // 0: every core
-	"memory_budget": "0",
-	"micro_batches": 0, // 0: the number of ranks
-	"max_batch":     64,
-	"prefill_chunk": 512,
-	"cache_dtype":   "bf16",
+// settings are every configuration key with its default: a flag (dots and
+// underscores as dashes), an environment variable and a --config file key.
+var settings = []config.Setting{
+	{Key: "rank", Default: 0, Help: "this worker's rank in the decode group"},
+	{Key: "group_config", Default: "", Help: "the decode group's file: group, secret or secret_file, ranks (endpoint, layers, memory_budget) (required)"},
+	{Key: "model", Default: "", Help: "checkpoint directory: config.json + safetensors shards (required)"},
+	{Key: "listen", Default: "", Help: "listen address (default: the rank's endpoint)"},
+	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
+	{Key: "memory_budget", Default: "0", Help: "sequence state memory budget, a byte size: 64GiB (0: the group file's, else unlimited)"},
+	{Key: "micro_batches", Default: 0, Help: "steps in flight (0: the number of ranks)"},
+	{Key: "max_batch", Default: 64, Help: "sequences per decode step"},
+	{Key: "prefill_chunk", Default: 512, Help: "prompt rows per prefill step, a multiple of 64 (negative: whole prompts)"},
+	{Key: "cache_dtype", Default: "bf16", Help: "MLA latent cache dtype: bf16 (the state contract) or f32"},
 	// The prefix-state cache: finished prompts' states kept in the memory
 	// budget for prompts that start the same (every rank of a group alike).
-	"prefix_cache.enabled": true,
-	"prefix_cache.stride":  0, // extra snapshots every stride tokens (multiple of 64); 0: the prompt's end only
-	"latent_norm_eps":      0.0,
-	"step_timeout":         5 * time.Minute,
-	"mesh.heartbeat":       500 * time.Millisecond,
-	"mesh.idle":            3 * time.Second,
-	"transfer.handshake":   5 * time.Second,
-	"transfer.io":          15 * time.Second,
-	"transfer.idle":        15 * time.Second,
-	"transfer.keep_alive":  2 * time.Second,
-	"frontdoor":            true,
-	// The mesh between ranks: tcp, rdma (Thunderbolt 5 RDMA; fail without
-	// it) or auto (RDMA where a device has the endpoint's address, else TCP,
-	// logged). Over RDMA a rank takes link bootstraps on its endpoint's
-	// port + 1 and the prefill worker's TCP on the endpoint.
-	"transport":      "tcp",
-	"rdma.device":    "", // e.g. rdma_en3; default: the device with the endpoint's IP as a GID
-	"rdma.slot_size": 128 << 10,
-	"rdma.slots":     16,
-	"log.level":      "info",
-	"log.format":     "json",
+	{Key: "prefix_cache.enabled", Default: true, Help: "keep finished prompts' states for prompts that start the same (every rank of a group alike)"},
+	{Key: "prefix_cache.stride", Default: 0, Help: "also snapshot the KDA states every this many prefilled tokens (a multiple of 64; 0: at prompt ends only)"},
+	{Key: "latent_norm_eps", Default: 0.0, Help: "override the MLA latent norm eps (0: the config's)"},
+	{Key: "step_timeout", Default: 5 * time.Minute, Help: "a step not back by then resets the group"},
+	{Key: "mesh.heartbeat", Default: 500 * time.Millisecond, Help: "mesh keep-alive period"},
+	{Key: "mesh.idle", Default: 3 * time.Second, Help: "silence that kills a mesh link"},
+	{Key: "transfer.handshake", Default: 5 * time.Second, Help: "state transfer: bound on a connection's handshake"},
+	{Key: "transfer.io", Default: 15 * time.Second, Help: "state transfer: bound on one read or write"},
+	{Key: "transfer.idle", Default: 15 * time.Second, Help: "state transfer: a session silent this long fails"},
+	{Key: "transfer.keep_alive", Default: 2 * time.Second, Help: "state transfer: keep-alive interval"},
+	{Key: "frontdoor", Default: true, Help: "rank 0 serves the front door's client protocol"},
+	// Over RDMA a rank takes link bootstraps on its endpoint's port + 1 and
+	// the prefill worker's TCP on the endpoint.
+	{Key: "transport", Default: "tcp", Help: "the mesh between ranks: tcp, rdma (Thunderbolt 5 RDMA; fail without it) or auto (RDMA where a device has the endpoint's address, else TCP, logged)"},
+	{Key: "rdma.device", Default: "", Help: "the RDMA device, e.g. rdma_en3 (default: the device with the endpoint's IP as a GID)"},
+	{Key: "rdma.slot_size", Default: "128KiB", Help: "RDMA slot size, a byte size (every rank alike)"},
+	{Key: "rdma.slots", Default: 16, Help: "RDMA slots per ring (every rank alike)"},
 	// Control-plane mode (with nats.url): the rank registers in the worker
 	// registry and rank 0 takes the coordinator's jobs.
-	"worker_id":          "", // default: <group>-r<rank>
-	"advertise":          "", // default: the rank's endpoint
-	"registry.ttl":       10 * time.Second,
-	"registry.memory":    false,
-	"registry.heartbeat": time.Duration(0), // 0: a third of registry.ttl
+	{Key: "worker_id", Default: "", Help: "control-plane mode: this rank's worker id (default <group>-r<rank>)"},
+	{Key: "advertise", Default: "", Help: "control-plane mode: host:port other workers reach this rank on (default: its endpoint in the group file)"},
+	{Key: "registry.ttl", Default: 10 * time.Second, Help: "control-plane mode: the worker registry's TTL when this worker creates it (a server without tandem identities); with an identity the bucket's own"},
+	{Key: "registry.memory", Default: false, Help: "control-plane mode: keep the registry this worker creates in memory"},
+	{Key: "registry.heartbeat", Default: time.Duration(0), Help: "control-plane mode: heartbeat interval (0: a third of registry.ttl)"},
 }
 
-// config is the decode worker's resolved configuration.
-type config struct {
+// help is the worker's --help text above its flags.
+var help = `One rank of a decode group: it keeps its layer range's weights resident,
+receives remote-prefilled state for its layers, and decodes in a pipeline
+with the other ranks over the mesh. Rank 0 takes sequences (from the
+coordinator with --nats-url, or from clients of its front door) and hands
+out their tokens.
+
+  decode-worker --rank R --group-config FILE --model DIR [--nats-url URL]
+  decode-worker rdma-probe [--listen ADDR | --peer ADDR]
+
+Every rank of a group reads the same group file (group.example.yaml): the
+group's name, its mesh secret (secret, or secret_file relative to the file,
+or $TANDEM_GROUP_SECRET), and its ranks, each with endpoint, and optionally
+layers [lo, hi) (on every rank or none) and memory_budget (a byte size).
+
+` + config.Help(process)
+
+// workerConfig is the decode worker's resolved configuration.
+type workerConfig struct {
 	Rank         int
 	GroupConfig  string
 	Model        string
@@ -102,57 +116,63 @@ type config struct {
 	Beat      time.Duration // registry heartbeat interval
 }
 
-// loadConfig resolves the configuration from args, the environment and
-// the optional --config file.
-func loadConfig(args []string) (*config, error) {
-	fs := pflag.NewFlagSet("decode-worker", pflag.ContinueOnError)
-	fs.Int("rank", 0, "this worker's rank in the decode group")
-	fs.String("group-config", "", "the decode group's YAML file: group, secret, ranks (endpoint, layers, memory_budget) (required)")
-	fs.String("model", "", "checkpoint directory: config.json + safetensors shards (required)")
-	fs.String("config", "", "optional worker config file (YAML/JSON/TOML) with any of the keys below")
-	fs.String("listen", "", "listen address (default: the rank's endpoint)")
-	fs.Int("threads", 0, "CPU threads for compute (0: all)")
-	fs.String("memory-budget", "0", "sequence state memory budget, e.g. 64GiB (0: the group config's, else unlimited)")
-	fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
-	fs.Int("max-batch", 64, "sequences per decode step")
-	fs.Int("prefill-chunk", 512, "prompt rows per prefill step, a multiple of 64 (negative: whole prompts)")
-	fs.String("cache-dtype", "bf16", "MLA latent cache dtype: bf16 (the state contract) or f32")
-	fs.String("log-level", "info", "log level: debug (every step), info, warn, error")
-	fs.String("log-format", "json", "log format: json or console")
-	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the rank registers and rank 0 takes its jobs (empty: front door only)")
-	fs.String("worker-id", "", "control-plane mode: this rank's worker id (default <group>-r<rank>)")
-	fs.String("nats-credentials", "", "control-plane mode: the worker's identity file (worker.json from `coordinator credentials`; default: this machine's, when present)")
-	fs.String("advertise", "", "control-plane mode: host:port other workers reach this rank on (default: its endpoint in the group file)")
-	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL when this worker creates it (a server without tandem identities); with an identity the bucket's own")
-	if err := fs.Parse(args); err != nil {
+// command is the worker's command line: run gets the resolved
+// configuration; rdma-probe is a subcommand.
+func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           "decode-worker --rank R --group-config FILE --model DIR [flags]",
+		Short:         "one rank of a decode group",
+		Long:          help,
+		Args:          cobra.ArbitraryArgs, // refused by resolveConfig, naming them
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := resolveConfig(cmd.Flags(), args)
+			if err != nil {
+				return err
+			}
+			return run(cmd, cfg)
+		},
+	}
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	cmd.Flags().SortFlags = false
+	cmd.Flags().String("config", "", "config file (YAML, JSON or TOML) with any of the keys of these flags (dots nest)")
+	config.AddFlags(cmd.Flags(), settings, controlplane.ClientSettings, config.LogSettings)
+	cmd.AddCommand(&cobra.Command{
+		Use:                "rdma-probe [--listen ADDR | --peer ADDR]",
+		Short:              "report this machine's RDMA environment and measure an RDMA link to another rank",
+		DisableFlagParsing: true, // rdmaProbe parses its own, --help included
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return rdmaProbe(cmd.Context(), args, stdout)
+		},
+	})
+	return cmd
+}
+
+// loadConfig resolves the configuration from args alone (tests).
+func loadConfig(args []string) (*workerConfig, error) {
+	var cfg *workerConfig
+	cmd := command(io.Discard, io.Discard, func(_ *cobra.Command, c *workerConfig) error { cfg = c; return nil })
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
 		return nil, err
 	}
-	v := viper.New()
-	for k, d := range defaults {
-		v.SetDefault(k, d)
+	return cfg, nil
+}
+
+// resolveConfig resolves the configuration from the parsed flags, the
+// environment and the optional --config file.
+func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
+	if len(args) > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", args)
 	}
-	for _, s := range controlplane.ClientSettings {
-		v.SetDefault(s.Key, s.Default)
+	file, _ := fs.GetString("config")
+	v, err := config.Load(fs, process, file, settings, controlplane.ClientSettings, config.LogSettings)
+	if err != nil {
+		return nil, err
 	}
-	v.SetEnvPrefix(envPrefix)
-	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	v.AutomaticEnv()
-	for key, flag := range map[string]string{"rank": "rank", "group_config": "group-config", "model": "model",
-		"listen": "listen", "threads": "threads", "memory_budget": "memory-budget", "micro_batches": "micro-batches",
-		"max_batch": "max-batch", "prefill_chunk": "prefill-chunk", "cache_dtype": "cache-dtype",
-		"log.level": "log-level", "log.format": "log-format", "nats.url": "nats-url", "worker_id": "worker-id",
-		"nats.credentials": "nats-credentials", "advertise": "advertise", "registry.ttl": "registry-ttl"} {
-		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
-			return nil, err
-		}
-	}
-	if f, _ := fs.GetString("config"); f != "" {
-		v.SetConfigFile(f)
-		if err := v.ReadInConfig(); err != nil {
-			return nil, fmt.Errorf("config %s: %w", f, err)
-		}
-	}
-	c := &config{Rank: v.GetInt("rank"), GroupConfig: v.GetString("group_config"), Model: v.GetString("model"),
+	c := &workerConfig{Rank: v.GetInt("rank"), GroupConfig: v.GetString("group_config"), Model: v.GetString("model"),
 		Listen: v.GetString("listen"), Threads: v.GetInt("threads"), MicroBatches: v.GetInt("micro_batches"),
 		MaxBatch: v.GetInt("max_batch"), PrefillChunk: v.GetInt("prefill_chunk"), LatentEps: v.GetFloat64("latent_norm_eps"),
 		PrefixCache: v.GetBool("prefix_cache.enabled"), PrefixStride: v.GetInt("prefix_cache.stride"),
@@ -160,16 +180,23 @@ func loadConfig(args []string) (*config, error) {
 		Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 		TransferIdle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive"),
 		Frontdoor: v.GetBool("frontdoor"), Transport: v.GetString("transport"),
-		RDMA:     rdma.Config{Device: v.GetString("rdma.device"), SlotSize: v.GetInt("rdma.slot_size"), Slots: v.GetInt("rdma.slots")},
+		RDMA:     rdma.Config{Device: v.GetString("rdma.device"), Slots: v.GetInt("rdma.slots")},
 		LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
 		WorkerID: v.GetString("worker_id"), Advertise: v.GetString("advertise"), Beat: v.GetDuration("registry.heartbeat"),
 		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
 		NATS:     controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
 	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
-	var err error
-	if c.MemoryBudget, err = parseBytes(v.GetString("memory_budget")); err != nil {
+	if c.MemoryBudget, err = config.ParseBytes(v.GetString("memory_budget")); err != nil {
 		return nil, fmt.Errorf("memory_budget: %w", err)
 	}
+	slot, err := config.ParseBytes(v.GetString("rdma.slot_size"))
+	if err != nil {
+		return nil, fmt.Errorf("rdma.slot_size: %w", err)
+	}
+	if slot > 1<<30 {
+		return nil, fmt.Errorf("rdma.slot_size %d: at most 1GiB", slot)
+	}
+	c.RDMA.SlotSize = int(slot)
 	if c.CacheDType, err = model.ParseCacheDType(v.GetString("cache_dtype")); err != nil {
 		return nil, fmt.Errorf("cache_dtype: %w", err)
 	}
@@ -199,6 +226,12 @@ type groupFile struct {
 	Ranks      []rankFile `mapstructure:"ranks"`
 }
 
+// groupKeys and rankKeys are the group file's keys: any other is refused.
+var (
+	groupKeys = []string{"group", "secret", "secret_file", "ranks"}
+	rankKeys  = []string{"endpoint", "layers", "memory_budget"}
+)
+
 type rankFile struct {
 	Endpoint     string `mapstructure:"endpoint"`
 	Layers       []int  `mapstructure:"layers"` // [lo, hi); all ranks or none
@@ -209,11 +242,25 @@ type rankFile struct {
 // when no rank lists them) and the mesh secret, from the file, the file
 // named by secret_file, or $TANDEM_GROUP_SECRET.
 func loadGroup(path string, numLayers int) (*rank.Layout, []byte, error) {
-	v := viper.New()
-	v.SetConfigFile(path)
+	v, err := config.ReadFile(path, groupKeys)
+	if err != nil {
+		return nil, nil, fmt.Errorf("group %w", err)
+	}
 	v.SetDefault("group", "decode")
-	if err := v.ReadInConfig(); err != nil {
-		return nil, nil, fmt.Errorf("group config %s: %w", path, err)
+	if ranks, ok := v.Get("ranks").([]any); ok {
+		for i, r := range ranks {
+			m, ok := r.(map[string]any)
+			if !ok {
+				return nil, nil, fmt.Errorf("group config %s: ranks[%d] is not a map of endpoint, layers and memory_budget", path, i)
+			}
+			keys := make([]string, 0, len(m))
+			for k := range m {
+				keys = append(keys, k)
+			}
+			if err := config.CheckKeys(fmt.Sprintf("group config %s: ranks[%d]", path, i), keys, rankKeys); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	var gf groupFile
 	if err := v.Unmarshal(&gf); err != nil {
@@ -262,7 +309,10 @@ func loadGroup(path string, numLayers int) (*rank.Layout, []byte, error) {
 			}
 			l.Ranks[i].Lo, l.Ranks[i].Hi = r.Layers[0], r.Layers[1]
 		}
-		if l.Ranks[i].MemoryBudget, err = parseBytes(r.MemoryBudget); err != nil {
+		if r.MemoryBudget == "" {
+			continue // unlimited
+		}
+		if l.Ranks[i].MemoryBudget, err = config.ParseBytes(r.MemoryBudget); err != nil {
 			return nil, nil, fmt.Errorf("group config %s: rank %d memory_budget: %w", path, i, err)
 		}
 	}
@@ -270,30 +320,4 @@ func loadGroup(path string, numLayers int) (*rank.Layout, []byte, error) {
 		return nil, nil, fmt.Errorf("group config %s: %w", path, err)
 	}
 	return l, secret, nil
-}
-
-// parseBytes reads a byte size: a plain number or one with a unit (KB, MB,
-// GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, nil
-	}
-	units := []struct {
-		suffix string
-		mult   float64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
-	mult := 1.0
-	for _, u := range units {
-		if num, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mult = strings.TrimSpace(num), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f < 0 || f*mult > 1<<62 {
-		return 0, fmt.Errorf("%q is not a byte size like 512MiB or 64GiB", s)
-	}
-	return int64(f * mult), nil
 }

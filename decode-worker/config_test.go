@@ -92,8 +92,8 @@ func TestLoadConfig(t *testing.T) {
 	}
 	// File < environment < flags.
 	file := writeFile(t, t.TempDir(), "worker.yaml", "max_batch: 8\nprefill_chunk: 128\nmesh:\n  idle: 7s\nmemory_budget: 1GiB\nrank: 1\n")
-	t.Setenv("TANDEM_DECODE_PREFILL_CHUNK", "256")
-	t.Setenv("TANDEM_DECODE_MESH_HEARTBEAT", "250ms")
+	t.Setenv("TANDEM_DECODE_WORKER_PREFILL_CHUNK", "256")
+	t.Setenv("TANDEM_DECODE_WORKER_MESH_HEARTBEAT", "250ms")
 	cfg, err = loadConfig([]string{"--group-config", "g.yaml", "--model", "m", "--config", file, "--rank", "2", "--cache-dtype", "f32"})
 	if err != nil {
 		t.Fatal(err)
@@ -117,16 +117,34 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
-func TestParseBytes(t *testing.T) {
-	for in, want := range map[string]int64{"": 0, "0": 0, "1234": 1234, "512MiB": 512 << 20, "64GiB": 64 << 30,
-		"1.5 GiB": 3 << 29, "2GB": 2e9, "10 KB": 10000, "7B": 7} {
-		if got, err := parseBytes(in); err != nil || got != want {
-			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+// TestStrictFiles: the group file and the worker's config file refuse an
+// unknown key, naming it, the file and the nearest valid key.
+func TestStrictFiles(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ text, want string }{
+		"top":      {"secret: 0123456789abcdef0123\nsecert_file: s\nranks: [{endpoint: \"a:1\"}]\n", `unknown key "secert_file" (did you mean secret_file?)`},
+		"rank":     {"secret: 0123456789abcdef0123\nranks:\n  - endpoint: a:1\n  - endpoint: b:1\n    memory_budgt: 8GiB\n", `ranks[1]: unknown key "memory_budgt" (did you mean memory_budget?)`},
+		"far":      {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"a:1\", colour: blue}]\n", `ranks[0]: unknown key "colour" (valid keys: endpoint, layers, memory_budget)`},
+		"not map":  {"secret: 0123456789abcdef0123\nranks: [a:1]\n", "ranks[0] is not a map"},
+		"bad size": {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"a:1\", memory_budget: 8G}]\n", "KiB MiB GiB TiB"},
+	} {
+		p := writeFile(t, dir, strings.ReplaceAll(name, " ", "_")+".yaml", tc.text)
+		if _, _, err := loadGroup(p, 9); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), p) {
+			t.Errorf("group file %s: %v, want the file and %q", name, err, tc.want)
 		}
 	}
-	for _, in := range []string{"lots", "-1", "1XB", "GiB"} {
-		if _, err := parseBytes(in); err == nil {
-			t.Errorf("parseBytes(%q) accepted", in)
+	worker := writeFile(t, dir, "worker.yaml", "max_bach: 8\n")
+	if _, err := loadConfig([]string{"--group-config", "g.yaml", "--model", "m", "--config", worker}); err == nil ||
+		!strings.Contains(err.Error(), `unknown key "max_bach" (did you mean max_batch?)`) || !strings.Contains(err.Error(), worker) {
+		t.Errorf("worker config file: %v", err)
+	}
+	for _, args := range [][]string{{"--memory-budget", "2G"}, {"--rdma-slot-size", "lots"}} {
+		if _, err := loadConfig(append([]string{"--group-config", "g.yaml", "--model", "m"}, args...)); err == nil || !strings.Contains(err.Error(), "KiB MiB GiB TiB") {
+			t.Errorf("%v: %v, want the grammar", args, err)
 		}
+	}
+	cfg, err := loadConfig([]string{"--group-config", "g.yaml", "--model", "m", "--rdma-slot-size", "64KiB", "--memory-budget", "1.5gib"})
+	if err != nil || cfg.RDMA.SlotSize != 64<<10 || cfg.MemoryBudget != 3<<29 {
+		t.Errorf("byte sizes: %v", err)
 	}
 }

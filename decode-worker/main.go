@@ -16,14 +16,15 @@
 // reports the machine's RDMA environment and measures an RDMA link to
 // another rank (rdmaprobe.go).
 //
-// Configuration comes from flags, TANDEM_DECODE_* environment variables and
-// an optional --config file; see config.go for every key and its default.
+// Configuration comes from flags, TANDEM_DECODE_WORKER_* environment
+// variables and an optional --config file (package internal/config); see
+// config.go or --help for every key and its default.
 package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -32,8 +33,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
@@ -41,6 +42,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/sysverbs"
@@ -52,22 +54,23 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "decode-worker: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-// run starts the rank and serves until ctx ends, or runs rdma-probe.
-func run(ctx context.Context, args []string) error {
-	if len(args) > 0 && args[0] == "rdma-probe" {
-		return rdmaProbe(ctx, args[1:], os.Stdout)
-	}
-	cfg, err := loadConfig(args)
-	if err != nil {
-		return err
-	}
-	base, err := newLogger(cfg.LogLevel, cfg.LogFormat)
+// run is the whole program: it starts the rank and serves until ctx ends,
+// or runs rdma-probe; --help prints the help to stdout and returns nil.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := command(stdout, stderr, func(_ *cobra.Command, cfg *workerConfig) error { return serve(ctx, cfg, stderr) })
+	cmd.SetArgs(args)
+	return cmd.ExecuteContext(ctx)
+}
+
+// serve runs the rank with its configuration until ctx ends.
+func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
+	base, err := config.NewLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 	if err != nil {
 		return err
 	}
@@ -85,7 +88,9 @@ func run(ctx context.Context, args []string) error {
 	if cfg.Rank > layout.Last() {
 		return fmt.Errorf("--rank %d: group %q has ranks 0..%d", cfg.Rank, layout.Group, layout.Last())
 	}
-	log = base.With(zap.String("group", layout.Group), zap.Int("rank", cfg.Rank)) // the pipeline adds these itself
+	// The pipeline and the adapter get base: they add the group and the
+	// rank (the adapter its worker id) themselves.
+	log = base.With(zap.String("group", layout.Group), zap.Int("rank", cfg.Rank))
 	spec := layout.Ranks[cfg.Rank]
 	log.Info("loading weights", zap.String("model", cfg.Model), zap.Int("lo", spec.Lo), zap.Int("hi", spec.Hi))
 	m, err := rank.LoadShard(cfg.Model, cpu.New(cfg.Threads), layout, cfg.Rank, cfg.LatentEps)
@@ -137,7 +142,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	var adapter *cpadapter.Adapter
 	if cfg.NATS.URL != "" {
-		if adapter, err = startAdapter(ctx, cfg, layout, w, log); err != nil {
+		if adapter, err = startAdapter(ctx, cfg, layout, w, base); err != nil {
 			return err
 		}
 		defer func() {
@@ -162,7 +167,7 @@ func run(ctx context.Context, args []string) error {
 
 // startAdapter joins the control plane: the rank registers in the worker
 // registry and, on rank 0, takes the coordinator's jobs.
-func startAdapter(ctx context.Context, cfg *config, layout *rank.Layout, w *pipeline.Worker, log *zap.Logger) (*cpadapter.Adapter, error) {
+func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w *pipeline.Worker, log *zap.Logger) (*cpadapter.Adapter, error) {
 	id := cfg.WorkerID
 	if id == "" {
 		id = fmt.Sprintf("%s-r%d", layout.Group, cfg.Rank)
@@ -208,28 +213,9 @@ func startAdapter(ctx context.Context, cfg *config, layout *rank.Layout, w *pipe
 	return a, nil
 }
 
-func newLogger(level, format string) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
-	}
-	var zc zap.Config
-	switch format {
-	case "json":
-		zc = zap.NewProductionConfig()
-	case "console":
-		zc = zap.NewDevelopmentConfig()
-	default:
-		return nil, errors.New("log.format: want json or console")
-	}
-	zc.Level = zap.NewAtomicLevelAt(lvl)
-	zc.Sampling = nil // every step line at debug level
-	return zc.Build()
-}
-
 // meshTransport is the transport of the rank's mesh links (cfg.Transport):
 // over RDMA, the device is chosen by the rank's endpoint address.
-func meshTransport(cfg *config, endpoint string, log *zap.Logger) (kvtransfer.Transport, error) {
+func meshTransport(cfg *workerConfig, endpoint string, log *zap.Logger) (kvtransfer.Transport, error) {
 	if cfg.Transport == "tcp" {
 		return &kvtransfer.TCP{}, nil
 	}

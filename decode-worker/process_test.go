@@ -31,7 +31,7 @@ const childEnv = "TANDEM_DECODE_WORKER_CHILD"
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := run(ctx, os.Args[1:])
+		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "decode-worker: %v\n", err)
@@ -123,7 +123,7 @@ func (c *cluster) start(r int) {
 	cmd := exec.Command(os.Args[0], args...)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = append(os.Environ(), childEnv+"=1", "TANDEM_DECODE_MESH_HEARTBEAT=200ms", "TANDEM_DECODE_MESH_IDLE=3s")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "TANDEM_DECODE_WORKER_MESH_HEARTBEAT=200ms", "TANDEM_DECODE_WORKER_MESH_IDLE=3s")
 	if err := cmd.Start(); err != nil {
 		if errors.Is(err, syscall.ENOEXEC) {
 			// An emulated test binary (scripts/test.sh runs this package

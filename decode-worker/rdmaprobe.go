@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/sysverbs"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
@@ -48,7 +49,6 @@ type probeOptions struct {
 
 func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 	fs := pflag.NewFlagSet("rdma-probe", pflag.ContinueOnError)
-	fs.SetOutput(out)
 	o := &probeOptions{}
 	fs.StringVar(&o.library, "library", "", "the verbs library (default "+sysverbs.DefaultLibrary()+")")
 	fs.StringVar(&o.device, "device", "", "the device to use (default: the one with the bootstrap address as a GID)")
@@ -62,10 +62,11 @@ func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on each slot size's probe")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.Usage = func() {
-		fmt.Fprint(out, probeUsage)
+		fmt.Fprint(fs.Output(), probeUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	// Environment: TANDEM_DECODE_WORKER_RDMA_PROBE_<FLAG>.
+	if err := config.ParseArgs(fs, "decode-worker-rdma-probe", args, out, os.Stderr); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -75,17 +76,17 @@ func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 		return nil, errors.New("rdma-probe: --listen and --peer exclude each other")
 	}
 	for _, s := range strings.Split(*sizes, ",") {
-		n, err := parseBytes(s)
+		n, err := config.ParseBytes(s)
 		if err != nil || n <= 0 || n > 1<<30 {
 			return nil, fmt.Errorf("rdma-probe: --slot-sizes: %q is not a slot size", s)
 		}
 		o.slotSizes = append(o.slotSizes, int(n))
 	}
 	var err error
-	if o.bytes, err = parseBytes(*bytes); err != nil || o.bytes <= 0 {
+	if o.bytes, err = config.ParseBytes(*bytes); err != nil || o.bytes <= 0 {
 		return nil, fmt.Errorf("rdma-probe: --bytes %q: want a positive byte size", *bytes)
 	}
-	f, err := parseBytes(*frameS)
+	f, err := config.ParseBytes(*frameS)
 	if err != nil || f <= 0 || f > 16<<20 {
 		return nil, fmt.Errorf("rdma-probe: --frame %q: want 1B..16MiB", *frameS)
 	}
@@ -132,8 +133,8 @@ func rdmaProbe(ctx context.Context, args []string, out io.Writer) error {
 func runProbe(ctx context.Context, o *probeOptions, p verbs.Provider, lib string, out io.Writer) error {
 	rep := &probeReport{OS: runtime.GOOS + "/" + runtime.GOARCH, OSBuild: osBuild(), Library: lib}
 	if runtime.GOOS == "darwin" {
-		rep.RDMACtl = command("rdma_ctl", "status")
-		rep.Bridge = command("ifconfig", "bridge0")
+		rep.RDMACtl = commandOutput("rdma_ctl", "status")
+		rep.Bridge = commandOutput("ifconfig", "bridge0")
 	}
 	devs, err := rdma.Inspect(p)
 	rep.Devices = devs
@@ -270,7 +271,7 @@ func splitPort(addr string) (string, int, error) {
 // must share).
 func osBuild() string {
 	if runtime.GOOS == "darwin" {
-		return command("sw_vers", "-buildVersion")
+		return commandOutput("sw_vers", "-buildVersion")
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		return strings.TrimSpace(string(b))
@@ -278,9 +279,9 @@ func osBuild() string {
 	return "unknown"
 }
 
-// command runs a short system command for the report; its failure is
+// commandOutput runs a short system command for the report; its failure is
 // reported as text, not an error.
-func command(name string, args ...string) string {
+func commandOutput(name string, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	b, err := exec.CommandContext(ctx, name, args...).CombinedOutput()

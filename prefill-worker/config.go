@@ -3,66 +3,83 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
 	"github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
-	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
 
-// envPrefix prefixes the environment variables: TANDEM_PREFILL_MEM_BUDGET,
-// TANDEM_PREFILL_SINK_TIMEOUT, ...
-const envPrefix = "TANDEM_PREFILL"
+// process names the worker's environment variables:
+// TANDEM_PREFILL_WORKER_MEMORY_BUDGET, TANDEM_PREFILL_WORKER_NATS_URL, ...
+const process = "prefill-worker"
 
-// defaults lists every configuration key with its default. Keys are read
-// from flags, then the environment, then the --config file.
-var defaults = map[string]any{
-	"model":              "",
-	"mem_budget":         "8GiB",
-	"backend":            "cpu",
-	"cuda.device":        0,
-	"threads":            0,  // 0: every core
-	"depth":              -1, // -1: the planner chooses from the budget
-	"cache_dtype":        "bf16",
-	"latent_norm_eps":    0.0,
-	"io":                 "auto",
-	"read_size":          "8MiB",
-	"readers":            streamer.DefaultReaders,
-	"max_tile":           0, // 0: the planner's default
-	"sink.queue":         4,
-	"sink.timeout":       time.Minute,
-	"sink.close_timeout": 5 * time.Minute,
-	"prompt":             []string{},
-	"prompts_file":       "",
-	"out":                "",
-	"dry_run":            false,
-	"memory_limit":       true, // set the Go runtime's memory limit to the budget
-	"log.level":          "info",
-	"log.format":         "console",
+// settings are every configuration key with its default: a flag (dots and
+// underscores as dashes), an environment variable and a --config file key.
+var settings = []config.Setting{
+	{Key: "model", Default: "", Help: "checkpoint directory: config.json + safetensors shards (required)"},
+	{Key: "memory_budget", Default: "8GiB", Old: "mem_budget", Help: "memory budget for the weights ring, states, activations and temporaries, a byte size: 512MiB, 24GiB"},
+	{Key: "backend", Default: "cpu", Help: "compute backend: cpu, cuda (an NVIDIA GPU through the driver, libcuda.so.1) or auto (cuda if usable, else cpu)"},
+	{Key: "cuda.device", Default: 0, Help: "CUDA device ordinal (backend cuda or auto)"},
+	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
+	{Key: "depth", Default: -1, Help: "prefetch depth: layers read ahead of compute (-1: chosen from the budget)"},
+	{Key: "cache_dtype", Default: "bf16", Help: "MLA latent cache dtype: bf16 (the state contract) or f32"},
+	{Key: "latent_norm_eps", Default: 0.0, Help: "override the MLA latent norm eps (0: the config's)"},
+	{Key: "io", Default: "auto", Help: "weight reads: auto (direct I/O where possible), direct (required) or buffered"},
+	{Key: "read_size", Default: "8MiB", Help: "bytes per read request, a byte size"},
+	{Key: "readers", Default: streamer.DefaultReaders, Help: "read requests in flight"},
+	{Key: "max_tile", Default: 0, Help: "most token rows per layer call (0: the planner's default)"},
+	{Key: "sink.queue", Default: 4, Help: "layer states queued towards a job's sink before the pass waits for it"},
+	{Key: "sink.timeout", Default: time.Minute, Help: "how long a pass waits for a job's sink before failing that job"},
+	{Key: "sink.close_timeout", Default: 5 * time.Minute, Help: "how long a finished job's sink may take to close"},
+	{Key: "prompt", Default: []string{}, Repeat: true, Help: "standalone mode: a prompt as comma-separated token ids (repeatable); all prompts share passes"},
+	{Key: "prompts_file", Default: "", Help: "standalone mode: a file with one prompt (comma-separated token ids) per line"},
+	{Key: "out", Default: "", Help: "standalone mode: directory for the states, one <job>.k3st file per prompt (SeqState encoding)"},
+	{Key: "dry_run", Default: false, Help: "print the pass plans for the prompts and exit without reading weights"},
+	{Key: "memory_limit", Default: true, Help: "set the Go runtime's memory limit to the budget, so the collector keeps garbage within it"},
 	// Control-plane mode (with nats.url): the worker registers in the
 	// worker registry and takes the coordinator's jobs, streaming each
 	// job's state to its decode ranks over kvtransfer.
-	"worker_id":           "", // default: prefill-<host name>
-	"registry.ttl":        10 * time.Second,
-	"registry.memory":     false,
-	"registry.heartbeat":  time.Duration(0), // 0: a third of registry.ttl
-	"transfer.conns":      0,                // connections per decode rank (0: kvtransfer's default)
-	"transfer.handshake":  5 * time.Second,
-	"transfer.io":         15 * time.Second,
-	"transfer.idle":       15 * time.Second,
-	"transfer.keep_alive": 2 * time.Second,
+	{Key: "worker_id", Default: "", Help: "control-plane mode: this worker's id (default prefill-<host name>)"},
+	{Key: "registry.ttl", Default: 10 * time.Second, Help: "control-plane mode: the worker registry's TTL when this worker creates it (a server without tandem identities); with an identity the bucket's own"},
+	{Key: "registry.memory", Default: false, Help: "control-plane mode: keep the registry this worker creates in memory"},
+	{Key: "registry.heartbeat", Default: time.Duration(0), Help: "control-plane mode: heartbeat interval (0: a third of registry.ttl)"},
+	{Key: "transfer.conns", Default: 0, Help: "state transfer: connections per decode rank (0: kvtransfer's default)"},
+	{Key: "transfer.handshake", Default: 5 * time.Second, Help: "state transfer: bound on a connection's handshake"},
+	{Key: "transfer.io", Default: 15 * time.Second, Help: "state transfer: bound on one read or write"},
+	{Key: "transfer.idle", Default: 15 * time.Second, Help: "state transfer: a session silent this long fails"},
+	{Key: "transfer.keep_alive", Default: 2 * time.Second, Help: "state transfer: keep-alive interval while a layer is being computed"},
 }
 
-// config is the prefill worker's resolved configuration.
-type config struct {
+// help is the worker's --help text above its flags.
+var help = `Layer-streamed prefill of Kimi K3 under a memory budget: the worker reads
+each layer's weights from disk into a ring, applies the layer to every prompt
+of the current pass, and hands each layer's state on as soon as it is done.
+
+Standalone mode (debugging, benchmarks) prefills prompts from the command
+line and writes each one's state to a file:
+
+  prefill-worker --model DIR --memory-budget 4GiB --prompt 1,2,3 --prompt 4,5 --out STATES
+  prefill-worker --model DIR --memory-budget 512MiB --prompts-file P --dry-run
+
+Control-plane mode takes the coordinator's jobs and streams each job's state
+to its decode ranks:
+
+  prefill-worker --model DIR --memory-budget 24GiB --nats-url nats://coordinator:4222
+
+` + config.Help(process)
+
+// workerConfig is the prefill worker's resolved configuration.
+type workerConfig struct {
 	Model        string
 	Budget       int64
 	Backend      string
@@ -93,65 +110,55 @@ type config struct {
 	TransferConns int
 }
 
-// loadConfig resolves the configuration from args, the environment and the
-// optional --config file.
-func loadConfig(args []string) (*config, error) {
-	fs := pflag.NewFlagSet("prefill-worker", pflag.ContinueOnError)
-	fs.String("model", "", "checkpoint directory: config.json + safetensors shards (required)")
-	fs.String("config", "", "optional config file (YAML/JSON/TOML) with any of the keys in config.go")
-	fs.String("mem-budget", "8GiB", "memory budget for weights ring, states, activations and temporaries, e.g. 512MiB, 24GiB")
-	fs.String("backend", "cpu", "compute backend: cpu, cuda (an NVIDIA GPU through the driver, libcuda.so.1) or auto (cuda if usable, else cpu)")
-	fs.Int("cuda-device", 0, "CUDA device ordinal (--backend cuda or auto)")
-	fs.Int("threads", 0, "CPU threads for compute (0: all)")
-	fs.Int("depth", -1, "prefetch depth: layers read ahead of compute (-1: chosen from the budget)")
-	fs.String("cache-dtype", "bf16", "MLA latent cache dtype: bf16 (the state contract) or f32")
-	fs.Float64("latent-norm-eps", 0, "override the MLA latent norm eps (0: the config's)")
-	fs.String("io", "auto", "weight reads: auto (direct I/O where possible), direct (required) or buffered")
-	fs.String("read-size", "8MiB", "bytes per read request")
-	fs.Int("readers", streamer.DefaultReaders, "read requests in flight")
-	fs.Int("max-tile", 0, "most token rows per layer call (0: planner default)")
-	fs.StringArray("prompt", nil, "standalone mode: a prompt as comma-separated token ids (repeatable); all prompts share passes")
-	fs.String("prompts-file", "", "standalone mode: a file with one prompt (comma-separated token ids) per line")
-	fs.String("out", "", "standalone mode: directory for the states, one <job>.k3st file per prompt (SeqState encoding)")
-	fs.Bool("dry-run", false, "print the pass plans for the prompts and exit without reading weights")
-	fs.String("log-level", "info", "log level: debug, info, warn, error")
-	fs.String("log-format", "console", "log format: console or json")
-	fs.String("nats-url", "", "control-plane mode: the coordinator's NATS URL; the worker registers and takes its jobs")
-	fs.String("worker-id", "", "control-plane mode: this worker's id (default prefill-<host name>)")
-	fs.String("nats-credentials", "", "control-plane mode: the worker's identity file (worker.json from `coordinator credentials`; default: this machine's, when present)")
-	fs.Duration("registry-ttl", 10*time.Second, "control-plane mode: the worker registry's TTL when this worker creates it (a server without tandem identities); with an identity the bucket's own")
-	if err := fs.Parse(args); err != nil {
+// command is the worker's command line: run gets the resolved
+// configuration.
+func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           "prefill-worker --model DIR [flags]",
+		Short:         "layer-streamed prefill of Kimi K3 under a memory budget",
+		Long:          help,
+		Args:          cobra.ArbitraryArgs, // refused by resolveConfig, naming them
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := resolveConfig(cmd.Flags(), args)
+			if err != nil {
+				return err
+			}
+			return run(cmd, cfg)
+		},
+	}
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	cmd.Flags().SortFlags = false
+	cmd.Flags().String("config", "", "config file (YAML, JSON or TOML) with any of the keys of these flags (dots nest)")
+	config.AddFlags(cmd.Flags(), settings, controlplane.ClientSettings, config.LogSettings)
+	return cmd
+}
+
+// loadConfig resolves the configuration from args alone (tests).
+func loadConfig(args []string) (*workerConfig, error) {
+	var cfg *workerConfig
+	cmd := command(io.Discard, io.Discard, func(_ *cobra.Command, c *workerConfig) error { cfg = c; return nil })
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	return cfg, nil
+}
+
+// resolveConfig resolves the configuration from the parsed flags, the
+// environment and the optional --config file.
+func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
+	if len(args) > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", args)
 	}
-	v := viper.New()
-	for k, d := range defaults {
-		v.SetDefault(k, d)
+	file, _ := fs.GetString("config")
+	v, err := config.Load(fs, process, file, settings, controlplane.ClientSettings, config.LogSettings)
+	if err != nil {
+		return nil, err
 	}
-	for _, s := range controlplane.ClientSettings {
-		v.SetDefault(s.Key, s.Default)
-	}
-	v.SetEnvPrefix(envPrefix)
-	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	v.AutomaticEnv()
-	for key, flag := range map[string]string{"model": "model", "mem_budget": "mem-budget", "backend": "backend",
-		"cuda.device": "cuda-device", "threads": "threads", "depth": "depth", "cache_dtype": "cache-dtype", "latent_norm_eps": "latent-norm-eps",
-		"io": "io", "read_size": "read-size", "readers": "readers", "max_tile": "max-tile", "prompt": "prompt",
-		"prompts_file": "prompts-file", "out": "out", "dry_run": "dry-run", "log.level": "log-level", "log.format": "log-format",
-		"nats.url": "nats-url", "nats.credentials": "nats-credentials", "worker_id": "worker-id", "registry.ttl": "registry-ttl"} {
-		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
-			return nil, err
-		}
-	}
-	if f, _ := fs.GetString("config"); f != "" {
-		v.SetConfigFile(f)
-		if err := v.ReadInConfig(); err != nil {
-			return nil, fmt.Errorf("config %s: %w", f, err)
-		}
-	}
-	c := &config{Model: v.GetString("model"), Backend: v.GetString("backend"), CUDADevice: v.GetInt("cuda.device"), Threads: v.GetInt("threads"),
+	c := &workerConfig{Model: v.GetString("model"), Backend: v.GetString("backend"), CUDADevice: v.GetInt("cuda.device"), Threads: v.GetInt("threads"),
 		Depth: v.GetInt("depth"), LatentEps: v.GetFloat64("latent_norm_eps"), Readers: v.GetInt("readers"),
 		MaxTile: v.GetInt("max_tile"), SinkQueue: v.GetInt("sink.queue"), SinkTimeout: v.GetDuration("sink.timeout"),
 		CloseTimeout: v.GetDuration("sink.close_timeout"), Out: v.GetString("out"), DryRun: v.GetBool("dry_run"),
@@ -162,11 +169,10 @@ func loadConfig(args []string) (*config, error) {
 			Idle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive")},
 		NATS: controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
 	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
-	var err error
-	if c.Budget, err = planner.ParseBytes(v.GetString("mem_budget")); err != nil {
-		return nil, fmt.Errorf("mem_budget: %w", err)
+	if c.Budget, err = config.ParseBytes(v.GetString("memory_budget")); err != nil {
+		return nil, fmt.Errorf("memory_budget: %w", err)
 	}
-	if c.ReadSize, err = planner.ParseBytes(v.GetString("read_size")); err != nil {
+	if c.ReadSize, err = config.ParseBytes(v.GetString("read_size")); err != nil {
 		return nil, fmt.Errorf("read_size: %w", err)
 	}
 	if c.IO, err = streamer.ParseIOMode(v.GetString("io")); err != nil {

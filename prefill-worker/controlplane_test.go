@@ -25,7 +25,7 @@ import (
 // job, streams its state to the decode ranks (whose tokens are the
 // monolithic model's), and deregisters when stopped.
 func TestControlPlaneMode(t *testing.T) {
-	t.Setenv("TANDEM_PREFILL_MEMORY_LIMIT", "false")
+	t.Setenv("TANDEM_PREFILL_WORKER_MEMORY_LIMIT", "false")
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -61,7 +61,7 @@ func TestControlPlaneMode(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, []string{"--model", dir, "--mem-budget", "128MiB", "--nats-url", c.URL, "--worker-id", "prefill-test",
+		done <- run(runCtx, []string{"--model", dir, "--memory-budget", "128MiB", "--nats-url", c.URL, "--worker-id", "prefill-test",
 			"--registry-ttl", "2s", "--log-level", "warn"}, &stdout, &stderr)
 	}()
 	nc, err := c.Connect(ctx, "test")

@@ -6,18 +6,19 @@
 // Standalone mode (debugging, benchmarks) prefills prompts from the command
 // line and writes each one's state to a file:
 //
-//	prefill-worker --model DIR --mem-budget 4GiB --prompt 1,2,3 --prompt 4,5 --out STATES
-//	prefill-worker --model DIR --mem-budget 512MiB --prompts-file P --dry-run
+//	prefill-worker --model DIR --memory-budget 4GiB --prompt 1,2,3 --prompt 4,5 --out STATES
+//	prefill-worker --model DIR --memory-budget 512MiB --prompts-file P --dry-run
 //
 // The worker prefills prompt[:-1] of each prompt (the decode side runs the
 // last token as its first step). The control-plane mode takes the
 // coordinator's jobs instead and streams each job's state to its decode
 // ranks over kvtransfer (package cpadapter):
 //
-//	prefill-worker --model DIR --mem-budget 24GiB --nats-url nats://coordinator:4222
+//	prefill-worker --model DIR --memory-budget 24GiB --nats-url nats://coordinator:4222
 //
-// Configuration comes from flags, TANDEM_PREFILL_* environment variables and
-// an optional --config file; see config.go for every key and its default.
+// Configuration comes from flags, TANDEM_PREFILL_WORKER_* environment
+// variables and an optional --config file (package internal/config); see
+// config.go or --help for every key and its default.
 package main
 
 import (
@@ -33,11 +34,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/prefill-worker/cpadapter"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
@@ -56,13 +58,18 @@ func main() {
 	}
 }
 
-// run is the whole program; tests call it in-process.
+// run is the whole program; tests call it in-process. --help prints the
+// help to stdout and returns nil.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := loadConfig(args)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	cmd := command(stdout, stderr, func(_ *cobra.Command, cfg *workerConfig) error { return serve(ctx, cfg, stdout, stderr) })
+	cmd.SetArgs(args)
+	return cmd.ExecuteContext(ctx)
+}
+
+// serve runs the worker with its configuration until ctx ends (control
+// plane) or its prompts are done (standalone).
+func serve(ctx context.Context, cfg *workerConfig, stdout, stderr io.Writer) error {
+	log, err := config.NewLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 	if err != nil {
 		return err
 	}
@@ -97,7 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // controlPlane serves the coordinator's jobs until ctx ends: the worker
 // registers in the worker registry and streams each job's state to its
 // decode ranks over kvtransfer.
-func controlPlane(ctx context.Context, cfg *config, wc worker.Config, log *zap.Logger) error {
+func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log *zap.Logger) error {
 	id := cfg.WorkerID
 	if id == "" {
 		host, _ := os.Hostname()
@@ -278,22 +285,4 @@ func standalone(ctx context.Context, wc worker.Config, prompts [][]int32, out st
 		return fmt.Errorf("%d of %d prompts failed", failed, len(jobs))
 	}
 	return nil
-}
-
-func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
-	}
-	var enc zapcore.Encoder
-	switch format {
-	case "json":
-		enc = zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	case "console":
-		ec := zap.NewDevelopmentEncoderConfig()
-		enc = zapcore.NewConsoleEncoder(ec)
-	default:
-		return nil, errors.New("log.format: want json or console")
-	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
 }

@@ -33,11 +33,11 @@ func ids(n, seed int) string {
 // three prompts share a pass, each state file equals the model core's
 // prefill of prompt[:-1], and the report names passes and peak RSS.
 func TestStandalone(t *testing.T) {
-	t.Setenv("TANDEM_PREFILL_MEMORY_LIMIT", "false") // keep the test process's GC as it is
+	t.Setenv("TANDEM_PREFILL_WORKER_MEMORY_LIMIT", "false") // keep the test process's GC as it is
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	out := t.TempDir()
 	prompts := []string{ids(40, 1), ids(1, 2), ids(90, 3)}
-	args := []string{"--model", dir, "--mem-budget", "64MiB", "--depth", "1", "--out", out, "--log-format", "json", "--log-level", "warn"}
+	args := []string{"--model", dir, "--memory-budget", "64MiB", "--depth", "1", "--out", out, "--log-format", "json", "--log-level", "warn"}
 	for _, p := range prompts {
 		args = append(args, "--prompt", p)
 	}
@@ -77,7 +77,7 @@ func TestDryRun(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "prompts.txt")
 	os.WriteFile(f, []byte(ids(3000, 1)+"\n\n"+ids(50, 2)+"\n"), 0o644)
 	var stdout bytes.Buffer
-	if err := run(context.Background(), []string{"--model", dir, "--mem-budget", "6MiB", "--prompts-file", f, "--dry-run"}, &stdout, &bytes.Buffer{}); err != nil {
+	if err := run(context.Background(), []string{"--model", dir, "--memory-budget", "6MiB", "--prompts-file", f, "--dry-run"}, &stdout, &bytes.Buffer{}); err != nil {
 		t.Fatal(err)
 	}
 	s := stdout.String()
@@ -93,7 +93,7 @@ func TestConfig(t *testing.T) {
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "prefill.yaml")
 	os.WriteFile(cfgFile, []byte("model: /models/k3\nsink:\n  queue: 9\n  timeout: 3s\nread_size: 16MiB\n"), 0o644)
-	t.Setenv("TANDEM_PREFILL_MEM_BUDGET", "3GiB")
+	t.Setenv("TANDEM_PREFILL_WORKER_MEMORY_BUDGET", "3GiB")
 	c, err := loadConfig([]string{"--config", cfgFile, "--prompt", "1,2, 3", "--out", dir, "--depth", "2"})
 	if err != nil {
 		t.Fatal(err)
@@ -102,12 +102,23 @@ func TestConfig(t *testing.T) {
 		c.Budget != 3<<30 || c.Depth != 2 || len(c.Prompts) != 1 || len(c.Prompts[0]) != 3 || c.CacheDType != model.BF16 {
 		t.Fatalf("config %+v", c)
 	}
+	badFile := filepath.Join(dir, "typo.yaml")
+	os.WriteFile(badFile, []byte("memory_budgt: 2GiB\n"), 0o644)
+	oldFile := filepath.Join(dir, "old.yaml")
+	os.WriteFile(oldFile, []byte("mem_budget: 2GiB\n"), 0o644)
+	// The old flag spelling still works, and says the new one.
+	if c, err := loadConfig([]string{"--model", "m", "--mem-budget", "2GiB"}); err != nil || c.Budget != 2<<30 {
+		t.Errorf("--mem-budget: %v", err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{}, "--model is required"},
-		{[]string{"--model", "m", "--mem-budget", "lots"}, "mem_budget"},
+		{[]string{"--model", "m", "--memory-budget", "lots"}, "memory_budget: \"lots\" is not a byte size, which is a number"},
+		{[]string{"--model", "m", "--memory-budget", "2G"}, "KiB MiB GiB TiB"},
+		{[]string{"--model", "m", "--config", badFile}, `unknown key "memory_budgt" (did you mean memory_budget?)`},
+		{[]string{"--model", "m", "--config", oldFile}, `key "mem_budget" was renamed "memory_budget"`},
 		{[]string{"--model", "m", "--prompt", "1,x"}, "prompt 1"},
 		{[]string{"--model", "m", "--prompt", "1,2"}, "--out is required"},
 		{[]string{"--model", "m", "--backend", "tpu"}, "want cpu, cuda or auto"},
@@ -115,7 +126,7 @@ func TestConfig(t *testing.T) {
 		{[]string{"--model", "m", "--io", "mmap"}, "I/O mode"},
 		{[]string{"--model", "m", "stray"}, "unexpected arguments"},
 	} {
-		t.Setenv("TANDEM_PREFILL_MEM_BUDGET", "")
+		t.Setenv("TANDEM_PREFILL_WORKER_MEMORY_BUDGET", "")
 		if _, err := loadConfig(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err %v, want %q", tc.args, err, tc.want)
 		}
@@ -134,7 +145,7 @@ func TestCUDABackendWithoutDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	t.Setenv("TANDEM_PREFILL_MEMORY_LIMIT", "false")
+	t.Setenv("TANDEM_PREFILL_WORKER_MEMORY_LIMIT", "false")
 	missing := filepath.Join(t.TempDir(), "libcuda.so.1")
 	t.Setenv(cuda.LibEnv, missing)
 	dir := testmodel.Dir(t, "tiny", 1, 2)

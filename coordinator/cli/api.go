@@ -12,18 +12,19 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/openai"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // httpSettings configure the OpenAI-compatible front door (serve and api).
 var httpSettings = []setting{
-	{"http.listen", "127.0.0.1:8000", "OpenAI-compatible API address (empty: off); beyond loopback it requires http.api_keys"},
-	{"http.api_keys", []string{}, "bearer keys the API accepts (Authorization: Bearer KEY); none: no authentication, loopback only"},
-	{"http.model_name", "", "the model's name in the API (default: the model directory's name)"},
-	{"http.max_body_bytes", "16MiB", "largest request body"},
-	{"http.max_prompt_tokens", 0, "longest prompt the API accepts, in tokens (0: the model's context length)"},
-	{"http.max_concurrent_per_key", openai.DefaultMaxConcurrentPerKey, "requests one API key may have in flight (without keys: all requests)"},
-	{"http.policy", "", "routing of the API's jobs: auto, local or remote (empty: the coordinator's router.policy)"},
+	{Key: "http.listen", Default: "127.0.0.1:8000", Help: "OpenAI-compatible API address (empty: off); beyond loopback it requires http.api_keys"},
+	{Key: "http.api_keys", Default: []string{}, Help: "bearer keys the API accepts (Authorization: Bearer KEY); none: no authentication, loopback only"},
+	{Key: "http.model_name", Default: "", Help: "the model's name in the API (default: the model directory's name)"},
+	{Key: "http.max_body_bytes", Default: "16MiB", Help: "largest request body"},
+	{Key: "http.max_prompt_tokens", Default: 0, Help: "longest prompt the API accepts, in tokens (0: the model's context length)"},
+	{Key: "http.max_concurrent_per_key", Default: openai.DefaultMaxConcurrentPerKey, Help: "requests one API key may have in flight (without keys: all requests)"},
+	{Key: "http.policy", Default: "", Help: "routing of the API's jobs: auto, local or remote (empty: the coordinator's router.policy)"},
 }
 
 func apiCmd() *cobra.Command {
@@ -49,7 +50,7 @@ read replies. ` + "`coordinator serve`" + ` serves the same API itself.
 
 // apiSettings are the api command's own.
 var apiSettings = []setting{
-	{"model", "", "model directory: its config.json and tokenizer files (the weights are not read)"},
+	{Key: "model", Default: "", Help: "model directory: its config.json and tokenizer files (the weights are not read)"},
 }
 
 func runAPI(cmd *cobra.Command, _ []string) error {
@@ -109,9 +110,9 @@ func apiIdentity(v *viper.Viper, o *cp.Options) error {
 
 // apiConfig is the front door's configuration from the settings.
 func apiConfig(v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.Info, tok *tokenizer.Tokenizer, log *zap.Logger) (openai.Config, error) {
-	body, err := parseBytes("http.max_body_bytes", v.GetString("http.max_body_bytes"))
+	body, err := config.ParseBytes(v.GetString("http.max_body_bytes"))
 	if err != nil {
-		return openai.Config{}, err
+		return openai.Config{}, fmt.Errorf("http.max_body_bytes: %w", err)
 	}
 	policy := cp.Policy(v.GetString("http.policy"))
 	switch policy {

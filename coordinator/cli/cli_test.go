@@ -266,7 +266,7 @@ func TestConfigFileAndEnvironment(t *testing.T) {
 	if err := os.WriteFile(file, []byte("router:\n  policy: remote\n  prefill_tok_s: 800\nlimits:\n  max_prompt_tokens: 4096\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("TANDEM_COORD_TIMEOUTS_ASSIGN", "3s")
+	t.Setenv("TANDEM_COORDINATOR_TIMEOUTS_ASSIGN", "3s")
 	cmd := serveCmd()
 	cmd.Flags().String("config", "", "")
 	if err := cmd.ParseFlags([]string{"--config", file, "--limits-default-max-tokens", "99"}); err != nil {
@@ -288,7 +288,7 @@ func TestConfigFileAndEnvironment(t *testing.T) {
 	if err := os.WriteFile(file, []byte("router:\n  polcy: remote\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := resolve(cmd, natsSettings, serveSettings); err == nil || !strings.Contains(err.Error(), "router.polcy") {
+	if _, err := resolve(cmd, natsSettings, serveSettings); err == nil || !strings.Contains(err.Error(), `unknown key "router.polcy" (did you mean router.policy?)`) || !strings.Contains(err.Error(), file) {
 		t.Fatalf("unknown key: %v", err)
 	}
 	if err := os.WriteFile(file, []byte("router:\n  policy: fastest\n"), 0o600); err != nil {
@@ -301,11 +301,17 @@ func TestConfigFileAndEnvironment(t *testing.T) {
 	if _, err := serviceConfig(v); err == nil || !strings.Contains(err.Error(), "router.policy") {
 		t.Fatalf("bad policy: %v", err)
 	}
-	if _, err := parseBytes("embedded.max_payload", "8 MiB"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := parseBytes("embedded.max_payload", "lots"); err == nil || !strings.Contains(err.Error(), "embedded.max_payload") {
-		t.Fatalf("bad size: %v", err)
+	for size, want := range map[string]string{"8 MiB": "", "8M": "KiB MiB GiB TiB", "lots": "KiB MiB GiB TiB", "65MiB": "at most 64 MiB"} {
+		if err := os.WriteFile(file, []byte("embedded:\n  max_payload: "+size+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if v, err = resolve(cmd, natsSettings, serveSettings); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := serverConfig(v, nil)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), "embedded.max_payload") || !strings.Contains(err.Error(), want)) {
+			t.Errorf("max_payload %q: %v, want %q", size, err, want)
+		}
 	}
 }
 
@@ -318,7 +324,7 @@ func TestHelpExplains(t *testing.T) {
 		}
 	}
 	out, _, _ := run(context.Background(), "serve", "--help")
-	for _, want := range []string{"--nats-url", "--router-policy", "--registry-ttl", "--metrics-listen", "TANDEM_COORD"} {
+	for _, want := range []string{"--nats-url", "--router-policy", "--registry-ttl", "--metrics-listen", "TANDEM_COORDINATOR_NATS_URL", "KiB MiB GiB TiB"} {
 		if !strings.Contains(out, want) && !strings.Contains(rootHelp, want) {
 			t.Errorf("serve --help lacks %s", want)
 		}

@@ -26,7 +26,6 @@ Then it serves the OpenAI-compatible API on --http-listen (default
 until interrupted; --http-listen "" ends the demo after its story.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f := cmd.Flags()
 			v, err := resolve(cmd, demoSettings)
 			if err != nil {
 				return err
@@ -37,12 +36,9 @@ until interrupted; --http-listen "" ends the demo after its story.`,
 			}
 			defer func() { _ = log.Sync() }()
 			var opt demo.Options
-			opt.Model, _ = f.GetString("model")
-			opt.CacheDir, _ = f.GetString("cache-dir")
-			opt.MaxTokens, _ = f.GetInt("max-tokens")
-			opt.LongTokens, _ = f.GetInt("long-tokens")
-			opt.Threads, _ = f.GetInt("threads")
-			opt.HTTPListen, _ = f.GetString("http-listen")
+			opt.Model, opt.CacheDir = v.GetString("model"), v.GetString("cache_dir")
+			opt.MaxTokens, opt.LongTokens, opt.Threads = v.GetInt("max_tokens"), v.GetInt("long_tokens"), v.GetInt("threads")
+			opt.HTTPListen = v.GetString("http.listen")
 			opt.Stay = opt.HTTPListen != ""
 			opt.Log = log
 			if opt.CacheDir == "" {
@@ -51,20 +47,19 @@ until interrupted; --http-listen "" ends the demo after its story.`,
 			return demo.Run(cmd.Context(), opt, cmd.OutOrStdout())
 		},
 	}
-	f := cmd.Flags()
-	f.String("model", "", "checkpoint directory with a tokenizer (default: generate the synthetic demo model)")
-	f.String("cache-dir", "", "where the synthetic model is written once (default: <user cache dir>/tandem/models)")
-	f.Int("max-tokens", 32, "tokens to generate per prompt")
-	f.Int("long-tokens", 1200, "length of the long prompt in tokens")
-	f.Int("threads", 0, "compute threads per worker (0: every core)")
-	f.String("http-listen", "127.0.0.1:8000", "serve the OpenAI-compatible API here after the story (loopback only; empty: exit after the story)")
-	addFlags(f, demoSettings)
+	addFlags(cmd.Flags(), demoSettings)
 	return cmd
 }
 
 // demoSettings: the demo's members log only errors by default, so that
 // its story reads on its own.
 var demoSettings = []setting{
-	{"log.level", "error", "log level of the members: debug, info, warn, error"},
-	{"log.format", "console", "log format: console or json"},
+	{Key: "model", Default: "", Help: "checkpoint directory with a tokenizer (default: generate the synthetic demo model)"},
+	{Key: "cache_dir", Default: "", Help: "where the synthetic model is written once (default: <user cache dir>/tandem/models)"},
+	{Key: "max_tokens", Default: 32, Help: "tokens to generate per prompt"},
+	{Key: "long_tokens", Default: 1200, Help: "length of the long prompt in tokens"},
+	{Key: "threads", Default: 0, Help: "compute threads per worker (0: every core)"},
+	{Key: "http.listen", Default: "127.0.0.1:8000", Help: "serve the OpenAI-compatible API here after the story (loopback only; empty: exit after the story)"},
+	{Key: "log.level", Default: "error", Help: "log level of the members: debug, info, warn, error"},
+	{Key: "log.format", Default: "console", Help: "log format: console (for people) or json (one object a line)"},
 }

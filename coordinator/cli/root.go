@@ -1,6 +1,7 @@
 // Package cli is the coordinator binary's command line: serve, submit,
 // jobs, workers, cancel and demo, with configuration from flags,
-// TANDEM_COORD_* environment variables and an optional YAML file.
+// TANDEM_COORDINATOR_* environment variables and an optional config file
+// (package internal/config).
 package cli
 
 import (
@@ -16,16 +17,16 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
-const rootHelp = `tandem's coordinator: it takes jobs over NATS, routes each one between a
+var rootHelp = `tandem's coordinator: it takes jobs over NATS, routes each one between a
 GPU prefill worker and the decode group's own prefill by predicted time to
 first token, drives it through prefill, state transfer and decode, and
 streams its tokens and events back.
@@ -39,10 +40,9 @@ streams its tokens and events back.
   coordinator cancel JOB
   coordinator credentials          the NATS identities (coordinator, worker, clients)
 
-Configuration: flags, then TANDEM_COORD_* environment variables (dots and
-dashes become underscores: TANDEM_COORD_NATS_URL), then --config FILE (YAML
-with the same keys, nested: nats: {url: ...}); every key has a default.
-configs/local.yaml and configs/cluster.yaml are examples.`
+configs/local.yaml and configs/cluster.yaml are example config files.
+
+` + config.Help(process)
 
 // New returns the coordinator's root command writing to stdout and stderr.
 func New(stdout, stderr io.Writer) *cobra.Command {
@@ -74,27 +74,11 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // resolve loads the settings of cmd.
 func resolve(cmd *cobra.Command, sets ...[]setting) (*viper.Viper, error) {
 	file, _ := cmd.Flags().GetString("config")
-	return load(cmd.Flags(), file, sets...)
+	return config.Load(cmd.Flags(), process, file, sets...)
 }
 
 func newLogger(v *viper.Viper, w io.Writer) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(v.GetString("log.level"))
-	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
-	}
-	ec := zap.NewProductionEncoderConfig()
-	ec.EncodeTime = zapcore.ISO8601TimeEncoder
-	var enc zapcore.Encoder
-	switch v.GetString("log.format") {
-	case "json":
-		enc = zapcore.NewJSONEncoder(ec)
-	case "console":
-		ec.EncodeLevel = zapcore.CapitalLevelEncoder
-		enc = zapcore.NewConsoleEncoder(ec)
-	default:
-		return nil, fmt.Errorf("log.format %q: want console or json", v.GetString("log.format"))
-	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
+	return config.NewLogger(v.GetString("log.level"), v.GetString("log.format"), w)
 }
 
 // natsOptions are the client options from the settings; url overrides
@@ -160,9 +144,9 @@ func serverConfig(v *viper.Viper, log *zap.Logger) (cp.ServerConfig, string, err
 	if log == nil {
 		log = zap.NewNop()
 	}
-	payload, err := parseBytes("embedded.max_payload", v.GetString("embedded.max_payload"))
+	payload, err := config.ParseBytes(v.GetString("embedded.max_payload"))
 	if err != nil {
-		return cp.ServerConfig{}, "", err
+		return cp.ServerConfig{}, "", fmt.Errorf("embedded.max_payload: %w", err)
 	}
 	if payload > 64<<20 {
 		return cp.ServerConfig{}, "", fmt.Errorf("embedded.max_payload %d: at most 64 MiB", payload)

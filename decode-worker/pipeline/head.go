@@ -223,7 +223,7 @@ func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 				w.cache.Drop(pre.Hit)
 				gone = []uint64{pre.Hit}
 			}
-			w.log.Info("prefix cache entry missing on a rank; admitting again without it", zap.String("seq", s.id), zap.Int("rank", v.Rank))
+			w.log.Info("prefix cache entry missing on a rank; admitting again without it", zap.String("seq", s.id), zap.Int("missing_on_rank", v.Rank))
 			w.admitAs(&s.req, s.reply, false, gone)
 			if r := w.seqs[s.id]; r != nil && s.cancelled {
 				r.cancelled = true

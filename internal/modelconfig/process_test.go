@@ -58,7 +58,7 @@ func TestHostileConfigUnderAnAddressSpaceLimit(t *testing.T) {
 	limited := func(t *testing.T, name string, args ...string) (string, error) {
 		t.Helper()
 		cmd := exec.Command("/bin/sh", append([]string{"-c", `ulimit -v "$0" && ulimit -s 1024 && exec "$@"`, strconv.Itoa(addressLimitKiB), filepath.Join(bin, name)}, args...)...)
-		cmd.Env = append(os.Environ(), "TANDEM_COORD_NATS_PASSWORD=x", "HOME="+t.TempDir(), "MALLOC_ARENA_MAX=2")
+		cmd.Env = append(os.Environ(), "TANDEM_COORDINATOR_NATS_PASSWORD=x", "HOME="+t.TempDir(), "MALLOC_ARENA_MAX=2")
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		start := time.Now()
@@ -90,8 +90,8 @@ func TestHostileConfigUnderAnAddressSpaceLimit(t *testing.T) {
 		}
 		runs := [][]string{
 			{"bench", "logits", "--model", dir, "--ids", "5,17,200", "--out", filepath.Join(t.TempDir(), "logits")},
-			{"prefill-worker", "--model", dir, "--mem-budget", "64MiB", "--prompt", "5,17,200", "--out", t.TempDir()},
-			{"prefill-worker", "--model", dir, "--mem-budget", "64MiB", "--prompt", "5,17,200", "--dry-run"},
+			{"prefill-worker", "--model", dir, "--memory-budget", "64MiB", "--prompt", "5,17,200", "--out", t.TempDir()},
+			{"prefill-worker", "--model", dir, "--memory-budget", "64MiB", "--prompt", "5,17,200", "--dry-run"},
 			{"decode-worker", "--model", dir, "--group-config", group, "--rank", "0", "--threads", "1"},
 		}
 		if c.layers > 1024 {
