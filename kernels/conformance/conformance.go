@@ -45,6 +45,9 @@ type Options struct {
 	Prompts int
 	// Threads of the CPU reference (0: all cores).
 	Threads int
+	// Absorbed also checks MLA's weight-absorbed form (absorb = true: the
+	// decode group's form; prefill backends do not implement it).
+	Absorbed bool
 	// Log, if set, receives one line per finished case.
 	Log func(string)
 }

@@ -345,39 +345,48 @@ func (s *suite) opCases() []opCase {
 			return [][2][]float32{{w, gv}}, dt, ""
 		}})
 
-	cs = append(cs, opCase{name: "mla_attention/expanded", shape: shape(sT, sl, fmt.Sprintf("%d heads, qk %d v %d latent %d, %d cached before", d.mlaHeads, nope+rope, vdim, latentRow, d.prefix)),
-		tol: tolBF16, why: whyBF16 + "; softmax in fp32",
-		run: func(s *suite) ([][2][]float32, time.Duration, string) {
-			H := d.mlaHeads
-			g := s.gen("mla")
-			sp := spans(sl...)
-			kvb := g.matrix("kv_b_proj", kernels.BF16, H*(nope+vdim), kvLora)
-			q := g.normal(sT*H*(nope+rope), 1)
-			want := hostT(sT, H*vdim, make([]float32, sT*H*vdim))
-			rq := hostT(sT, H*(nope+rope), q)
-			caches := make([]*kernels.LatentCache, len(sp))
-			for i, span := range sp {
-				n := d.prefix + span.Len()
-				c := &kernels.LatentCache{Rows: n, Cols: latentRow, BF16: make([]uint16, n*latentRow)}
-				s.ref.WriteLatent(c, 0, hostT(n, latentRow, g.normal(n*latentRow, 1)), 0, n)
-				caches[i] = c
-				s.ref.MLAAttention(want, rq, span, c, kvb, H, nope, rope, vdim, float32(1/math.Sqrt(nope+rope)), false)
+	for _, absorb := range []bool{false, true} {
+		name := "mla_attention/expanded"
+		if absorb {
+			if !s.opt.Absorbed {
+				continue
 			}
-			defer s.bind(kvb)()
-			bq, bo := s.put(sT, H*(nope+rope), q), s.be.NewTensor(sT, H*vdim)
-			defer s.free(bq, bo)
-			var got []float32
-			dt := timed(func() {
+			name = "mla_attention/absorbed"
+		}
+		cs = append(cs, opCase{name: name, shape: shape(sT, sl, fmt.Sprintf("%d heads, qk %d v %d latent %d, %d cached before", d.mlaHeads, nope+rope, vdim, latentRow, d.prefix)),
+			tol: tolBF16, why: whyBF16 + "; softmax in fp32",
+			run: func(s *suite) ([][2][]float32, time.Duration, string) {
+				H := d.mlaHeads
+				g := s.gen("mla") // the same inputs for both forms
+				sp := spans(sl...)
+				kvb := g.matrix("kv_b_proj", kernels.BF16, H*(nope+vdim), kvLora)
+				q := g.normal(sT*H*(nope+rope), 1)
+				want := hostT(sT, H*vdim, make([]float32, sT*H*vdim))
+				rq := hostT(sT, H*(nope+rope), q)
+				caches := make([]*kernels.LatentCache, len(sp))
 				for i, span := range sp {
-					c := &kernels.LatentCache{Rows: caches[i].Rows, Cols: latentRow, BF16: caches[i].BF16}
-					s.be.AttachLatent(c, c.Rows)
-					s.be.MLAAttention(bo, bq, span, c, kvb, H, nope, rope, vdim, float32(1/math.Sqrt(nope+rope)), false)
-					s.be.DetachLatent(c, c.Rows)
+					n := d.prefix + span.Len()
+					c := &kernels.LatentCache{Rows: n, Cols: latentRow, BF16: make([]uint16, n*latentRow)}
+					s.ref.WriteLatent(c, 0, hostT(n, latentRow, g.normal(n*latentRow, 1)), 0, n)
+					caches[i] = c
+					s.ref.MLAAttention(want, rq, span, c, kvb, H, nope, rope, vdim, float32(1/math.Sqrt(nope+rope)), absorb)
 				}
-				got = s.get(bo)
-			})
-			return [][2][]float32{{want.Data, got}}, dt, ""
-		}})
+				defer s.bind(kvb)()
+				bq, bo := s.put(sT, H*(nope+rope), q), s.be.NewTensor(sT, H*vdim)
+				defer s.free(bq, bo)
+				var got []float32
+				dt := timed(func() {
+					for i, span := range sp {
+						c := &kernels.LatentCache{Rows: caches[i].Rows, Cols: latentRow, BF16: caches[i].BF16}
+						s.be.AttachLatent(c, c.Rows)
+						s.be.MLAAttention(bo, bq, span, c, kvb, H, nope, rope, vdim, float32(1/math.Sqrt(nope+rope)), absorb)
+						s.be.DetachLatent(c, c.Rows)
+					}
+					got = s.get(bo)
+				})
+				return [][2][]float32{{want.Data, got}}, dt, ""
+			}})
+	}
 
 	cs = append(cs, opCase{name: "router_topk", shape: shape(gT, gl, fmt.Sprintf("%d experts, top %d", experts, 16)), tol: tolRouter, why: whyRouter,
 		run: func(s *suite) ([][2][]float32, time.Duration, string) {

@@ -57,27 +57,6 @@ func TestMemcpy2DLayout(t *testing.T) {
 	}
 }
 
-func TestPlanGroups(t *testing.T) {
-	// 3 rows, k 2: row 0 -> experts 4, 1; row 1 -> 1, 0; row 2 -> 4, 0.
-	p := planGroups([]int32{4, 1, 1, 0, 4, 0}, 2, 6)
-	if !reflect.DeepEqual(p.experts, []int{0, 1, 4}) || !reflect.DeepEqual(p.offs, []int32{0, 2, 4, 6}) || p.maxRows != 2 {
-		t.Fatalf("experts %v offs %v max %d", p.experts, p.offs, p.maxRows)
-	}
-	// Grouped rows: expert 0 gets slots 3, 5 (rows 1, 2); expert 1 slots 1, 2
-	// (rows 0, 1); expert 4 slots 0, 4 (rows 0, 2).
-	if !reflect.DeepEqual(p.order, []int32{1, 2, 0, 1, 0, 2}) {
-		t.Errorf("order %v", p.order)
-	}
-	if !reflect.DeepEqual(p.pos, []int32{4, 2, 3, 0, 5, 1}) {
-		t.Errorf("pos %v", p.pos)
-	}
-	for slot, g := range p.pos {
-		if p.order[g] != int32(slot/2) {
-			t.Errorf("slot %d: grouped row %d holds row %d", slot, g, p.order[g])
-		}
-	}
-}
-
 // On a machine with an NVIDIA GPU: the conformance suite (the CI subset,
 // or all of it with TANDEM_CONFORMANCE=full) on the device.
 func TestConformance(t *testing.T) {

@@ -405,8 +405,8 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 	if z.Cols != lat || u.Cols != lat {
 		panic(fmt.Sprintf("cuda.RoutedExperts: z %v u %v for experts [%d, %d]", z, u, inter, lat))
 	}
-	p := planGroups(ids, k, len(experts))
-	for _, e := range p.experts {
+	p := kernels.GroupExperts(ids, k, len(experts))
+	for _, e := range p.Experts {
 		x := experts[e]
 		for _, m := range []*kernels.Matrix{x.W1, x.W3, x.W2} {
 			if m.Format != f {
@@ -415,8 +415,8 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 		}
 	}
 	tab := func(pick func(kernels.Expert) *kernels.Matrix, scales bool) []uint64 {
-		t := make([]uint64, len(p.experts))
-		for g, e := range p.experts {
+		t := make([]uint64, len(p.Experts))
+		for g, e := range p.Experts {
 			md := b.matrix(pick(experts[e]))
 			if scales {
 				t[g] = uint64(md.scales)
@@ -438,58 +438,14 @@ func (b *Backend) RoutedExperts(u, z *kernels.Tensor, ids []int32, weights []flo
 	defer b.release(g, hn)
 	defer b.release(up, hn)
 	defer b.release(y, yn)
-	offs, order, pos := b.temp(p.offs), b.temp(p.order), b.temp(p.pos)
+	offs, order, pos := b.temp(p.Offs), b.temp(p.Order), b.temp(p.Pos)
 	b.launch("elementwise", "tandem_gather_rows", strided(N*lat), block256, xg, b.ptr(z), order, i64(N), i32(lat))
-	G := uint32(len(p.experts))
-	grid := func(O int) [3]uint32 { return [3]uint32{uint32((O + 63) / 64), uint32((p.maxRows + 63) / 64), G} }
+	G := uint32(len(p.Experts))
+	grid := func(O int) [3]uint32 { return [3]uint32{uint32((O + 63) / 64), uint32((p.MaxRows + 63) / 64), G} }
 	blk := [3]uint32{128, 1, 1}
 	b.launch("gemm", "tandem_gemm_bf16_grouped", grid(inter), blk, g, xg, offs, b.temp(tab(w1, false)), b.temp(tab(w1, true)), i32(f), i32(inter), i32(lat))
 	b.launch("gemm", "tandem_gemm_bf16_grouped", grid(inter), blk, up, xg, offs, b.temp(tab(w3, false)), b.temp(tab(w3, true)), i32(f), i32(inter), i32(lat))
 	b.launch("elementwise", "tandem_situ", strided(N*inter), block256, g, g, up, i64(N*inter), f32(beta1), f32(beta2))
 	b.launch("gemm", "tandem_gemm_bf16_grouped", grid(lat), blk, y, g, offs, b.temp(tab(w2, false)), b.temp(tab(w2, true)), i32(f), i32(lat), i32(inter))
 	b.launch("elementwise", "tandem_moe_combine", strided(T*lat), block256, b.ptr(u), y, pos, b.temp(weights), i64(T), i32(k), i32(lat))
-}
-
-// groups is the host's launch plan for the routed experts (ABI.md step 1).
-type groups struct {
-	experts []int   // used experts, ascending
-	offs    []int32 // group bounds in grouped rows, len(experts)+1
-	order   []int32 // token row of each grouped row
-	pos     []int32 // grouped row of each (row, slot)
-	maxRows int
-}
-
-// planGroups groups the (row, slot) pairs of ids [T, k] by expert, in slot
-// order within an expert. It is pure: tested without a GPU.
-func planGroups(ids []int32, k, nExperts int) groups {
-	count := make([]int, nExperts)
-	for _, e := range ids {
-		if e < 0 || int(e) >= nExperts {
-			panic(fmt.Sprintf("cuda.RoutedExperts: expert id %d outside [0, %d)", e, nExperts))
-		}
-		count[e]++
-	}
-	var p groups
-	start := make([]int, nExperts)
-	off := 0
-	for e, c := range count {
-		if c == 0 {
-			continue
-		}
-		p.experts = append(p.experts, e)
-		p.offs = append(p.offs, int32(off))
-		start[e] = off
-		off += c
-		p.maxRows = max(p.maxRows, c)
-	}
-	p.offs = append(p.offs, int32(off))
-	p.order = make([]int32, len(ids))
-	p.pos = make([]int32, len(ids))
-	for slot, e := range ids {
-		i := start[e]
-		start[e]++
-		p.pos[slot] = int32(i)
-		p.order[i] = int32(slot / k)
-	}
-	return p
 }

@@ -4,9 +4,7 @@
 // with -DCUEMU (and once more with -DPLANTED_BUG) and compares the outputs
 // with kernels/cpu.
 //
-// Protocol (both directions): a header line "op key=value ..." (stdin only),
-// then arrays as "name nbytes\n" followed by nbytes raw little-endian bytes,
-// then "end\n". Launch geometry follows kernels/cuda/src/ABI.md; grids are
+// The protocol is kernels/internal/emuharness's (driverio.h). Launch geometry follows kernels/cuda/src/ABI.md; grids are
 // deliberately small where a kernel strides, so the stride loops run.
 #include "../../src/prelude.cuh"
 
@@ -18,95 +16,14 @@
 #include "../../src/norm.cu"
 #include "../../src/router.cu"
 
+#include "../../../internal/emuharness/driverio.h"
+
 #include <algorithm>
-#include <map>
-#include <sstream>
-#include <string>
 
 namespace {
 
-[[noreturn]] void fail(const std::string& msg) {
-	std::fprintf(stderr, "driver: %s\n", msg.c_str());
-	std::exit(2);
-}
-
-struct Req {
-	std::string op;
-	std::map<std::string, double> p;
-	std::map<std::string, std::vector<u8>> a;
-	std::map<std::string, std::vector<u8>> out;
-
-	double num(const std::string& k) const {
-		auto it = p.find(k);
-		if (it == p.end()) fail(op + ": missing parameter " + k);
-		return it->second;
-	}
-	long long i(const std::string& k) const { return (long long)num(k); }
-	float f(const std::string& k) const { return (float)num(k); }
-	template <class T> T* in(const std::string& k, size_t want_elems) {
-		auto it = a.find(k);
-		if (it == a.end()) fail(op + ": missing array " + k);
-		if (it->second.size() != want_elems * sizeof(T))
-			fail(op + ": array " + k + " has " + std::to_string(it->second.size()) + " bytes, want " + std::to_string(want_elems * sizeof(T)));
-		return (T*)it->second.data();
-	}
-	template <class T> T* raw(const std::string& k) {
-		auto it = a.find(k);
-		if (it == a.end()) fail(op + ": missing array " + k);
-		return (T*)it->second.data();
-	}
-	size_t bytes(const std::string& k) const {
-		auto it = a.find(k);
-		return it == a.end() ? 0 : it->second.size();
-	}
-	template <class T> T* make(const std::string& k, size_t elems) {
-		out[k].assign(elems * sizeof(T), 0);
-		return (T*)out[k].data();
-	}
-	// result returns an input array as an output (ops in place).
-	void result(const std::string& k) { out[k] = a[k]; }
-};
-
-std::string read_line() {
-	std::string s;
-	int c;
-	while ((c = std::getchar()) != EOF && c != '\n') s.push_back((char)c);
-	if (c == EOF && s.empty()) fail("unexpected end of input");
-	return s;
-}
-
-Req read_req() {
-	Req r;
-	std::istringstream h(read_line());
-	h >> r.op;
-	std::string kv;
-	while (h >> kv) {
-		auto eq = kv.find('=');
-		if (eq == std::string::npos) fail("bad parameter " + kv);
-		r.p[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
-	}
-	for (;;) {
-		std::istringstream l(read_line());
-		std::string name;
-		size_t n = 0;
-		l >> name;
-		if (name == "end") break;
-		if (!(l >> n)) fail("bad array line for " + name);
-		auto& v = r.a[name];
-		v.resize(n + 16); // slack so that an empty array still has a valid pointer
-		v.resize(n);
-		if (n && std::fread(v.data(), 1, n, stdin) != n) fail("short array " + name);
-	}
-	return r;
-}
-
-void write_out(const Req& r) {
-	for (auto& [k, v] : r.out) {
-		std::printf("%s %zu\n", k.c_str(), v.size());
-		std::fwrite(v.data(), 1, v.size(), stdout);
-	}
-	std::printf("end\n");
-}
+using driverio::fail;
+using driverio::Req;
 
 unsigned cdiv(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
 
@@ -366,8 +283,8 @@ void run(Req& r) {
 } // namespace
 
 int main() {
-	Req r = read_req();
+	Req r = driverio::read_req();
 	run(r);
-	write_out(r);
+	driverio::write_out(r);
 	return 0;
 }
