@@ -1,7 +1,6 @@
 package group
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -28,8 +28,7 @@ func TestGenerateMatchesMonolithic(t *testing.T) {
 	for ranks := 1; ranks <= 3; ranks++ {
 		t.Run(fmt.Sprintf("ranks%d", ranks), func(t *testing.T) {
 			g := startGroup(t, fastOpts(dir, ranks))
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
+			ctx := testctx.Context(t)
 			got, err := g.Generate(ctx, "s1", p, 32)
 			if err != nil {
 				t.Fatal(err)
@@ -63,8 +62,7 @@ func TestBatchedSequences(t *testing.T) {
 			opt := fastOpts(dir, ranks)
 			opt.PrefillChunk = 64
 			g := startGroup(t, opt)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
+			ctx := testctx.Context(t)
 			c := NewCollector()
 			// Submitted concurrently, as a control plane with many jobs does.
 			errs := make(chan error, len(prompts))
@@ -121,8 +119,7 @@ func TestSeededSampling(t *testing.T) {
 	}
 	p := prompt(7, ref.Cfg.VocabSize, 3)
 	g := startGroup(t, fastOpts(dir, 3))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	c := NewCollector()
 	for i, sp := range params {
 		if err := g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: p, MaxTokens: 20, Sampling: sp, Sink: c}); err != nil {
@@ -150,8 +147,7 @@ func TestStopAndCancel(t *testing.T) {
 	stop := want[6]
 	cut := slices.Index(want, stop) + 1
 	g := startGroup(t, fastOpts(dir, 3))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	c := NewCollector()
 	if err := g.Head().Submit(ctx, pipeline.Request{ID: "stop", Tokens: p, MaxTokens: 12, Stop: []int32{stop}, Sink: c}); err != nil {
 		t.Fatal(err)
@@ -187,8 +183,7 @@ func TestRefusals(t *testing.T) {
 	opt.MemoryBudget = 1 << 20
 	g := startGroup(t, opt)
 	head := g.Head()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	c := NewCollector()
 	p := prompt(10, ref.Cfg.VocabSize, 1)
 
@@ -265,8 +260,7 @@ func TestRankFailure(t *testing.T) {
 	ref := testmodel.LoadReference(t, dir, 0)
 	p := prompt(6, ref.Cfg.VocabSize, 2)
 	g := startGroup(t, fastOpts(dir, 3))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	c := NewCollector()
 	for i := 0; i < 3; i++ {
 		if err := g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: p, MaxTokens: 100000, Sink: c}); err != nil {
@@ -328,8 +322,7 @@ func TestFullSlots(t *testing.T) {
 	opt := fastOpts(dir, 2)
 	opt.MicroBatches, opt.MaxBatch = 1, 1
 	g := startGroup(t, opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	c := NewCollector()
 	for i := 0; i < 3; i++ {
 		if err := g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: prompt(4, ref.Cfg.VocabSize, i), MaxTokens: 6, Sink: c}); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -24,8 +25,7 @@ func fastOpts(dir string, ranks int) Options {
 
 func startGroup(t *testing.T, opt Options) *Group {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	g, err := Start(ctx, opt)
 	if err != nil {
 		t.Fatal(err)
