@@ -27,6 +27,7 @@ type RegistryConfig struct {
 // per worker, holding its latest WorkerInfo. Every put (heartbeat) restarts
 // the key's TTL; a worker that stops beating expires, and watchers see it go.
 type Registry struct {
+	nc  *nats.Conn
 	kv  jetstream.KeyValue
 	ttl time.Duration
 }
@@ -60,7 +61,7 @@ func OpenRegistry(ctx context.Context, nc *nats.Conn, cfg RegistryConfig) (*Regi
 	if err != nil {
 		return nil, fmt.Errorf("worker registry: bucket %s: %w", cfg.Bucket, err)
 	}
-	return &Registry{kv: kv, ttl: cfg.TTL}, nil
+	return &Registry{nc: nc, kv: kv, ttl: cfg.TTL}, nil
 }
 
 // BindRegistry opens an existing registry bucket (default WorkersBucket)
@@ -82,7 +83,7 @@ func BindRegistry(ctx context.Context, nc *nats.Conn, bucket string) (*Registry,
 	if err != nil {
 		return nil, fmt.Errorf("worker registry: bucket %s: %w", bucket, err)
 	}
-	return &Registry{kv: kv, ttl: st.TTL()}, nil
+	return &Registry{nc: nc, kv: kv, ttl: st.TTL()}, nil
 }
 
 // JoinRegistry opens the registry bucket (default WorkersBucket) as a
@@ -151,11 +152,23 @@ func (r *Registry) Remove(ctx context.Context, id string) error {
 	if err := CheckID(id); err != nil {
 		return fmt.Errorf("worker registry: remove: %w", err)
 	}
+	// Without a connection the delete would wait for its acknowledgement
+	// until ctx ends (a worker leaving after the coordinator's NATS went
+	// away hung for its whole shutdown timeout): the registry forgets the
+	// worker after its TTL anyway.
+	if r.nc != nil && !r.nc.IsConnected() {
+		return fmt.Errorf("worker registry: remove %s: %w (NATS %s; the registry forgets it after %v)", id, ErrNotConnected,
+			strings.ToLower(r.nc.Status().String()), r.ttl)
+	}
 	if err := r.kv.Delete(ctx, id); err != nil {
 		return fmt.Errorf("worker registry: remove %s: %w", id, err)
 	}
 	return nil
 }
+
+// ErrNotConnected is returned by Remove while the connection to NATS is
+// down.
+var ErrNotConnected = errors.New("not connected")
 
 // ErrWorkerNotFound is returned by Get for a worker that is not registered
 // (never was, left, or expired).

@@ -204,3 +204,36 @@ func (r *Results) Get(ctx context.Context, client, id string) (ev *JobEvent, ok 
 	}
 	return &out, true, nil
 }
+
+// List calls visit with the final event of each job of client that the
+// store still holds (at most results' TTL old), in the order they were
+// stored. A value that does not decode is skipped and counted in bad.
+func (r *Results) List(ctx context.Context, client string, visit func(*JobEvent)) (bad int, err error) {
+	if err := CheckID(client); err != nil {
+		return 0, fmt.Errorf("job results: list: client: %w", err)
+	}
+	w, err := r.kv.Watch(ctx, resultKey(client, "*"), jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, fmt.Errorf("job results: list: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return bad, fmt.Errorf("job results: list: the watch ended early")
+			}
+			if e == nil {
+				return bad, nil // every stored value has been delivered
+			}
+			var ev JobEvent
+			if Unmarshal(MsgPack, e.Value(), &ev) != nil || ev.Validate() != nil {
+				bad++
+				continue
+			}
+			visit(&ev)
+		case <-ctx.Done():
+			return bad, fmt.Errorf("job results: list: %w", ctx.Err())
+		}
+	}
+}

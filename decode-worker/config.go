@@ -15,6 +15,7 @@ import (
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/config"
+	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -25,6 +26,13 @@ const process = "decode-worker"
 
 // settings are every configuration key with its default: a flag (dots and
 // underscores as dashes), an environment variable and a --config file key.
+// opsSettings are the rank's operations: /metrics, /healthz and /readyz,
+// and (control-plane mode) how long a drain and the leaving after it may
+// take.
+var opsSettings = append(health.Settings("127.0.0.1:0"),
+	config.Setting{Key: "drain.grace", Default: 5 * time.Minute, Help: "control-plane mode: on SIGTERM or `coordinator drain`, how long the sequences the rank holds may finish (no new ones are taken) before the rest are cancelled"},
+	config.Setting{Key: "shutdown.grace", Default: 10 * time.Second, Help: "control-plane mode: how long leaving may take after the drain (cancelling, deregistering, closing connections), whether or not NATS is still there"})
+
 var settings = []config.Setting{
 	{Key: "rank", Default: 0, Help: "this worker's rank in the decode group"},
 	{Key: "group_config", Default: "", Help: "the decode group's file: group, secret or secret_file, ranks (endpoint, layers, memory_budget) (required)"},
@@ -114,6 +122,10 @@ type workerConfig struct {
 	Advertise string
 	Registry  controlplane.RegistryConfig
 	Beat      time.Duration // registry heartbeat interval
+	// Operations.
+	Metrics       health.Options
+	DrainGrace    time.Duration // held sequences may finish this long on SIGTERM or a drain request
+	ShutdownGrace time.Duration // leaving after that (cancelling, deregistering) takes at most this long
 }
 
 // command is the worker's command line: run gets the resolved
@@ -138,7 +150,7 @@ func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) e
 	cmd.SetErr(stderr)
 	cmd.Flags().SortFlags = false
 	cmd.Flags().String("config", "", "config file (YAML, JSON or TOML) with any of the keys of these flags (dots nest)")
-	config.AddFlags(cmd.Flags(), settings, controlplane.ClientSettings, config.LogSettings)
+	config.AddFlags(cmd.Flags(), settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	cmd.AddCommand(&cobra.Command{
 		Use:                "rdma-probe [--listen ADDR | --peer ADDR]",
 		Short:              "report this machine's RDMA environment and measure an RDMA link to another rank",
@@ -168,7 +180,7 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", args)
 	}
 	file, _ := fs.GetString("config")
-	v, err := config.Load(fs, process, file, settings, controlplane.ClientSettings, config.LogSettings)
+	v, err := config.Load(fs, process, file, settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	if err != nil {
 		return nil, err
 	}
@@ -183,8 +195,12 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		RDMA:     rdma.Config{Device: v.GetString("rdma.device"), Slots: v.GetInt("rdma.slots")},
 		LogLevel: v.GetString("log.level"), LogFormat: v.GetString("log.format"),
 		WorkerID: v.GetString("worker_id"), Advertise: v.GetString("advertise"), Beat: v.GetDuration("registry.heartbeat"),
-		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
-		NATS:     controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
+		Registry:   controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
+		NATS:       controlplane.OptionsFromSettings(v.GetString, v.GetDuration),
+		DrainGrace: v.GetDuration("drain.grace"), ShutdownGrace: v.GetDuration("shutdown.grace")}
+	if c.Metrics, err = health.OptionsFrom(v.GetString, v.GetBool); err != nil {
+		return nil, err
+	}
 	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
 	if c.MemoryBudget, err = config.ParseBytes(v.GetString("memory_budget")); err != nil {
 		return nil, fmt.Errorf("memory_budget: %w", err)
@@ -212,6 +228,8 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		return nil, errors.New("--model is required")
 	case c.Rank < 0:
 		return nil, fmt.Errorf("--rank %d is negative", c.Rank)
+	case c.DrainGrace < 0 || c.ShutdownGrace <= 0:
+		return nil, fmt.Errorf("drain.grace %v, shutdown.grace %v: want drain.grace >= 0 and shutdown.grace > 0", c.DrainGrace, c.ShutdownGrace)
 	case c.PrefixStride < 0 || c.PrefixStride%model.KDAChunk != 0:
 		return nil, fmt.Errorf("prefix_cache.stride %d: want a multiple of %d (0: snapshots at prompt ends only)", c.PrefixStride, model.KDAChunk)
 	}

@@ -23,6 +23,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -31,8 +32,8 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
-	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
@@ -43,6 +44,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/config"
+	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/sysverbs"
@@ -132,58 +134,104 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	defer w.Close()
 	log.Info("decode rank listening", zap.String("addr", srv.Addr()))
 
+	// The front door serves until the rank leaves (after its drain, in
+	// control-plane mode).
+	serveCtx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
 	var wg sync.WaitGroup
 	if cfg.Frontdoor {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			frontdoor.Serve(ctx, srv, layout.Group, secret, w, log)
+			frontdoor.Serve(serveCtx, srv, layout.Group, secret, w, log)
 		}()
 	}
-	var adapter *cpadapter.Adapter
-	if cfg.NATS.URL != "" {
-		if adapter, err = startAdapter(ctx, cfg, layout, w, base); err != nil {
+	// /metrics, /healthz and /readyz: ready once the ring is formed (and,
+	// in control-plane mode, the rank registered and not draining).
+	hs := health.New(nil)
+	metrics := cpadapter.NewMetrics(hs.Registry())
+	metrics.Watch(w, srv)
+	hs.Ready("ring", func() error {
+		if !w.Stats().Formed {
+			return errors.New("the group's ring is not formed (waiting for the other ranks)")
+		}
+		return nil
+	})
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	var metricsAddr string
+	if cfg.Metrics.Addr != "" {
+		if metricsAddr, _, err = hs.Serve(httpCtx, "metrics", cfg.Metrics); err != nil {
 			return err
 		}
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := adapter.Close(cctx); err != nil {
-				log.Warn("control plane: leaving", zap.Error(err))
-			}
-		}()
+		log.Info("metrics and health", zap.String("url", "http://"+metricsAddr+"/metrics"))
 	}
-	if err := w.WaitReady(ctx); err == nil {
-		log.Info("decode group ready")
-		if adapter != nil {
+	if cfg.NATS.URL == "" {
+		if err := w.WaitReady(ctx); err == nil {
+			log.Info("decode group ready")
+		}
+		<-ctx.Done()
+		log.Info("shutting down")
+		wg.Wait()
+		return nil
+	}
+	// Control-plane mode: the registry, and a bounded way out (drain,
+	// then leave).
+	hs.Ready("worker", func() error { return errors.New("starting: joining the control plane") })
+	adapter, nc, err := startAdapter(ctx, cfg, layout, w, metrics, metricsAddr, base)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	hs.Ready("nats", health.NATS(nc))
+	hs.Ready("worker", adapter.NotReady)
+	go func() {
+		if err := w.WaitReady(ctx); err == nil {
+			log.Info("decode group ready")
 			adapter.Beat() // the coordinator learns at once that the ring is formed
 		}
+	}()
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining", zap.Duration("drain_grace", cfg.DrainGrace))
+	case <-adapter.Draining():
+		log.Info("drain requested: draining, then exiting", zap.Duration("drain_grace", cfg.DrainGrace))
 	}
-	<-ctx.Done()
-	log.Info("shutting down")
+	dctx, cancelDrain := context.WithTimeout(context.Background(), cfg.DrainGrace)
+	if err := adapter.Drain(dctx); err != nil {
+		log.Warn("drain grace over: cancelling what is left", zap.Error(err))
+	}
+	cancelDrain()
+	cctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	if err := adapter.Close(cctx); err != nil {
+		log.Warn("control plane: leaving", zap.Error(err))
+	}
+	stopServing()
 	wg.Wait()
 	return nil
 }
 
 // startAdapter joins the control plane: the rank registers in the worker
 // registry and, on rank 0, takes the coordinator's jobs.
-func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w *pipeline.Worker, log *zap.Logger) (*cpadapter.Adapter, error) {
+func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w *pipeline.Worker, m *cpadapter.Metrics, metricsAddr string,
+	log *zap.Logger) (*cpadapter.Adapter, *nats.Conn, error) {
 	id := cfg.WorkerID
 	if id == "" {
 		id = fmt.Sprintf("%s-r%d", layout.Group, cfg.Rank)
 	}
 	mcfg, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	modelID, err := modelinfo.Identity(cfg.Model)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var tok *tokenizer.Tokenizer
 	if _, err := os.Stat(filepath.Join(cfg.Model, tokenizer.ModelFile)); err == nil && cfg.Rank == 0 {
 		if tok, err = tokenizer.Load(cfg.Model); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	o := cfg.NATS
@@ -195,22 +243,22 @@ func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w
 	}
 	nc, err := controlplane.Connect(ctx, o)
 	if err != nil {
-		return nil, fmt.Errorf("control plane: %w", err)
+		return nil, nil, fmt.Errorf("control plane: %w", err)
 	}
 	reg, err := controlplane.WorkerRegistry(ctx, nc, cfg.Registry, o.Identity != nil || o.IdentityFile != "", log)
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("control plane: %w", err)
+		return nil, nil, fmt.Errorf("control plane: %w", err)
 	}
 	a, err := cpadapter.Start(ctx, cpadapter.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: w, Layout: layout, Rank: cfg.Rank,
 		Model: mcfg, ModelID: modelID, LatentDType: cfg.CacheDType, Tokenizer: tok, Advertise: cfg.Advertise,
-		Heartbeat: cfg.Beat, Log: log})
+		Heartbeat: cfg.Beat, Metrics: m, MetricsAddr: metricsAddr, Log: log})
 	if err != nil {
 		nc.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	log.Info("control plane joined", zap.String("worker", id), zap.String("nats", nc.ConnectedUrlRedacted()))
-	return a, nil
+	return a, nc, nil
 }
 
 // meshTransport is the transport of the rank's mesh links (cfg.Transport):

@@ -356,6 +356,7 @@ func (s *rsession) finish(c claim, ok bool) {
 	s.missing--
 	_, n := chunkSpan(c.rp.size, s.chunk, c.idx)
 	s.gotBytes += int64(n)
+	s.srv.bytesVerified.Add(int64(n))
 	if s.missing == 0 && s.ended {
 		s.commitLocked()
 	}

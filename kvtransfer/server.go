@@ -56,6 +56,7 @@ type Server struct {
 
 	held             atomic.Int64
 	committed        atomic.Int64
+	bytesVerified    atomic.Int64
 	failed           atomic.Int64
 	authFailures     atomic.Int64
 	protocolErrors   atomic.Int64
@@ -70,6 +71,7 @@ type ServerStats struct {
 	Conns     int   // open connections (not counting handed-out channels)
 
 	Committed        int64
+	BytesVerified    int64 // payload bytes of the chunks that passed their checks
 	Failed           int64
 	AuthFailures     int64 // connections refused for a wrong or replayed proof
 	ProtocolErrors   int64 // sessions failed by a peer breaking the protocol
@@ -176,6 +178,7 @@ func (srv *Server) Stats() ServerStats {
 	srv.mu.Unlock()
 	st.HeldBytes = srv.held.Load()
 	st.Committed = srv.committed.Load()
+	st.BytesVerified = srv.bytesVerified.Load()
 	st.Failed = srv.failed.Load()
 	st.AuthFailures = srv.authFailures.Load()
 	st.ProtocolErrors = srv.protocolErrors.Load()

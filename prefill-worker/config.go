@@ -14,6 +14,7 @@ import (
 
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/internal/config"
+	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
@@ -59,6 +60,12 @@ var settings = []config.Setting{
 	{Key: "transfer.idle", Default: 15 * time.Second, Help: "state transfer: a session silent this long fails"},
 	{Key: "transfer.keep_alive", Default: 2 * time.Second, Help: "state transfer: keep-alive interval while a layer is being computed"},
 }
+
+// opsSettings are the control-plane mode's operations: /metrics, /healthz
+// and /readyz, and how long a drain and the leaving after it may take.
+var opsSettings = append(health.Settings("127.0.0.1:0"),
+	config.Setting{Key: "drain.grace", Default: 5 * time.Minute, Help: "control-plane mode: on SIGTERM or `coordinator drain`, how long running jobs may finish (no new ones are taken) before the rest are cancelled"},
+	config.Setting{Key: "shutdown.grace", Default: 10 * time.Second, Help: "control-plane mode: how long leaving may take after the drain (cancelling jobs, deregistering, closing connections), whether or not NATS is still there"})
 
 // help is the worker's --help text above its flags.
 var help = `Layer-streamed prefill of Kimi K3 under a memory budget: the worker reads
@@ -108,6 +115,10 @@ type workerConfig struct {
 	Beat          time.Duration // registry heartbeat interval
 	Transfer      kvtransfer.Timeouts
 	TransferConns int
+	// Operations.
+	Metrics       health.Options
+	DrainGrace    time.Duration // running jobs may finish this long on SIGTERM or a drain request
+	ShutdownGrace time.Duration // leaving after that (cancelling, deregistering) takes at most this long
 }
 
 // command is the worker's command line: run gets the resolved
@@ -132,7 +143,7 @@ func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) e
 	cmd.SetErr(stderr)
 	cmd.Flags().SortFlags = false
 	cmd.Flags().String("config", "", "config file (YAML, JSON or TOML) with any of the keys of these flags (dots nest)")
-	config.AddFlags(cmd.Flags(), settings, controlplane.ClientSettings, config.LogSettings)
+	config.AddFlags(cmd.Flags(), settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	return cmd
 }
 
@@ -154,7 +165,7 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", args)
 	}
 	file, _ := fs.GetString("config")
-	v, err := config.Load(fs, process, file, settings, controlplane.ClientSettings, config.LogSettings)
+	v, err := config.Load(fs, process, file, settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	if err != nil {
 		return nil, err
 	}
@@ -167,8 +178,12 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		Registry: controlplane.RegistryConfig{TTL: v.GetDuration("registry.ttl"), Memory: v.GetBool("registry.memory")},
 		Transfer: kvtransfer.Timeouts{Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 			Idle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive")},
-		NATS: controlplane.OptionsFromSettings(v.GetString, v.GetDuration)}
+		NATS:       controlplane.OptionsFromSettings(v.GetString, v.GetDuration),
+		DrainGrace: v.GetDuration("drain.grace"), ShutdownGrace: v.GetDuration("shutdown.grace")}
 	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
+	if c.Metrics, err = health.OptionsFrom(v.GetString, v.GetBool); err != nil {
+		return nil, err
+	}
 	if c.Budget, err = config.ParseBytes(v.GetString("memory_budget")); err != nil {
 		return nil, fmt.Errorf("memory_budget: %w", err)
 	}
@@ -213,6 +228,8 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		return nil, fmt.Errorf("cuda.device %d: want a device ordinal >= 0", c.CUDADevice)
 	case c.Depth < -1:
 		return nil, fmt.Errorf("depth %d: want -1 (auto) or a depth >= 0", c.Depth)
+	case c.DrainGrace < 0 || c.ShutdownGrace <= 0:
+		return nil, fmt.Errorf("drain.grace %v, shutdown.grace %v: want drain.grace >= 0 and shutdown.grace > 0", c.DrainGrace, c.ShutdownGrace)
 	case c.SinkQueue < 1:
 		return nil, fmt.Errorf("sink.queue %d: want at least 1", c.SinkQueue)
 	case len(c.Prompts) > 0 && c.Out == "" && !c.DryRun:

@@ -40,6 +40,7 @@ import (
 	"github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/internal/config"
+	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/prefill-worker/cpadapter"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
@@ -101,9 +102,15 @@ func serve(ctx context.Context, cfg *workerConfig, stdout, stderr io.Writer) err
 	return standalone(ctx, wc, cfg.Prompts, cfg.Out, log, stdout)
 }
 
-// controlPlane serves the coordinator's jobs until ctx ends: the worker
-// registers in the worker registry and streams each job's state to its
-// decode ranks over kvtransfer.
+// controlPlane serves the coordinator's jobs until ctx ends or a
+// coordinator asks the worker to drain: the worker registers in the worker
+// registry and streams each job's state to its decode ranks over
+// kvtransfer. It serves /metrics, /healthz and /readyz meanwhile.
+//
+// Leaving is bounded: running jobs may finish for cfg.DrainGrace (no new
+// ones are taken), and what follows (cancelling the rest, deregistering,
+// closing) takes at most cfg.ShutdownGrace, whether or not NATS is still
+// there.
 func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log *zap.Logger) error {
 	id := cfg.WorkerID
 	if id == "" {
@@ -117,11 +124,27 @@ func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log 
 	if err != nil {
 		return err
 	}
+	// The endpoint comes up first: /healthz answers while the model
+	// loads, and /readyz says what is missing.
+	hs := health.New(nil)
+	m := cpadapter.NewMetrics(hs.Registry(), cfg.Budget)
+	wc.OnLayer, wc.OnPass = m.Layer, m.Pass
+	hs.Ready("worker", func() error { return errors.New("starting: opening the model and joining the control plane") })
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	var metricsAddr string
+	if cfg.Metrics.Addr != "" {
+		if metricsAddr, _, err = hs.Serve(httpCtx, "metrics", cfg.Metrics); err != nil {
+			return err
+		}
+		log.Info("metrics and health", zap.String("url", "http://"+metricsAddr+"/metrics"))
+	}
 	w, err := worker.New(wc)
 	if err != nil {
 		return err
 	}
 	defer w.Close()
+	m.Watch(w)
 	o := cfg.NATS
 	o.Name, o.Logger = id, log
 	// The worker identity may read only worker inboxes: this one's own.
@@ -134,22 +157,36 @@ func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log 
 		return fmt.Errorf("control plane: %w", err)
 	}
 	defer nc.Close()
+	hs.Ready("nats", health.NATS(nc))
 	reg, err := controlplane.WorkerRegistry(ctx, nc, cfg.Registry, o.Identity != nil || o.IdentityFile != "", log)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
 	a, err := cpadapter.Start(ctx, cpadapter.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: w, ModelID: modelID,
 		Backend: cfg.Backend, MemoryTotal: cfg.Budget, Heartbeat: cfg.Beat, Transfer: cfg.Transfer,
-		TransferConns: cfg.TransferConns, Log: log})
+		TransferConns: cfg.TransferConns, Metrics: m, MetricsAddr: metricsAddr, Log: log})
 	if err != nil {
 		return err
 	}
+	hs.Ready("worker", a.NotReady)
 	log.Info("control plane joined", zap.String("worker", id), zap.String("nats", nc.ConnectedUrlRedacted()))
-	<-ctx.Done()
-	log.Info("shutting down")
-	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining", zap.Duration("drain_grace", cfg.DrainGrace))
+	case <-a.Draining():
+		log.Info("drain requested: draining, then exiting", zap.Duration("drain_grace", cfg.DrainGrace))
+	}
+	dctx, cancelDrain := context.WithTimeout(context.Background(), cfg.DrainGrace)
+	if err := a.Drain(dctx); err != nil {
+		log.Warn("drain grace over: cancelling what is left", zap.Error(err))
+	}
+	cancelDrain()
+	cctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
-	return a.Close(cctx)
+	if err := a.Close(cctx); err != nil {
+		log.Warn("control plane: leaving", zap.Error(err))
+	}
+	return nil
 }
 
 // dryRun prints the plan of every pass the prompts would take, as the

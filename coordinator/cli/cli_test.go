@@ -100,7 +100,7 @@ func TestServeAndClientCommands(t *testing.T) {
 		}
 	}()
 	url := logged(t, serveLog, "embedded NATS server", "url")
-	metricsURL := logged(t, serveLog, "metrics", "url")
+	metricsURL := logged(t, serveLog, "metrics and health", "url")
 	if got := logged(t, serveLog, "embedded NATS server credentials", "dir"); got != creds {
 		t.Fatalf("credentials in %s, want %s", got, creds)
 	}
@@ -201,9 +201,23 @@ func TestServeAndClientCommands(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{`tandem_coordinator_jobs_total{state="done"} 1`, `tandem_coordinator_route_decisions_total{policy="remote",target="remote"} 1`,
-		"tandem_coordinator_ttft_seconds_count", "tandem_coordinator_submit_to_assign_seconds_count 1", `tandem_coordinator_workers{kind="decode"} 2`} {
+		"tandem_coordinator_ttft_seconds_count", "tandem_coordinator_submit_to_assign_seconds_count 1", `tandem_coordinator_workers{kind="decode"} 2`,
+		`tandem_coordinator_tokens_total{kind="prompt"} 4`, `tandem_coordinator_tokens_total{kind="output"} 6`,
+		`tandem_coordinator_inter_token_seconds_count{target="remote"} 1`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	base := strings.TrimSuffix(metricsURL, "/metrics")
+	for path, want := range map[string]string{"/healthz": "ok\n", "/readyz": "ready\n"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(body) != want {
+			t.Errorf("%s: %d %q, want 200 %q", path, resp.StatusCode, body, want)
 		}
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/internal/config"
+	"github.com/tandem-inference/tandem/internal/health"
 )
 
 // process names the coordinator's environment variables:
@@ -37,7 +38,7 @@ func clientSettings() []setting {
 }
 
 // serveSettings configure a coordinator (serve and demo).
-var serveSettings = []setting{
+var serveSettings = append([]setting{
 	{Key: "model", Default: "", Help: "model directory: its config.json (and tokenizer files, to accept text prompts); the weights are not read"},
 	{Key: "embedded.host", Default: "127.0.0.1", Help: "embedded NATS server: listen address"},
 	{Key: "embedded.port", Default: 4222, Help: "embedded NATS server: client port (0: any free port)"},
@@ -76,8 +77,7 @@ var serveSettings = []setting{
 	{Key: "timeouts.job", Default: 2 * time.Hour, Help: "longest a job may take from submission to its end"},
 	{Key: "timeouts.shutdown_grace", Default: 30 * time.Second, Help: "on shutdown, how long running jobs may finish before they go back to the queue"},
 	{Key: "max_running", Default: 1024, Help: "jobs this coordinator drives at once"},
-	{Key: "metrics.listen", Default: "127.0.0.1:9464", Help: "address of the Prometheus /metrics endpoint (empty: off)"},
-}
+}, health.Settings("127.0.0.1:9464")...)
 
 // addFlags defines a flag for each setting.
 func addFlags(fs *pflag.FlagSet, ss []setting) { config.AddFlags(fs, ss) }

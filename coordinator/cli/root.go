@@ -56,7 +56,7 @@ func New(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().String("config", "", "YAML config file with any of the keys below (nested by their dots)")
-	root.AddCommand(serveCmd(), apiCmd(), submitCmd(), jobsCmd(), workersCmd(), cancelCmd(), demoCmd(), credentialsCmd())
+	root.AddCommand(serveCmd(), apiCmd(), submitCmd(), jobsCmd(), workersCmd(), drainCmd(), cancelCmd(), demoCmd(), credentialsCmd())
 	return root
 }
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/coordinator/openai"
 	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/health"
 )
 
 func serveCmd() *cobra.Command {
@@ -49,6 +51,10 @@ same API alone, for more front doors.
 
 func runServe(cmd *cobra.Command, _ []string) error {
 	v, err := resolve(cmd, natsSettings, serveSettings, httpSettings)
+	if err != nil {
+		return err
+	}
+	mo, err := health.OptionsFrom(v.GetString, v.GetBool)
 	if err != nil {
 		return err
 	}
@@ -114,16 +120,28 @@ func runServe(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer nc.Close()
-	if listen := v.GetString("metrics.listen"); listen != "" {
-		addr, err := cfg.Metrics.Serve(ctx, listen)
-		if err != nil {
-			return err
-		}
-		log.Info("metrics", zap.String("url", "http://"+addr+"/metrics"))
-	}
 	co, err := service.New(nc, cfg)
 	if err != nil {
 		return err
+	}
+	if mo.Addr != "" {
+		hs := health.New(cfg.Metrics.Registry())
+		hs.Ready("nats", health.NATS(nc))
+		hs.Ready("coordinator", func() error {
+			select {
+			case <-ctx.Done():
+				return errors.New("shutting down")
+			case <-co.Ready():
+				return nil
+			default:
+				return errors.New("starting: opening the job queue, the registry and the results")
+			}
+		})
+		addr, _, err := hs.Serve(ctx, "metrics", mo)
+		if err != nil {
+			return err
+		}
+		log.Info("metrics and health", zap.String("url", "http://"+addr+"/metrics"))
 	}
 	if listen == "" {
 		return co.Run(ctx)

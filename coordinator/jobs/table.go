@@ -92,7 +92,13 @@ func (t *Table) List(owner string, state cp.JobState, limit int) []cp.JobEvent {
 		}
 	}
 	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b cp.JobEvent) int {
+	return NewestFirst(out, limit)
+}
+
+// NewestFirst sorts events by submission, newest first (ties by job id),
+// and keeps at most limit of them (limit <= 0: all).
+func NewestFirst(evs []cp.JobEvent, limit int) []cp.JobEvent {
+	slices.SortFunc(evs, func(a, b cp.JobEvent) int {
 		if c := b.Submitted.Compare(a.Submitted); c != 0 {
 			return c
 		}
@@ -104,10 +110,10 @@ func (t *Table) List(owner string, state cp.JobState, limit int) []cp.JobEvent {
 		}
 		return 0
 	})
-	if limit > 0 && len(out) > limit {
-		out = out[:limit]
+	if limit > 0 && len(evs) > limit {
+		evs = evs[:limit]
 	}
-	return out
+	return evs
 }
 
 // Counts returns how many jobs the table holds in each state.

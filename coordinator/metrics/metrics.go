@@ -1,21 +1,15 @@
 // Package metrics holds the coordinator's Prometheus metrics: queue depth,
 // jobs by outcome, routing decisions and their predictions, time to first
-// token, prefill pass times, transfer tails, decode rates and the control
-// plane's own overhead (submission to assignment). Serve exposes them on
-// /metrics.
+// token, inter-token latency, prompt and output tokens, prefill pass times,
+// transfer tails, decode rates and the control plane's own overhead
+// (submission to assignment). The process serves them on /metrics with
+// package internal/health.
 package metrics
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 const ns = "tandem_coordinator"
@@ -36,6 +30,8 @@ type Metrics struct {
 	passTime                    prometheus.Histogram
 	transferTail                prometheus.Histogram
 	decodeRate                  prometheus.Histogram
+	interToken                  *prometheus.HistogramVec
+	tokens                      *prometheus.CounterVec
 	assignOverhead              prometheus.Histogram
 	prefixCache                 map[string]*prometheus.GaugeVec
 }
@@ -52,7 +48,8 @@ var prefixCacheFields = []struct{ name, help string }{
 	{"prefix_cache_evictions", "Cached prefixes dropped to make room (since the rank started)."},
 }
 
-// New makes the metrics, with Go runtime and process collectors.
+// New makes the metrics (health.New adds the Go runtime and process
+// collectors to their registry).
 func New() *Metrics {
 	secs := prometheus.ExponentialBuckets(0.001, 2, 22) // 1 ms .. ~35 min
 	m := &Metrics{
@@ -82,6 +79,11 @@ func New() *Metrics {
 		decodeRate: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "decode_tokens_per_second",
 			Help:    "Decode rate of each finished job (tokens after the first, per second).",
 			Buckets: prometheus.ExponentialBuckets(0.5, 2, 16)}),
+		interToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "inter_token_seconds",
+			Help:    "Mean time between two output tokens of each finished job with two or more (its decode time over its tokens after the first), by where it was prefilled.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}, []string{"target"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tokens_total",
+			Help: "Tokens of finished jobs, by kind: prompt (all of it), cached (prompt tokens a prefix cache served) and output."}, []string{"kind"}),
 		assignOverhead: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "submit_to_assign_seconds",
 			Help:    "Control-plane overhead: submission to the workers' acceptance of the assignment.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)}),
@@ -92,7 +94,7 @@ func New() *Metrics {
 		m.prefixCache[f.name] = g
 		m.reg.MustRegister(g)
 	}
-	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	m.reg.MustRegister(m.interToken, m.tokens,
 		m.queueWaiting, m.queueInFlight, m.running, m.workers, m.submitted, m.finished, m.routes, m.predicted,
 		m.ttft, m.passTime, m.transferTail, m.decodeRate, m.assignOverhead)
 	return m
@@ -100,11 +102,6 @@ func New() *Metrics {
 
 // Registry is the registry the metrics are on.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
-// Handler serves the metrics in the Prometheus text format.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
-}
 
 // Queue records the job queue's counters.
 func (m *Metrics) Queue(waiting uint64, inFlight int) {
@@ -200,26 +197,16 @@ func (m *Metrics) Finished(state, target string, ttft, pass, tail time.Duration,
 	}
 }
 
-// Serve serves /metrics on addr until ctx ends. It returns once listening
-// (the address actually bound, for port 0) or with the listen error.
-func (m *Metrics) Serve(ctx context.Context, addr string) (string, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", fmt.Errorf("metrics: listen on %s: %w", addr, err)
+// Tokens counts a final job's tokens and records its mean inter-token
+// latency: decode is its first token to its last.
+func (m *Metrics) Tokens(target string, prompt, cached, output int, decode time.Duration) {
+	if m == nil {
+		return
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			_ = ln.Close()
-		}
-	}()
-	return ln.Addr().String(), nil
+	m.tokens.WithLabelValues("prompt").Add(float64(max(prompt, 0)))
+	m.tokens.WithLabelValues("cached").Add(float64(max(cached, 0)))
+	m.tokens.WithLabelValues("output").Add(float64(max(output, 0)))
+	if output >= 2 && decode > 0 {
+		m.interToken.WithLabelValues(target).Observe(decode.Seconds() / float64(output-1))
+	}
 }

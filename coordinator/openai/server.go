@@ -111,18 +111,10 @@ func CheckListen(addr string, keys []string) error {
 	if err != nil {
 		return fmt.Errorf("http.listen %q: %w", addr, err)
 	}
-	if len(keys) > 0 || isLoopback(host) {
+	if len(keys) > 0 || cp.IsLoopback(host) {
 		return nil
 	}
 	return fmt.Errorf("http.listen %q is not a loopback address: give http.api_keys (bearer keys clients must send), or listen on 127.0.0.1", addr)
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Serve listens on addr and serves until ctx ends; ready (if not nil)

@@ -574,6 +574,7 @@ func (r *run) publish(ev cp.JobEvent) {
 			pass = t.Prefill
 		}
 		c.m.Finished(string(ev.State), target, t.FirstToken, pass, t.TransferTail, t.DecodeTokensPerSec)
+		c.m.Tokens(target, t.PromptTokens, t.CachedTokens, t.OutputTokens, t.Decode)
 		fields := []zap.Field{zap.String("state", string(ev.State)), zap.String("target", target), zap.Duration("ttft", t.FirstToken),
 			zap.Duration("total", t.Total), zap.Int("prompt_tokens", t.PromptTokens), zap.Int("output_tokens", t.OutputTokens)}
 		if ev.Error != nil {

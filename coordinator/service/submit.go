@@ -377,7 +377,44 @@ func (c *Coordinator) list(ctx context.Context, req *cp.ListJobsRequest) (*cp.Li
 	if limit == 0 {
 		limit = 100
 	}
-	return &cp.ListJobsReply{Jobs: c.table.List(client, req.State, limit)}, nil
+	return &cp.ListJobsReply{Jobs: c.history(ctx, client, req.State, limit)}, nil
+}
+
+// history is client's jobs, newest first: what this coordinator knows (the
+// jobs it runs, and those queued or ended since it started), and the
+// final events in the results store, which every coordinator shares and a
+// restart keeps (for results.ttl). The outputs are left out, as the
+// table leaves them out: a job's own lookup returns its output.
+func (c *Coordinator) history(ctx context.Context, client string, state cp.JobState, limit int) []cp.JobEvent {
+	known := c.table.List(client, state, limit)
+	seen := make(map[string]bool, len(known))
+	for _, ev := range known {
+		seen[ev.JobID] = true
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out := known
+	bad, err := c.results.List(rctx, client, func(ev *cp.JobEvent) {
+		if seen[ev.JobID] || (state != "" && ev.State != state) {
+			return
+		}
+		if _, ok := c.table.Get(ev.JobID); ok {
+			return // this coordinator's own account is newer
+		}
+		ev.Output = nil
+		out = append(out, *ev)
+		// Bounded by the limit, however many results are stored.
+		if len(out) > 2*limit+len(known) {
+			out = jobs.NewestFirst(out, limit)
+		}
+	})
+	if err != nil {
+		c.log.Warn("job history: the results store", zap.String("client", client), zap.Error(err))
+	}
+	if bad > 0 {
+		c.log.Warn("job history: results that do not decode were skipped", zap.String("client", client), zap.Int("skipped", bad))
+	}
+	return jobs.NewestFirst(out, limit)
 }
 
 // lookup answers client with one of its jobs' latest event: its final one

@@ -74,7 +74,12 @@ type Config struct {
 	// job over after a crash learns how it ended instead of running it
 	// again.
 	Remember time.Duration
-	Log      *zap.Logger
+	// Metrics records assignments and the time between tokens (nil:
+	// none); MetricsAddr is the host:port of the rank's /metrics,
+	// advertised in heartbeats.
+	Metrics     *Metrics
+	MetricsAddr string
+	Log         *zap.Logger
 }
 
 // Adapter is a running control-plane mode of one rank.
@@ -87,11 +92,13 @@ type Adapter struct {
 	cancel  context.CancelFunc
 	maxSeq  int
 
-	mu      sync.Mutex
-	streams map[string]*stream
-	ended   *cp.Ended
-	closing bool
-	wg      sync.WaitGroup // streams
+	mu       sync.Mutex
+	streams  map[string]*stream
+	ended    *cp.Ended
+	closing  bool
+	draining bool
+	drained  chan struct{}  // closed when a drain starts
+	wg       sync.WaitGroup // streams
 
 	// The group's own prefill as the cost model's terms, fitted to its
 	// finished local prefills (rank 0 advertises them).
@@ -133,7 +140,8 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	}
 	spec := cfg.Layout.Ranks[cfg.Rank]
 	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{}, ended: cp.NewEnded(0, cfg.Remember),
-		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20,
+		drained: make(chan struct{}),
+		log:     cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20,
 		cost: costmodel.New(&cfg.Model.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
@@ -178,6 +186,13 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 			return nil, fmt.Errorf("decode adapter: %w", err)
 		}
 	}
+	// Every rank drains on request: the group takes no jobs while any of
+	// its ranks drains.
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), "tandem-worker-"+cfg.WorkerID, a.drainRequest); err != nil {
+		cancel()
+		_ = hb.Stop(ctx)
+		return nil, fmt.Errorf("decode adapter: %w", err)
+	}
 	a.log.Info("decode rank registered", zap.String("group", cfg.Layout.Group), zap.Int("rank", cfg.Rank),
 		zap.Int("lo", a.lo), zap.Int("hi", a.hi), zap.String("advertise", cfg.Advertise))
 	return a, nil
@@ -210,6 +225,81 @@ func (a *Adapter) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Drain stops taking jobs (the registry shows the rank draining at once,
+// so routers pass its group by, and rank 0 refuses assignments that still
+// come as unavailable, so coordinators place them elsewhere) and waits
+// until the sequences this rank holds end, or ctx ends. Close then cancels
+// whatever is left.
+func (a *Adapter) Drain(ctx context.Context) error {
+	a.startDrain("")
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("decode adapter: drain: jobs still running: %w", ctx.Err())
+	}
+	// The other ranks hold their share of the head's sequences until the
+	// head frees them around the ring: a moment after the head's streams
+	// end.
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n := a.cfg.Worker.Stats().Sequences
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("decode adapter: drain: %d sequences still held: %w", n, ctx.Err())
+		}
+	}
+}
+
+// Draining is closed once a drain has started (Drain, or a coordinator's
+// DrainRequest): the process should drain and exit.
+func (a *Adapter) Draining() <-chan struct{} { return a.drained }
+
+// NotReady says why the rank takes no jobs now (nil: it takes them).
+func (a *Adapter) NotReady() error {
+	a.mu.Lock()
+	closing, draining := a.closing, a.draining
+	a.mu.Unlock()
+	switch {
+	case closing:
+		return errors.New("shutting down")
+	case draining:
+		return errors.New("draining: it takes no new jobs")
+	}
+	return nil
+}
+
+// startDrain marks the rank draining and beats at once; it returns the
+// sequences the rank holds.
+func (a *Adapter) startDrain(reason string) int {
+	a.mu.Lock()
+	if !a.draining {
+		a.draining = true
+		close(a.drained)
+		a.log.Info("draining: no new jobs", zap.Int("running", len(a.streams)), zap.String("reason", reason))
+	}
+	a.mu.Unlock()
+	a.hb.Beat()
+	return a.cfg.Worker.Stats().Sequences
+}
+
+// drainRequest answers a coordinator's DrainRequest.
+func (a *Adapter) drainRequest(_ context.Context, req *cp.DrainRequest) (*cp.DrainReply, error) {
+	rep := &cp.DrainReply{WorkerID: a.cfg.WorkerID}
+	if req.WorkerID != a.cfg.WorkerID {
+		rep.SetError(cp.CodeBadRequest, fmt.Sprintf("decode rank %s: the drain request is addressed to %s", a.cfg.WorkerID, req.WorkerID))
+		return rep, nil
+	}
+	rep.Running = a.startDrain(req.Reason)
+	return rep, nil
+}
+
 // Beat sends a heartbeat now (e.g. once the ring is formed).
 func (a *Adapter) Beat() { a.hb.Beat() }
 
@@ -217,13 +307,13 @@ func (a *Adapter) Beat() { a.hb.Beat() }
 func (a *Adapter) info() cp.WorkerInfo {
 	st := a.cfg.Worker.Stats()
 	a.mu.Lock()
-	closing := a.closing
+	closing := a.closing || a.draining
 	a.mu.Unlock()
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindDecode, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, GroupID: a.cfg.Layout.Group, Rank: a.cfg.Rank, GroupSize: len(a.cfg.Layout.Ranks),
 		Layers:     cp.LayerRange{First: a.lo, End: a.hi},
 		QueueDepth: st.Queued, Active: st.Sequences, PrefillChunk: a.cfg.Worker.PrefillChunk(),
-		Endpoints: cp.Endpoints{Transfer: a.cfg.Advertise, Pipeline: a.cfg.Advertise},
+		Endpoints: cp.Endpoints{Transfer: a.cfg.Advertise, Pipeline: a.cfg.Advertise, Metrics: a.cfg.MetricsAddr},
 		Started:   a.started, Time: time.Now(),
 		// A rank whose ring is not formed cannot admit: it takes no jobs.
 		Draining: closing || !st.Formed,
@@ -304,6 +394,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	refuse := func(code cp.ErrorCode, format string, args ...any) (*cp.AssignReply, error) {
 		msg := fmt.Sprintf(format, args...)
 		a.log.Warn("assignment refused", zap.String("job", as.JobID), zap.String("reason", msg))
+		a.cfg.Metrics.assignment("refused")
 		rep.SetError(code, fmt.Sprintf("decode group %s (rank 0 %s): %s", a.cfg.Layout.Group, a.cfg.WorkerID, msg))
 		return rep, nil
 	}
@@ -312,9 +403,10 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
 	a.mu.Lock()
-	if a.closing {
+	if a.closing || a.draining {
 		a.mu.Unlock()
-		return refuse(cp.CodeUnavailable, "shutting down")
+		// The coordinator places the job elsewhere.
+		return refuse(cp.CodeUnavailable, "draining: it takes no new jobs")
 	}
 	// A job id is admitted once: a coordinator that took the job over
 	// after its predecessor crashed gets the job as it is here, never a
@@ -324,6 +416,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		rep.Accepted, rep.Resumed, rep.Progress = true, true, p
 		a.log.Info("assignment of a job held or ended here: resumed", zap.String("job", as.JobID),
 			zap.Bool("running", held), zap.String("stage", string(p.Stage)))
+		a.cfg.Metrics.assignment("resumed")
 		return rep, nil
 	}
 	s := a.newStream(as, req)
@@ -352,6 +445,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		return refuse(cp.CodeConflict, "cancelled while being admitted: %s", reason)
 	}
 	rep.Accepted = true
+	a.cfg.Metrics.assignment("accepted")
 	rep.ReservedBytes = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, len(req.Tokens)+as.CachedTokens+req.MaxTokens, a.cfg.LatentDType))
 	a.log.Info("job admitted", zap.String("job", as.JobID), zap.Int("tokens", len(req.Tokens)),
 		zap.Int("cached", as.CachedTokens), zap.Int("max_tokens", req.MaxTokens))

@@ -42,6 +42,7 @@ type stream struct {
 	// Owned by run.
 	count    int
 	first    time.Time
+	last     time.Time // the latest token
 	reported time.Time // the last decoding progress
 	stopped  bool      // a stop text ended the job
 	out      []int32   // the tokens published
@@ -167,7 +168,10 @@ func (s *stream) token(index int, id int32) {
 	now := time.Now()
 	if s.first.IsZero() {
 		s.first = now
+	} else {
+		s.a.cfg.Metrics.gap(now.Sub(s.last))
 	}
+	s.last = now
 	// The first token, then a sign of life every few seconds: the
 	// coordinator fails a decoding job that goes silent.
 	if now.Sub(s.reported) >= progressEvery {

@@ -51,7 +51,11 @@ type Config struct {
 	// 1 h, at most 4096 jobs), so that a coordinator taking the job over
 	// after a crash learns how it ended instead of running it again.
 	Remember time.Duration
-	Log      *zap.Logger
+	// Metrics records assignments and transfers (nil: none); MetricsAddr
+	// is the host:port of the worker's /metrics, advertised in heartbeats.
+	Metrics     *Metrics
+	MetricsAddr string
+	Log         *zap.Logger
 }
 
 // Adapter is the running control-plane mode of a prefill worker.
@@ -62,11 +66,13 @@ type Adapter struct {
 	hb      *cp.Heartbeat
 	cancel  context.CancelFunc
 
-	mu      sync.Mutex
-	jobs    map[string]*job
-	ended   *cp.Ended
-	closing bool
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	jobs     map[string]*job
+	ended    *cp.Ended
+	closing  bool
+	draining bool
+	drained  chan struct{} // closed when a drain starts
+	wg       sync.WaitGroup
 }
 
 // job is one assignment in progress.
@@ -106,7 +112,8 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, ended: cp.NewEnded(0, cfg.Remember), log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
+	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, ended: cp.NewEnded(0, cfg.Remember), drained: make(chan struct{}),
+		log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
@@ -133,8 +140,75 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), queue, a.drainRequest); err != nil {
+		cancel()
+		_ = hb.Stop(ctx)
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
 	a.log.Info("prefill worker registered", zap.String("model", cfg.ModelID))
 	return a, nil
+}
+
+// Drain stops taking jobs (the registry shows the worker draining at once,
+// and assignments that still come are refused unavailable, so coordinators
+// place their jobs elsewhere) and waits until the jobs running here end,
+// or ctx ends. Close then cancels whatever is left.
+func (a *Adapter) Drain(ctx context.Context) error {
+	a.startDrain("")
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		a.mu.Lock()
+		n := len(a.jobs)
+		a.mu.Unlock()
+		return fmt.Errorf("prefill adapter: drain: %d jobs still running: %w", n, ctx.Err())
+	}
+}
+
+// Draining is closed once a drain has started (Drain, or a coordinator's
+// DrainRequest): the process should drain and exit.
+func (a *Adapter) Draining() <-chan struct{} { return a.drained }
+
+// NotReady says why the worker takes no jobs now (nil: it takes them).
+func (a *Adapter) NotReady() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.closing:
+		return errors.New("shutting down")
+	case a.draining:
+		return errors.New("draining: it takes no new jobs")
+	}
+	return nil
+}
+
+// startDrain marks the worker draining and beats at once; it returns the
+// jobs still running.
+func (a *Adapter) startDrain(reason string) int {
+	a.mu.Lock()
+	if !a.draining {
+		a.draining = true
+		close(a.drained)
+		a.log.Info("draining: no new jobs", zap.Int("running", len(a.jobs)), zap.String("reason", reason))
+	}
+	n := len(a.jobs)
+	a.mu.Unlock()
+	a.hb.Beat()
+	return n
+}
+
+// drainRequest answers a coordinator's DrainRequest.
+func (a *Adapter) drainRequest(_ context.Context, req *cp.DrainRequest) (*cp.DrainReply, error) {
+	rep := &cp.DrainReply{WorkerID: a.cfg.WorkerID}
+	if req.WorkerID != a.cfg.WorkerID {
+		rep.SetError(cp.CodeBadRequest, fmt.Sprintf("prefill worker %s: the drain request is addressed to %s", a.cfg.WorkerID, req.WorkerID))
+		return rep, nil
+	}
+	rep.Running = a.startDrain(req.Reason)
+	return rep, nil
 }
 
 // Close stops taking assignments, cancels the jobs in progress (their
@@ -164,10 +238,10 @@ func (a *Adapter) Close(ctx context.Context) error {
 func (a *Adapter) info() cp.WorkerInfo {
 	st := a.cfg.Worker.Stats()
 	a.mu.Lock()
-	closing := a.closing
+	closing := a.closing || a.draining
 	a.mu.Unlock()
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindPrefill, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
-		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress,
+		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress, Endpoints: cp.Endpoints{Metrics: a.cfg.MetricsAddr},
 		Rates: cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor, ReadBytesPerSec: st.ReadBytesPerSec,
 			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst)},
 		Started: a.started, Time: time.Now(), Draining: closing}
@@ -184,6 +258,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	refuse := func(code cp.ErrorCode, format string, args ...any) (*cp.AssignReply, error) {
 		msg := fmt.Sprintf(format, args...)
 		a.log.Warn("assignment refused", zap.String("job", as.JobID), zap.String("reason", msg))
+		a.cfg.Metrics.assignment("refused")
 		rep.SetError(code, fmt.Sprintf("prefill worker %s: %s", a.cfg.WorkerID, msg))
 		return rep, nil
 	}
@@ -197,8 +272,9 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closing {
-		return refuse(cp.CodeUnavailable, "shutting down")
+	if a.closing || a.draining {
+		// The coordinator places the job elsewhere.
+		return refuse(cp.CodeUnavailable, "draining: it takes no new jobs")
 	}
 	// A job id is admitted once: a coordinator that took the job over
 	// after its predecessor crashed gets the job as it is here, never a
@@ -207,6 +283,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		rep.Accepted, rep.Resumed, rep.Progress = true, true, p
 		a.log.Info("assignment of a job held or ended here: resumed", zap.String("job", as.JobID),
 			zap.Bool("running", held), zap.String("stage", string(p.Stage)))
+		a.cfg.Metrics.assignment("resumed")
 		return rep, nil
 	}
 	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Job: as.JobID, Session: session, Secret: secret,
@@ -226,6 +303,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	a.wg.Add(1)
 	go a.wait(j)
 	rep.Accepted = true
+	a.cfg.Metrics.assignment("accepted")
 	a.log.Info("job assigned", zap.String("job", as.JobID), zap.Int("tokens", j.tokens), zap.Int("ranks", len(as.Placement)))
 	return rep, nil
 }
@@ -305,6 +383,7 @@ func (a *Adapter) wait(j *job) {
 	a.mu.Unlock()
 
 	st := j.sender.Stats()
+	a.cfg.Metrics.transfer(st)
 	p := &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Time: now, Tokens: res.Tokens,
 		Bytes: uint64(max(st.BytesSent, 0)), Elapsed: res.Prefill}
 	j.mu.Lock()

@@ -62,6 +62,9 @@ type Progress struct {
 	Bytes               int64
 	ReadGBps            float64 // bytes read / time since the pass started
 	Elapsed, ETA        time.Duration
+	// LayerCompute is the time this layer took to bind and run (not
+	// counting the wait for its weights or the hand-over of its states).
+	LayerCompute time.Duration
 }
 
 // Stats are a pass's figures.
@@ -201,7 +204,8 @@ func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 			be.Release(w)
 		}
 		slot.Release()
-		st.Compute += time.Since(t1)
+		layerCompute := time.Since(t1)
+		st.Compute += layerCompute
 		if err != nil {
 			return st, e.failAll(r.seqs, fmt.Errorf("pass %d: layer %d: %w", opt.Pass, L, err))
 		}
@@ -215,7 +219,7 @@ func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 		el := time.Since(start)
 		pr := Progress{Pass: opt.Pass, Layer: L + 1, Layers: cfg.NumLayers, Tokens: r.b.Rows(), Bytes: ps.Bytes,
 			ReadGBps: float64(ps.Bytes) / el.Seconds() / 1e9, Elapsed: el,
-			ETA: time.Duration(float64(el) / float64(L+1) * float64(cfg.NumLayers-L-1))}
+			ETA: time.Duration(float64(el) / float64(L+1) * float64(cfg.NumLayers-L-1)), LayerCompute: layerCompute}
 		if opt.Progress != nil {
 			opt.Progress(pr)
 		}

@@ -41,6 +41,9 @@ type Config struct {
 	// OnPass, if set, is called after every pass, before the pass's jobs
 	// finish (so a job's Wait returning means its passes were reported).
 	OnPass func(PassReport)
+	// OnLayer, if set, is called after every layer of a pass, from the
+	// pass's goroutine (it must be quick).
+	OnLayer func(executor.Progress)
 }
 
 // PassReport describes a finished pass.
@@ -416,6 +419,9 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 	s.mu.Unlock()
 
 	progress := func(p executor.Progress) {
+		if s.cfg.OnLayer != nil {
+			s.cfg.OnLayer(p)
+		}
 		for i, sq := range seqs {
 			if f := jobs[i].spec.Progress; f != nil && sq.Err == nil {
 				pc := plan.Pieces[i]

@@ -63,8 +63,10 @@ type Config struct {
 	// this model and LatentDType): jobs resume from the longest stored
 	// prefix of their tokens and leave their state there (see withStore).
 	Store *prefixstore.Store
-	// OnPass, if set, is called after every pass.
-	OnPass func(scheduler.PassReport)
+	// OnPass, if set, is called after every pass; OnLayer after every
+	// layer of a pass, from the pass's goroutine (it must be quick).
+	OnPass  func(scheduler.PassReport)
+	OnLayer func(executor.Progress)
 }
 
 // Worker serves prefill jobs.
@@ -180,7 +182,7 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{cfg: cfg, exec: exec, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1),
 		cost: costmodel.New(&mc.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
 	w.sched = scheduler.New(scheduler.Config{Exec: exec, Costs: costs, Budget: cfg.Budget, Depth: p.Depth, MaxTile: cfg.MaxTile,
-		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: w.onPass})
+		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: w.onPass, OnLayer: cfg.OnLayer})
 	cfg.Log.Info("prefill worker ready", zap.String("model", cfg.Model), zap.Int("layers", mc.NumLayers),
 		zap.String("layer_bytes", humanBytes(lay.TensorBytes)), zap.String("budget", humanBytes(cfg.Budget)),
 		zap.Int("depth", p.Depth), zap.String("ring", humanBytes(p.Mem.Ring)), zap.String("io", st.IOName()),
