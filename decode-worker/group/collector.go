@@ -88,3 +88,16 @@ func (c *Collector) Wait(ctx context.Context, seq string) ([]int32, pipeline.Res
 	}
 	return slices.Clone(s.tokens), s.res, s.bad
 }
+
+// Done reports whether the sequence has ended.
+func (c *Collector) Done(seq string) bool {
+	c.mu.Lock()
+	s := c.get(seq)
+	c.mu.Unlock()
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}

@@ -25,6 +25,11 @@ const (
 	KindReset                   // a rank lost a link (Reason): drop everything; passed on in the direction it travels
 
 	kindCont // continuation frame of a split message
+
+	// KindCancel: the head is cancelling Seq. Each rank's reader acts on it
+	// as it arrives (Config.Early), before the messages queued ahead of it,
+	// and passes it on; the Release follows in order.
+	KindCancel
 )
 
 func (k Kind) String() string {
@@ -49,6 +54,8 @@ func (k Kind) String() string {
 		return "reset"
 	case kindCont:
 		return "cont"
+	case KindCancel:
+		return "cancel"
 	}
 	return "kind?"
 }

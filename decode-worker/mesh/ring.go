@@ -51,7 +51,12 @@ type Config struct {
 	// message's (default 1 GiB).
 	MaxFrame   int
 	MaxMessage int64
-	Log        *zap.Logger
+	// Early, when set, sees each message from the previous rank on the
+	// link's reader as it arrives, before it is queued behind those not yet
+	// taken from Events (which still delivers it): what must act while the
+	// rank is busy, such as a cancellation, acts there. It must not block.
+	Early func(*Msg)
+	Log   *zap.Logger
 }
 
 // ChannelID is the id under which rank r accepts its previous rank.
@@ -227,6 +232,9 @@ func (r *Ring) acceptLoop() {
 		gen := r.nextGen()
 		var l *link
 		l = newLink(ch, Upstream, gen, &r.cfg, func(m *Msg) bool {
+			if r.cfg.Early != nil {
+				r.cfg.Early(m)
+			}
 			return r.emit(Event{Msg: m, Dir: Upstream, Gen: gen})
 		})
 		r.mu.Lock()

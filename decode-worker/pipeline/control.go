@@ -146,8 +146,12 @@ func (w *Worker) forward(m *mesh.Msg) {
 }
 
 func (w *Worker) onMsg(m *mesh.Msg) {
-	if m.Kind == mesh.KindForm {
+	switch m.Kind {
+	case mesh.KindForm:
 		w.onForm(m)
+		return
+	case mesh.KindCancel: // of no epoch: the head sends it from outside its loop
+		w.onCancelMsg(m)
 		return
 	}
 	if m.Epoch != w.epoch {
@@ -364,6 +368,7 @@ func (w *Worker) free(s *seq) {
 	w.table.Free(s.id)
 	if w.seqs[s.id] == s {
 		delete(w.seqs, s.id)
+		w.cancels.remove(s.id)
 	}
 	w.unschedule(s)
 }

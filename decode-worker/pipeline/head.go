@@ -55,33 +55,47 @@ func (w *Worker) Submit(ctx context.Context, req Request) error {
 }
 
 // Cancel ends a sequence: its sink gets ReasonCancelled and every rank frees
-// its state. It fails for a sequence the head does not hold.
+// its state. It fails for a sequence the head does not hold. A step in
+// progress drops the sequence between two calls of a layer (cancel.go), on
+// whichever rank computes it; the cancellation goes on when ctx ends first.
 func (w *Worker) Cancel(ctx context.Context, id string) error {
 	if !w.head {
 		return fmt.Errorf("decode group: cancel on rank 0 (the head); this is rank %d", w.cfg.Rank)
 	}
+	w.announceCancel(id)
 	errc := make(chan error, 1)
-	if err := w.do(ctx, func() {
-		s := w.seqs[id]
-		switch {
-		case s == nil:
-			errc <- fmt.Errorf("decode group: no sequence %q", id)
-		case s.admitting:
-			s.cancelled = true
-			errc <- nil
-		default:
-			w.end(s, Result{Reason: ReasonCancelled})
-			errc <- nil
+	go func() {
+		// On the worker's context, not the caller's: once announced, the
+		// ranks drop the sequence from their steps, so it must end.
+		if err := w.do(w.ctx, func() { errc <- w.cancelOnLoop(id) }); err != nil {
+			errc <- err
 		}
-	}); err != nil {
-		return err
-	}
+	}()
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// cancelOnLoop is Cancel's part on the loop.
+func (w *Worker) cancelOnLoop(id string) error {
+	s := w.seqs[id]
+	switch {
+	case s == nil:
+		if _, ok := w.cancelEnded[id]; ok {
+			delete(w.cancelEnded, id) // a step dropped it and ended it already
+			return nil
+		}
+		w.cancels.remove(id)
+		return fmt.Errorf("decode group: no sequence %q", id)
+	case s.admitting:
+		s.cancelled = true
+	default:
+		w.end(s, Result{Reason: ReasonCancelled})
+	}
+	return nil
 }
 
 // headAdmit starts an admission on the loop.

@@ -142,16 +142,29 @@ func (w *Worker) launchPrefill() {
 }
 
 // launch runs a step through rank 0's layers and sends it on (or, in a
-// group of one, runs it to the end).
+// group of one, runs it to the end). Sequences being cancelled do not
+// start it, and leave it between two calls of a layer if their cancel
+// comes while it computes: the head ends them at once, as cancelled.
 func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
+	if rows == nil {
+		rows = make([]int, len(ss))
+	}
+	for i := 0; i < len(ss); {
+		if s := ss[i]; w.cancels.has(s.id) {
+			w.endDropped(s)
+			ss, rows = slices.Delete(ss, i, i+1), slices.Delete(rows, i, i+1)
+			continue
+		}
+		i++
+	}
+	if len(ss) == 0 {
+		return
+	}
 	id := w.nextStep
 	w.nextStep++
 	states := make([]*model.SeqState, len(ss))
 	toks := make([][]int32, len(ss))
 	pos := make([]int32, len(ss))
-	if rows == nil {
-		rows = make([]int, len(ss))
-	}
 	for i, s := range ss {
 		states[i], pos[i] = s.e.State, int32(s.e.State.Tokens)
 		if phase == model.PhasePrefill {
@@ -166,8 +179,9 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	}
 	t0 := time.Now()
 	b, err := w.m.NewBatch(states, toks)
+	var keep []bool
 	if err == nil {
-		err = w.m.ForwardLayers(w.ctx, 0, w.hi, b, phase)
+		keep, err = w.runLayers(b, ids(ss), phase)
 	}
 	if err != nil {
 		if k >= 0 {
@@ -182,6 +196,19 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		return
 	}
 	b.Advance()
+	for i := len(ss) - 1; i >= 0; i-- {
+		if !keep[i] {
+			w.endDropped(ss[i])
+			ss, rows, pos = slices.Delete(ss, i, i+1), slices.Delete(rows, i, i+1), slices.Delete(pos, i, i+1)
+		}
+	}
+	if len(ss) == 0 {
+		if k >= 0 {
+			w.slots[k].inflight = false
+		}
+		w.stepDone(id, phase, 0, 0, time.Since(t0))
+		return
+	}
 	if phase == model.PhasePrefill {
 		for i, s := range ss {
 			if s.pend != nil {
@@ -213,4 +240,15 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
 		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Trace: tr}
 	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: st}, payload)
+}
+
+// endDropped ends, as cancelled, a sequence the head dropped from a step
+// (or kept from starting one) because it is being cancelled; Cancel's own
+// turn on the loop then finds it ended (cancelEnded).
+func (w *Worker) endDropped(s *seq) {
+	if w.seqs[s.id] != s {
+		return
+	}
+	w.cancelEnded[s.id] = struct{}{}
+	w.end(s, Result{Reason: ReasonCancelled})
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -48,11 +49,24 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		fail(fmt.Errorf("activations of width %d with %d blocks; layer %d takes width %d with %d", st.Cols, st.Stack, w.lo, w.m.Cfg.HiddenSize, w.m.Cfg.StackLenBefore(w.lo)))
 		return
 	}
-	ss := make([]*seq, len(st.Seqs))
-	states := make([]*model.SeqState, len(st.Seqs))
-	spans := make([]kernels.Span, len(st.Seqs))
+	// Sequences being cancelled leave the step before it runs: a rank that
+	// dropped one from an earlier step holds a torn state for it.
+	ss := make([]*seq, 0, len(st.Seqs))
+	states := make([]*model.SeqState, 0, len(st.Seqs))
+	spans := make([]kernels.Span, 0, len(st.Seqs))
+	var skip []kernels.Span // the skipped sequences' rows in the payload
 	rows := 0
 	for i, id := range st.Seqs {
+		n := int(st.Rows[i])
+		switch {
+		case n < 1 || phase == model.PhaseDecode && n != 1:
+			fail(fmt.Errorf("sequence %q has %d rows in a %s step", id, st.Rows[i], phaseName(phase)))
+			return
+		case w.cancels.has(id):
+			skip = append(skip, kernels.Span{Lo: rows, Hi: rows + n})
+			rows += n
+			continue
+		}
 		s := w.seqs[id]
 		switch {
 		case s == nil || s.e.State == nil:
@@ -61,13 +75,10 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		case int(st.Pos[i]) != s.e.State.Tokens:
 			fail(fmt.Errorf("sequence %q is at token %d here, the step is for token %d", id, s.e.State.Tokens, st.Pos[i]))
 			return
-		case st.Rows[i] < 1 || phase == model.PhaseDecode && st.Rows[i] != 1:
-			fail(fmt.Errorf("sequence %q has %d rows in a %s step", id, st.Rows[i], phaseName(phase)))
-			return
 		}
-		ss[i], states[i] = s, s.e.State
-		spans[i] = kernels.Span{Lo: rows, Hi: rows + int(st.Rows[i])}
-		rows += int(st.Rows[i])
+		ss, states = append(ss, s), append(states, s.e.State)
+		spans = append(spans, kernels.Span{Lo: rows, Hi: rows + n})
+		rows += n
 	}
 	t0 := time.Now()
 	ts, err := mesh.DecodeTensors(w.m.Backend, m.Payload, 1+st.Stack, rows, st.Cols)
@@ -82,8 +93,43 @@ func (w *Worker) onStep(m *mesh.Msg) {
 
 	t1 := time.Now()
 	b := &model.Batch{Seqs: states, Spans: spans, Partial: ts[0], Stack: ts[1:]}
-	if err := w.m.ForwardLayers(w.ctx, w.lo, w.hi, b, phase); err != nil {
-		fail(err)
+	if len(skip) > 0 {
+		// Lay the skipped rows out as sequences of their own and drop them.
+		all := &model.Batch{Partial: b.Partial, Stack: b.Stack}
+		var drop []int
+		for i, j := 0, 0; i < len(spans) || j < len(skip); {
+			if j < len(skip) && (i == len(spans) || skip[j].Lo < spans[i].Lo) {
+				drop = append(drop, len(all.Spans))
+				all.Seqs, all.Spans = append(all.Seqs, nil), append(all.Spans, skip[j])
+				j++
+				continue
+			}
+			all.Seqs, all.Spans = append(all.Seqs, states[i]), append(all.Spans, spans[i])
+			i++
+		}
+		for k := len(drop) - 1; k >= 0; k-- {
+			w.m.DropSeq(all, drop[k])
+		}
+		b = all
+	}
+	var keep []bool
+	if len(ss) > 0 {
+		keep, err = w.runLayers(b, ids(ss), phase)
+		if err != nil {
+			fail(err)
+			return
+		}
+	}
+	for i := len(ss) - 1; i >= 0; i-- {
+		if !keep[i] {
+			ss = slices.Delete(ss, i, i+1) // torn here: never stepped again, its Release follows
+		}
+	}
+	if len(ss) == 0 {
+		// Nothing is left to pass on: the head's step ends here, with no
+		// results (it ended the sequences as cancelled).
+		w.stepDone(st.ID, phase, 0, 0, time.Since(t1))
+		w.send(&mesh.Header{Kind: mesh.KindTokens, Epoch: w.epoch, Tokens: &mesh.Tokens{Step: st.ID, Trace: tr}}, nil)
 		return
 	}
 	b.Advance()
@@ -120,6 +166,14 @@ func (w *Worker) onStep(m *mesh.Msg) {
 	tr.Mesh[w.cfg.Rank] += int64(time.Since(t2))
 	next := *st
 	next.Stack, next.Trace = len(b.Stack), tr
+	if len(ss) < len(st.Seqs) {
+		next.Seqs, next.Pos, next.Rows = nil, nil, nil
+		for i, id := range st.Seqs {
+			if slices.ContainsFunc(ss, func(s *seq) bool { return s.id == id }) {
+				next.Seqs, next.Pos, next.Rows = append(next.Seqs, id), append(next.Pos, st.Pos[i]), append(next.Rows, st.Rows[i])
+			}
+		}
+	}
 	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: &next}, payload)
 }
 

@@ -61,6 +61,11 @@ type Config struct {
 	PrefillChunk int
 	// Heartbeat and Idle bound how fast a dead link is noticed (mesh.Config).
 	Heartbeat, Idle time.Duration
+	// CallFLOPs bounds the work of one call of a layer in a prefill step
+	// (the cost model's count; default model.DefaultCallFLOPs): a long
+	// prompt's layer runs in several calls, between which a cancelled
+	// sequence leaves the step (cancel.go).
+	CallFLOPs float64
 	// StepTimeout bounds a step's round trip; when it passes the head resets
 	// the group (default 5 min).
 	StepTimeout time.Duration
@@ -129,6 +134,10 @@ type Worker struct {
 	lastLog    time.Time
 	logged     counters
 
+	cancels     cancelSet           // sequences being cancelled, for steps in progress (cancel.go)
+	onCall      onCallHook          // tests: after each call of a prefill step's layer
+	cancelEnded map[string]struct{} // head: sequences ended by a step that dropped them, until their Cancel returns
+
 	mu       sync.Mutex
 	snap     Stats
 	formedCh chan struct{} // closed while the ring is formed
@@ -169,6 +178,9 @@ func Start(cfg Config) (*Worker, error) {
 	case cfg.PrefillChunk > 0 && cfg.PrefillChunk%model.KDAChunk != 0:
 		return nil, fmt.Errorf("pipeline: prefill chunk %d is not a multiple of %d", cfg.PrefillChunk, model.KDAChunk)
 	}
+	if !(cfg.CallFLOPs > 0) {
+		cfg.CallFLOPs = model.DefaultCallFLOPs
+	}
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 5 * time.Minute
 	}
@@ -191,7 +203,8 @@ func Start(cfg Config) (*Worker, error) {
 		log:   cfg.Log.With(zap.String("group", l.Group), zap.Int("rank", cfg.Rank)),
 		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
 		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
-		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now()}
+		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now(),
+		cancelEnded: map[string]struct{}{}}
 	for range w.maxSteps {
 		w.slots = append(w.slots, &slot{})
 	}
@@ -206,7 +219,7 @@ func Start(cfg Config) (*Worker, error) {
 	if w.n > 1 {
 		r, err := mesh.Start(mesh.Config{Group: l.Group, Rank: cfg.Rank, Ranks: w.n, Server: cfg.Server,
 			Next: l.Ranks[(cfg.Rank+1)%w.n].Endpoint, Secret: cfg.Secret, Transport: cfg.Transport,
-			Timeouts: cfg.Timeouts, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, Log: w.log})
+			Timeouts: cfg.Timeouts, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, Early: w.early, Log: w.log})
 		if err != nil {
 			w.cancel()
 			return nil, err

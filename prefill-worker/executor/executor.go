@@ -306,24 +306,8 @@ func (r *run) drop(i int, err error, extra ...*kernels.Tensor) {
 	if s.Out != nil {
 		s.Out.Abort(err)
 	}
-	sp := r.b.Spans[i]
-	d := r.e.Model.Cfg.HiddenSize
-	be := r.e.Model.Backend
-	squeeze := func(t *kernels.Tensor) {
-		be.CopyBlock(t, sp.Lo, 0, t, sp.Hi, 0, t.Rows-sp.Hi, d)
-		t.Truncate(t.Rows - sp.Len())
-	}
-	squeeze(r.b.Partial)
-	for _, t := range r.b.Stack {
-		squeeze(t)
-	}
-	for _, t := range extra {
-		if t != nil {
-			squeeze(t)
-		}
-	}
+	r.e.Model.DropSeq(r.b, i, extra...)
 	r.seqs = append(r.seqs[:i], r.seqs[i+1:]...)
-	r.relayout()
 	r.e.log().Info("job dropped from the pass", zap.String("job", s.ID), zap.Error(err))
 }
 
@@ -381,80 +365,33 @@ func (r *run) emit(L int, timeout time.Duration) {
 // leaves at the next call: between calls, cancelled sequences are dropped
 // with this layer's partial work (their rows leave the batch; their state
 // goes with them), and the others go on. The calls compute exactly what
-// one call over the batch does (planner.NextTile).
+// one call over the batch does (model.RunLayerInCalls).
 func (r *run) runLayer(ctx context.Context, l *model.Layer) error {
 	m := r.e.Model
-	rows := r.b.Rows()
-	// Calls are row views (kernels.RowsViewer on a device); a device
-	// tensor that cannot address rows runs whole.
-	if _, devView := r.b.Partial.Dev.(kernels.RowsViewer); r.b.Partial.Data == nil && !devView {
-		r.calls++
-		return m.RunLayer(ctx, l, r.b, model.PhasePrefill)
-	}
 	budget := r.e.TileFLOPs
 	if budget <= 0 {
 		budget = DefaultTileFLOPs
 	}
 	cfg := &m.Cfg.Config
-	cost := func(_, lo, hi int) float64 { return costmodel.LayerFLOPs(cfg, l.Index, lo, hi).Total() }
-	d := m.Cfg.HiddenSize
-	blockStart := m.Cfg.IsBlockStart(l.Index)
-	var next *kernels.Tensor // the new partial sum at a block start
-	if blockStart {
-		next = m.Backend.NewTensor(rows, d)
-	}
-	for from := 0; from < r.b.Rows(); {
-		if from > 0 {
-			from = r.dropCancelledWithin(l.Index, from, next)
-			if from >= r.b.Rows() {
-				break
+	n, err := m.RunLayerInCalls(ctx, l, r.b, model.PhasePrefill, model.Calls{
+		Tile:    r.tile,
+		Budget:  budget,
+		Cost:    func(L, lo, hi int) float64 { return costmodel.LayerFLOPs(cfg, L, lo, hi).Total() },
+		Between: r.dropCancelledWithin,
+		After: func(L, lo, hi int) {
+			if r.e.onCall != nil {
+				r.e.onCall(L, planner.Range{Lo: lo, Hi: hi})
 			}
-		}
-		lens, starts := make([]int, len(r.b.Spans)), make([]int, len(r.b.Spans))
-		for i, sp := range r.b.Spans {
-			lens[i], starts[i] = sp.Len(), r.seqs[i].State.Tokens
-		}
-		tl := planner.NextTile(lens, starts, from, r.tile, budget, cost)
-		if from == 0 && tl.Hi == r.b.Rows() {
-			r.calls++
-			return m.RunLayer(ctx, l, r.b, model.PhasePrefill) // one call: the whole batch
-		}
-		sub := &model.Batch{Partial: r.b.Partial.RowsView(tl.Lo, tl.Hi), Stack: make([]*kernels.Tensor, len(r.b.Stack))}
-		for j, t := range r.b.Stack {
-			sub.Stack[j] = t.RowsView(tl.Lo, tl.Hi)
-		}
-		for i, sp := range r.b.Spans {
-			lo, hi := max(sp.Lo, tl.Lo), min(sp.Hi, tl.Hi)
-			if lo < hi {
-				sub.Seqs = append(sub.Seqs, r.b.Seqs[i])
-				sub.Spans = append(sub.Spans, kernels.Span{Lo: lo - tl.Lo, Hi: hi - tl.Lo})
-			}
-		}
-		r.calls++
-		if err := m.RunLayer(ctx, l, sub, model.PhasePrefill); err != nil {
-			return err
-		}
-		if blockStart {
-			m.Backend.CopyBlock(next, tl.Lo, 0, sub.Partial, 0, 0, tl.Hi-tl.Lo, d)
-			m.Backend.Free(sub.Partial)
-		}
-		// Elsewhere the call's partial sum was updated in place in the view.
-		if r.e.onCall != nil {
-			r.e.onCall(l.Index, tl)
-		}
-		from = tl.Hi
-	}
-	if blockStart {
-		r.b.Stack = append(r.b.Stack, r.b.Partial)
-		r.b.Partial = next
-	}
-	return nil
+		},
+	})
+	r.calls += n
+	return err
 }
 
 // DefaultTileFLOPs bounds one layer call's work (Executor.TileFLOPs): about
 // 0.05-0.15 s of the CPU backend on one core, so that a cancelled job leaves
 // a layer well within a second.
-const DefaultTileFLOPs = 1e9
+const DefaultTileFLOPs = model.DefaultCallFLOPs
 
 // dropCancelledWithin drops, between two calls of layer L, the sequences
 // whose job context is done: their rows leave the batch (the partial sum,
