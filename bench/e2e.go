@@ -134,15 +134,94 @@ type e2ePolicy struct {
 	PredRatioP50 float64      `json:"ttft_pred_ratio_p50"`
 	PredRatioP90 float64      `json:"ttft_pred_ratio_p90"`
 	PredJobs     []e2ePredJob `json:"pred_jobs,omitempty"`
+	// PartResiduals sets the measured parts of those jobs' TTFT against
+	// the router's predicted parts, part by part: where the model is wrong.
+	PartResiduals []e2ePartResidual `json:"part_residuals,omitempty"`
 }
 
-// e2ePredJob is one job's predicted and measured TTFT.
+// e2ePartResidual is one part of the TTFT over the jobs whose route
+// carried predicted parts: the sums predicted and measured, and the median
+// and the largest of measured less predicted per job.
+type e2ePartResidual struct {
+	Part        string  `json:"part"`
+	Jobs        int     `json:"jobs"`
+	PredictedS  float64 `json:"predicted_s"`
+	MeasuredS   float64 `json:"measured_s"`
+	ResidualP50 float64 `json:"residual_p50_s"`
+	ResidualMax float64 `json:"residual_max_s"` // the largest in size, with its sign
+}
+
+// e2ePredJob is one job's predicted and measured TTFT, and its parts.
 type e2ePredJob struct {
-	Prompt     int     `json:"prompt_tokens"`
-	Target     string  `json:"target"`
-	PredictedS float64 `json:"predicted_ttft_s"`
-	MeasuredS  float64 `json:"measured_ttft_s"`
-	Ratio      float64 `json:"measured_over_predicted"`
+	Prompt     int       `json:"prompt_tokens"`
+	Target     string    `json:"target"`
+	PredictedS float64   `json:"predicted_ttft_s"`
+	MeasuredS  float64   `json:"measured_ttft_s"`
+	Ratio      float64   `json:"measured_over_predicted"`
+	Parts      []e2ePart `json:"parts,omitempty"`
+}
+
+// e2ePart is one part of a job's TTFT, predicted and measured.
+type e2ePart struct {
+	Part       string  `json:"part"`
+	PredictedS float64 `json:"predicted_s"`
+	MeasuredS  float64 `json:"measured_s"`
+}
+
+// ttftParts sets a job's measured TTFT of took apart against the router's
+// predicted parts, as far as the coordinator's timing marks tell them
+// apart. Remote: queue (submission to the weight pass's start, against the
+// wait for the running pass and the control plane's latency), pass (the
+// prefill worker's pass), transfer tail (pass end to the state committed)
+// and first step (the rest: the decode group's first step and the hops to
+// the client). Local: queue (submission to the decode group's start, the
+// rest of the TTFT), and prefill (the group's prefill and first step, one
+// figure in the timing). None without predicted parts or timing.
+func ttftParts(rt *cp.RouteDecision, t *cp.Timing, took time.Duration) []e2ePart {
+	if rt == nil || rt.Parts == nil || t == nil {
+		return nil
+	}
+	p := rt.Parts
+	part := func(name string, pred, got time.Duration) e2ePart {
+		return e2ePart{Part: name, PredictedS: pred.Seconds(), MeasuredS: got.Seconds()}
+	}
+	if rt.Target == cp.TargetRemote {
+		queue := t.Queue + t.PassWait
+		first := max(0, took-queue-t.Prefill-t.TransferTail)
+		return []e2ePart{part("queue", p.QueueWait+p.Overhead, queue), part("pass", p.Pass, t.Prefill),
+			part("transfer_tail", p.TransferTail, t.TransferTail), part("first_step", p.FirstStep, first)}
+	}
+	return []e2ePart{part("queue", p.QueueWait+p.Overhead, max(0, took-t.Prefill)), part("prefill", p.Prefill+p.FirstStep, t.Prefill)}
+}
+
+// partResiduals sums each part over the jobs.
+func partResiduals(jobs []e2ePredJob) []e2ePartResidual {
+	var out []e2ePartResidual
+	res := map[string][]float64{}
+	at := map[string]int{}
+	for _, j := range jobs {
+		for _, p := range j.Parts {
+			i, ok := at[p.Part]
+			if !ok {
+				i = len(out)
+				at[p.Part] = i
+				out = append(out, e2ePartResidual{Part: p.Part})
+			}
+			r := &out[i]
+			r.Jobs++
+			r.PredictedS += p.PredictedS
+			r.MeasuredS += p.MeasuredS
+			d := p.MeasuredS - p.PredictedS
+			if math.Abs(d) > math.Abs(r.ResidualMax) {
+				r.ResidualMax = d
+			}
+			res[p.Part] = append(res[p.Part], d)
+		}
+	}
+	for i := range out {
+		out[i].ResidualP50 = sim.Percentile(res[out[i].Part], 50)
+	}
+	return out
 }
 
 // predRatios sets each completed job's measured TTFT against the router's
@@ -162,13 +241,15 @@ func predRatios(pol *e2ePolicy, ms []measured) {
 			continue // a rate was not measured yet: no prediction
 		}
 		got := m.FirstToken.Sub(m.Submitted)
-		j := e2ePredJob{Prompt: m.Job.Prompt, Target: string(rt.Target), PredictedS: pred.Seconds(), MeasuredS: got.Seconds(), Ratio: got.Seconds() / pred.Seconds()}
+		j := e2ePredJob{Prompt: m.Job.Prompt, Target: string(rt.Target), PredictedS: pred.Seconds(), MeasuredS: got.Seconds(), Ratio: got.Seconds() / pred.Seconds(),
+			Parts: ttftParts(rt, m.Final.Timing, got)}
 		pol.PredJobs = append(pol.PredJobs, j)
 		rs = append(rs, j.Ratio)
 	}
 	if len(rs) > 0 {
 		pol.PredRatioP10, pol.PredRatioP50, pol.PredRatioP90 = sim.Percentile(rs, 10), sim.Percentile(rs, 50), sim.Percentile(rs, 90)
 	}
+	pol.PartResiduals = partResiduals(pol.PredJobs)
 }
 
 // e2eRun is one policy's replay, kept for the report.

@@ -82,7 +82,19 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 		rt.Add(string(r.policy), fmt.Sprintf("%.2f", x.PredRatioP10), fmt.Sprintf("%.2f", x.PredRatioP50), fmt.Sprintf("%.2f", x.PredRatioP90), strings.Join(js, "; "))
 	}
 	rt.Notes = []string{"The prediction is the coordinator's own, made when it routed the job (the routed event), from the workers' fitted cost-model terms at that moment; measured is the client's TTFT, submission sent to first token received."}
+	pr := &report.Table{Title: "The router's predicted parts against the measured ones (sums over the jobs above)",
+		Header: []string{"policy", "part", "jobs", "predicted", "measured", "measured - predicted, median per job", "largest"}}
+	for _, r := range runs {
+		for _, x := range out.Policies[string(r.policy)].PartResiduals {
+			pr.Add(string(r.policy), x.Part, fmt.Sprint(x.Jobs), report.Duration(x.PredictedS), report.Duration(x.MeasuredS),
+				fmt.Sprintf("%+.3f s", x.ResidualP50), fmt.Sprintf("%+.3f s", x.ResidualMax))
+		}
+	}
+	pr.Notes = []string{"Remote: queue is submission to the weight pass's start (predicted: the running pass's rest and the control plane's latency), pass the prefill worker's pass, transfer tail its end to the state committed on every rank, first step the rest of the TTFT. Local: queue is the TTFT less the group's prefill (the control plane), prefill the group's prefill and first step."}
 	tables := []*report.Table{pt, ct, bt, rt}
+	if len(pr.Rows) > 0 {
+		tables = append(tables, pr)
+	}
 	if len(out.Probes) > 0 {
 		t := &report.Table{Title: "Probes of the idle system before each replay",
 			Header: []string{"before", "round", "control plane local", "remote", "prefill worker's passes", "decode group's prefill", "decode step"}}

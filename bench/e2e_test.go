@@ -269,6 +269,32 @@ func TestPredRatiosAndLadder(t *testing.T) {
 	if pol.PredRatioP50 != 1 || !(pol.PredRatioP10 >= 0.8 && pol.PredRatioP10 < 1) || !(pol.PredRatioP90 > 1 && pol.PredRatioP90 <= 1.25) {
 		t.Fatalf("p10 %v p50 %v p90 %v", pol.PredRatioP10, pol.PredRatioP50, pol.PredRatioP90)
 	}
+	// Parts: a remote job whose pass took 1.5 s against 1 s predicted, the
+	// rest as predicted; a local one whose prefill ran as predicted and
+	// whose control plane took 0.3 s against 0.1 s.
+	rj := job(2048, cp.TargetRemote, 0, 2*time.Second, 2500*time.Millisecond)
+	rj.Final.Route.PrefillWorker = "pf"
+	rj.Final.Route.Parts = &cp.PredictedParts{QueueWait: 100 * time.Millisecond, Pass: time.Second, TransferTail: 200 * time.Millisecond, FirstStep: 700 * time.Millisecond}
+	rj.Final.Timing = &cp.Timing{Queue: 40 * time.Millisecond, PassWait: 60 * time.Millisecond, Prefill: 1500 * time.Millisecond, TransferTail: 200 * time.Millisecond}
+	lj := job(64, cp.TargetLocal, 800*time.Millisecond, 0, time.Second)
+	lj.Final.Route.Parts = &cp.PredictedParts{Prefill: 600 * time.Millisecond, FirstStep: 100 * time.Millisecond, Overhead: 100 * time.Millisecond}
+	lj.Final.Timing = &cp.Timing{Prefill: 700 * time.Millisecond}
+	var parts e2ePolicy
+	predRatios(&parts, []measured{rj, lj, job(64, cp.TargetLocal, time.Second, 0, time.Second)})
+	want := map[string][2]float64{"queue": {0.2, 0.4}, "pass": {1, 1.5}, "transfer_tail": {0.2, 0.2}, "first_step": {0.7, 0.7}, "prefill": {0.7, 0.7}}
+	if len(parts.PredJobs) != 3 || len(parts.PredJobs[0].Parts) != 4 || len(parts.PredJobs[1].Parts) != 2 || parts.PredJobs[2].Parts != nil || len(parts.PartResiduals) != len(want) {
+		t.Fatalf("parts: %+v, residuals %+v", parts.PredJobs, parts.PartResiduals)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	for _, r := range parts.PartResiduals {
+		w := want[r.Part]
+		if !near(r.PredictedS, w[0]) || !near(r.MeasuredS, w[1]) {
+			t.Errorf("part %s: predicted %v measured %v, want %v", r.Part, r.PredictedS, r.MeasuredS, w)
+		}
+	}
+	if r := parts.PartResiduals[1]; r.Part != "pass" || r.Jobs != 1 || !near(r.ResidualP50, 0.5) || !near(r.ResidualMax, 0.5) {
+		t.Errorf("the pass's residual: %+v", r)
+	}
 	jobs, name, err := ladderJobs("64, 1024,16384")
 	if err != nil || len(jobs) != 3 || jobs[2].Prompt != 16384 || !strings.Contains(name, "each alone") {
 		t.Fatalf("ladder %v %q %v", jobs, name, err)

@@ -58,6 +58,24 @@ type RouteDecision struct {
 	// in its prefix cache, which the local prediction priced as not to be
 	// prefilled.
 	CachedTokens int `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
+	// Parts is the chosen path's prediction in parts (absent where it was
+	// not measured): what a measured Timing is set against, part by part,
+	// to see where the cost model is wrong.
+	Parts *PredictedParts `msgpack:"parts,omitempty" json:"parts,omitempty"`
+}
+
+// PredictedParts are the parts of a predicted time to first token: the
+// wait in front of the job (the running weight pass, or the decode group's
+// queue), the weight pass that carries it (remote) or the group's own
+// prefill (local), the state still in flight after the pass (remote), the
+// first decode step, and the control plane's own latency on the path.
+type PredictedParts struct {
+	QueueWait    time.Duration `msgpack:"queue_wait_ns,omitempty" json:"queue_wait_ns,omitempty"`
+	Pass         time.Duration `msgpack:"pass_ns,omitempty" json:"pass_ns,omitempty"`
+	Prefill      time.Duration `msgpack:"prefill_ns,omitempty" json:"prefill_ns,omitempty"`
+	TransferTail time.Duration `msgpack:"transfer_tail_ns,omitempty" json:"transfer_tail_ns,omitempty"`
+	FirstStep    time.Duration `msgpack:"first_step_ns,omitempty" json:"first_step_ns,omitempty"`
+	Overhead     time.Duration `msgpack:"overhead_ns,omitempty" json:"overhead_ns,omitempty"`
 }
 
 func (d *RouteDecision) validate(msg string) error {
@@ -72,6 +90,8 @@ func (d *RouteDecision) validate(msg string) error {
 		return fieldErr(msg, "route.cached_tokens", "is %d, must be >= 0", d.CachedTokens)
 	case d.Target == TargetRemote && d.PrefillWorker == "":
 		return fieldErr(msg, "route.prefill_worker", "is empty for a remote route")
+	case d.Parts != nil && min(d.Parts.QueueWait, d.Parts.Pass, d.Parts.Prefill, d.Parts.TransferTail, d.Parts.FirstStep, d.Parts.Overhead) < 0:
+		return fieldErr(msg, "route.parts", "has a negative part (%+v)", *d.Parts)
 	}
 	if err := checkOptionalID(msg, "route.prefill_worker", d.PrefillWorker); err != nil {
 		return err

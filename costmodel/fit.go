@@ -25,10 +25,17 @@ type Sample struct {
 // within a whole prompt's time they grow together with the tokens and no
 // measurement of prompts tells them apart; the attention is told apart by
 // its growth with the square of the context. A base with unknown rates is
-// taken as equal rates. With fewer than three samples, or samples that do
-// not tell the attention apart, one factor scales every term (with the
-// fixed cost, from two samples on). worst is the largest relative error
-// left over the samples.
+// taken as equal rates. worst is the largest relative error left over the
+// samples.
+//
+// Samples of few sizes cannot pin all three down (two prompt lengths fit
+// three terms in many ways, and the fit then prices other lengths wildly),
+// so Fit chooses among the nested forms (one factor for all the work; with
+// the fixed cost; linear and attention apart; both) by how well each,
+// fitted without the samples of one size, prices that size, over every
+// size: the form that prices unseen prompt lengths best. A form is
+// considered only when more sizes were measured than it has terms; one
+// size gives the single factor.
 func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error) {
 	if !base.Known() {
 		base = Uniform(1, 0)
@@ -46,43 +53,29 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 	if len(rows) == 0 {
 		return Compute{}, 0, errors.New("fit: no samples")
 	}
-	var x []float64
-	if len(rows) >= 3 {
-		a := make([][]float64, len(rows))
-		b := make([]float64, len(rows))
-		for i, r := range rows {
-			w := 1 / r.took
-			a[i], b[i] = []float64{r.l * w, r.at * w, r.calls * w}, 1
-		}
-		x, err = nnls(a, b)
-		if err != nil {
-			return Compute{}, 0, fmt.Errorf("fit: %w", err)
-		}
-		// An attention factor of zero, or a thousandth of the linear
-		// work's (no machine does attention that much faster per FLOP), is
-		// noise: the samples do not tell the attention apart.
-		if !(x[0] > 0) || (!(x[1] > x[0]*1e-3) && hasAttn(rows)) {
-			x = nil
+	sizes := sizeGroups(rows)
+	if len(sizes) >= 2 {
+		// Times that do not grow with the work measure something else.
+		if x, err := (fitForm{calls: true}).solve(rows); err == nil && !(x[0] > 0) {
+			return Compute{}, 0, errors.New("fit: the time does not grow with the work; measure longer prompts")
 		}
 	}
-	switch {
-	case x == nil && len(rows) >= 2:
-		// One factor for both kinds of work, and the fixed cost.
-		a := make([][]float64, len(rows))
-		b := make([]float64, len(rows))
-		for i, r := range rows {
-			w := 1 / r.took
-			a[i], b[i] = []float64{(r.l + r.at) * w, r.calls * w}, 1
+	best, bestErr := fitForms[0], math.Inf(1)
+	for _, f := range fitForms {
+		if len(sizes) <= f.terms() && f != fitForms[0] {
+			continue
 		}
-		y, err := nnls(a, b)
-		if err != nil {
-			return Compute{}, 0, fmt.Errorf("fit: %w", err)
+		if f.attn && !hasAttn(rows) {
+			continue
 		}
-		x = []float64{y[0], y[0], y[1]}
-	case x == nil:
-		r := rows[0]
-		k := r.took / (r.l + r.at)
-		x = []float64{k, k, 0}
+		e := f.crossError(rows, sizes)
+		if e < bestErr*(1-1e-9) {
+			best, bestErr = f, e
+		}
+	}
+	x, err := best.solve(rows)
+	if err != nil {
+		return Compute{}, 0, fmt.Errorf("fit: %w", err)
 	}
 	if !(x[0] > 0) {
 		return Compute{}, 0, errors.New("fit: the time does not grow with the work; measure longer prompts")
@@ -94,15 +87,129 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 	fit = Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.Attention() / attn, MoE: base.MoE / x[0],
 		Dense: base.Dense / x[0], Layer: time.Duration(math.Round(x[2] * float64(time.Second)))}
 	for _, r := range rows {
-		p := x[0]*r.l + attn*r.at + x[2]*r.calls
-		worst = max(worst, math.Abs(p-r.took)/r.took)
+		worst = max(worst, math.Abs(r.predict(x)-r.took)/r.took)
 	}
 	return fit, worst, nil
 }
 
+// fitForm is one of the nested forms Fit chooses among: which of the
+// attention's own factor and the fixed cost per call it fits.
+type fitForm struct{ attn, calls bool }
+
+// fitForms, simplest first: a tie goes to the simpler form.
+var fitForms = []fitForm{{false, false}, {false, true}, {true, false}, {true, true}}
+
+func (f fitForm) terms() int {
+	n := 1
+	if f.attn {
+		n++
+	}
+	if f.calls {
+		n++
+	}
+	return n
+}
+
+// solve fits the form to rows: x = [linear factor, attention factor,
+// seconds per layer call] (the attention's factor is the linear one's when
+// the form does not tell them apart). An attention factor of zero, or a
+// thousandth of the linear work's (no machine does attention that much
+// faster per FLOP), is noise: the form falls back to one factor for both.
+func (f fitForm) solve(rows []fitRow) ([]float64, error) {
+	a := make([][]float64, len(rows))
+	b := make([]float64, len(rows))
+	for i, r := range rows {
+		w := 1 / r.took
+		row := []float64{r.l * w}
+		if f.attn {
+			row = append(row, r.at*w)
+		} else {
+			row[0] += r.at * w
+		}
+		if f.calls {
+			row = append(row, r.calls*w)
+		}
+		a[i], b[i] = row, 1
+	}
+	y, err := nnls(a, b)
+	if err != nil {
+		return nil, err
+	}
+	x := []float64{y[0], y[0], 0}
+	k := 1
+	if f.attn {
+		x[1] = y[1]
+		k++
+		if !(x[1] > x[0]*1e-3) && hasAttn(rows) {
+			return fitForm{false, f.calls}.solve(rows)
+		}
+	}
+	if f.calls {
+		x[2] = y[k]
+	}
+	return x, nil
+}
+
+// crossError is the form's mean squared relative error over the samples of
+// each size when fitted to the samples of the other sizes (infinite when it
+// cannot be fitted without some size).
+func (f fitForm) crossError(rows []fitRow, sizes [][]int) float64 {
+	if len(sizes) < 2 {
+		return 0 // nothing to leave out: only the single factor comes here
+	}
+	var sum float64
+	n := 0
+	for g, out := range sizes {
+		var rest []fitRow
+		for h, in := range sizes {
+			if h != g {
+				for _, i := range in {
+					rest = append(rest, rows[i])
+				}
+			}
+		}
+		x, err := f.solve(rest)
+		if err != nil || !(x[0] > 0) {
+			return math.Inf(1)
+		}
+		for _, i := range out {
+			e := (rows[i].predict(x) - rows[i].took) / rows[i].took
+			sum += e * e
+			n++
+		}
+	}
+	return sum / float64(n)
+}
+
+// sizeGroups groups the rows of the same work (within 1%), in order of
+// their first row.
+func sizeGroups(rows []fitRow) [][]int {
+	var groups [][]int
+	for i, r := range rows {
+		found := false
+		for g, in := range groups {
+			q := rows[in[0]]
+			if close(r.l, q.l) && close(r.at, q.at) && close(r.calls, q.calls) {
+				groups[g] = append(groups[g], i)
+				found = true
+				break
+			}
+		}
+		if !found {
+			groups = append(groups, []int{i})
+		}
+	}
+	return groups
+}
+
+func close(a, b float64) bool { return math.Abs(a-b) <= 0.01*max(math.Abs(a), math.Abs(b)) }
+
 // fitRow is a sample as Fit sees it: seconds of linear work and of
 // attention at base's rates, layer calls, seconds measured.
 type fitRow struct{ l, at, calls, took float64 }
+
+// predict is the row's seconds at factors x.
+func (r fitRow) predict(x []float64) float64 { return x[0]*r.l + x[1]*r.at + x[2]*r.calls }
 
 func hasAttn(rows []fitRow) bool {
 	for _, r := range rows {

@@ -57,8 +57,9 @@ type Prediction struct {
 	Total time.Duration
 	// Remote: QueueWait (until the pass starts), Pass (the weight pass that
 	// carries the prompt), TransferTail (state still in flight after the
-	// pass). Local: QueueWait, Prefill. Both: FirstStep.
-	QueueWait, Pass, Prefill, TransferTail, FirstStep time.Duration
+	// pass). Local: QueueWait, Prefill. Both: FirstStep, and Overhead, the
+	// control plane's own latency on the path.
+	QueueWait, Pass, Prefill, TransferTail, FirstStep, Overhead time.Duration
 }
 
 // PredictRemote is the remote TTFT of a prompt of prompt tokens (the

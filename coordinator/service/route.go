@@ -163,8 +163,14 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 	if d.Remote.Total >= unknown {
 		rd.PredictedRemote, rd.Reason = 0, rd.Reason+" (the prefill worker's rates are not measured yet)"
 	}
+	chosen := d.Local
 	if d.Target == router.TargetRemote {
 		rd.PrefillWorker = pf.ID
+		chosen = d.Remote
+	}
+	if chosen.Total < unknown {
+		rd.Parts = &cp.PredictedParts{QueueWait: chosen.QueueWait, Pass: chosen.Pass, Prefill: chosen.Prefill,
+			TransferTail: chosen.TransferTail, FirstStep: chosen.FirstStep, Overhead: chosen.Overhead}
 	}
 	return rd, d
 }
