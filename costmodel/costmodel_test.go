@@ -251,3 +251,39 @@ func TestPredictions(t *testing.T) {
 		t.Fatalf("unmeasured rates: %v, want Unknown", u.Total)
 	}
 }
+
+// TestFewSizesDoNotFitThreeTerms: the decode group's prefills of two prompt
+// lengths, the shorter measured 20-30% slow and the longer 15-20% fast (the
+// machine's load moved between them). Fitted with all three terms, that is
+// a fixed cost of 0.3 s per layer call, and a 64-token prompt is priced at
+// 3.6 times its time; Fit keeps to the one factor two sizes can tell and
+// prices every length up to the longer one within the noise.
+func TestFewSizesDoNotFitThreeTerms(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	local := func(n int) Sample {
+		calls := (n + 511) / 512 * m.Layers
+		return Sample{Work: m.Work(0, n), Calls: calls, Took: truth.Time(m.Work(0, n), calls)}
+	}
+	ss := []Sample{local(256), local(256), local(1024), local(1024)}
+	for i, k := range []float64{1.3, 1.2, 0.8, 0.85} {
+		ss[i].Took = time.Duration(float64(ss[i].Took) * k)
+	}
+	fit, _, err := Fit(Compute{}, ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fit.Layer != 0 || fit.Attention() != fit.MLA {
+		t.Errorf("two sizes fitted more than one factor: %v", fit)
+	}
+	for _, n := range []int{64, 256, 1024} {
+		s := local(n)
+		if r := fit.Time(s.Work, s.Calls).Seconds() / s.Took.Seconds(); r < 0.9 || r > 1.1 {
+			t.Errorf("%d tokens: priced at %.2f of the truth", n, r)
+		}
+	}
+	// One size: the one factor, exact on it.
+	one, worst, err := Fit(Compute{}, ss[:2])
+	if err != nil || one.Layer != 0 || worst > 0.05 {
+		t.Errorf("one size: %v, worst %v, %v", one, worst, err)
+	}
+}
