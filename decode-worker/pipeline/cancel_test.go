@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -41,8 +42,7 @@ func TestCancelWithinALongPrefillLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := testmodel.LoadReference(t, dir, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testctx.Context(t)
 	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: 1024,
 		Heartbeat: 200 * time.Millisecond, Idle: 5 * time.Second,
 		Timeouts: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second, KeepAlive: 200 * time.Millisecond}})
@@ -80,7 +80,7 @@ func cancelInLayer(ctx context.Context, t *testing.T, g *group.Group, c *group.C
 	if err := head.Submit(ctx, pipeline.Request{ID: id + "short", Tokens: short, MaxTokens: len(wantShort), Sink: c}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a token of the short prompt", func() bool { return len(c.Tokens(id+"short")) > 0 })
+	waitFor(ctx, t, "a token of the short prompt", func() bool { return len(c.Tokens(id+"short")) > 0 })
 
 	var mu sync.Mutex
 	var calls, after int // calls of the MLA layer over the long prompt; of them, after the cancel
@@ -116,7 +116,7 @@ func cancelInLayer(ctx context.Context, t *testing.T, g *group.Group, c *group.C
 	}
 	// Every rank frees it: each takes the Release once its step is over.
 	for r := range g.Layout.Ranks {
-		waitFor(t, fmt.Sprintf("rank %d to free the long prompt", r), func() bool { return g.Worker(r).Stats().Sequences <= 1 || c.Done(id+"short") })
+		waitFor(ctx, t, fmt.Sprintf("rank %d to free the long prompt", r), func() bool { return g.Worker(r).Stats().Sequences <= 1 || c.Done(id+"short") })
 	}
 	freed := time.Now()
 	mu.Lock()
@@ -152,7 +152,7 @@ func cancelInLayer(ctx context.Context, t *testing.T, g *group.Group, c *group.C
 		t.Fatalf("a prompt after the cancel: %v %v %+v, want %v", got, err, res, wantNext)
 	}
 	for r := range g.Layout.Ranks {
-		waitFor(t, fmt.Sprintf("rank %d to hold nothing", r), func() bool { return g.Worker(r).Stats().Sequences == 0 })
+		waitFor(ctx, t, fmt.Sprintf("rank %d to hold nothing", r), func() bool { return g.Worker(r).Stats().Sequences == 0 })
 	}
 }
 
@@ -164,14 +164,13 @@ func prompt(n, vocab, seed int) []int32 {
 	return out
 }
 
-// waitFor waits until cond holds, checking every few milliseconds, for at
-// most a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitFor waits until cond holds, checking every few milliseconds, while
+// ctx lasts.
+func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
 	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: a minute passed", what)
+		if ctx.Err() != nil {
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
