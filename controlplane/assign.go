@@ -34,11 +34,25 @@ type LayerPlacement struct {
 // prompt token and CachedTokens = len(prompt)-1; for a local one, the whole
 // prompt and CachedTokens = 0.
 type Assignment struct {
-	JobID        string   `msgpack:"job_id" json:"job_id"`
-	Role         Role     `msgpack:"role" json:"role"`
-	WorkerID     string   `msgpack:"worker_id" json:"worker_id"` // the addressee, checked by the worker
-	TokenIDs     []int32  `msgpack:"token_ids" json:"token_ids"`
-	CachedTokens int      `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
+	JobID        string  `msgpack:"job_id" json:"job_id"`
+	Role         Role    `msgpack:"role" json:"role"`
+	WorkerID     string  `msgpack:"worker_id" json:"worker_id"` // the addressee, checked by the worker
+	TokenIDs     []int32 `msgpack:"token_ids" json:"token_ids"`
+	CachedTokens int     `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
+	// CachedTokenIDs, on a remote job's decode assignment, are the
+	// prompt's first CachedTokens tokens (the remotely prefilled part),
+	// sent when the coordinator uses the prefix caches: the group's head
+	// compares them with the rows it holds for an append and keeps the
+	// state as a cache entry.
+	CachedTokenIDs []int32 `msgpack:"cached_token_ids,omitempty" json:"cached_token_ids,omitempty"`
+	// AppendTokens, on a remote job: the decode group's prefix cache holds
+	// the MLA rows of the prompt's first AppendTokens tokens, so the state
+	// transfer carries only the rows after them (and the KDA states). On
+	// the decode assignment it is proposed (the head takes it if it holds
+	// them, and says so in its reply); on the prefill assignment it is
+	// what the group took. A positive multiple of 64 below the remote
+	// part's length, or 0.
+	AppendTokens int      `msgpack:"append_tokens,omitempty" json:"append_tokens,omitempty"`
 	Sampling     Sampling `msgpack:"sampling" json:"sampling"`
 	// Placement lists the decode group's ranks in order; their layer ranges
 	// tile [0, layers) without gaps.
@@ -84,6 +98,25 @@ func (a *Assignment) Validate() error {
 	}
 	if a.CachedTokens < 0 || a.CachedTokens > MaxPromptTokens {
 		return fieldErr(msg, "cached_tokens", "is %d, want 0 to %d", a.CachedTokens, MaxPromptTokens)
+	}
+	if a.CachedTokenIDs != nil {
+		if a.Role != RoleDecode || len(a.CachedTokenIDs) != a.CachedTokens {
+			return fieldErr(msg, "cached_token_ids", "has %d tokens for %d cached ones in the %s role: a decode assignment's remote part", len(a.CachedTokenIDs), a.CachedTokens, a.Role)
+		}
+		for i, id := range a.CachedTokenIDs {
+			if id < 0 {
+				return fieldErr(msg, fmt.Sprintf("cached_token_ids[%d]", i), "is %d, token ids are >= 0", id)
+			}
+		}
+	}
+	if n := a.AppendTokens; n != 0 {
+		remote := a.CachedTokens
+		if a.Role == RolePrefill {
+			remote = len(a.TokenIDs)
+		}
+		if n < 0 || n%64 != 0 || n >= remote || a.Role == RoleDecode && a.CachedTokenIDs == nil {
+			return fieldErr(msg, "append_tokens", "is %d for a remote part of %d tokens: want a positive multiple of 64 below it (with cached_token_ids on a decode assignment)", n, remote)
+		}
 	}
 	if err := a.Sampling.validate(msg + ".sampling"); err != nil {
 		return err
@@ -164,10 +197,13 @@ type AssignReply struct {
 	// from an earlier assignment under the same job id; nothing new was
 	// started, and Progress is the job's latest report there (its final
 	// one when it ended). A job id is admitted once per worker.
-	Resumed  bool      `msgpack:"resumed,omitempty" json:"resumed,omitempty"`
-	Progress *Progress `msgpack:"progress,omitempty" json:"progress,omitempty"`
-	Error    string    `msgpack:"error,omitempty" json:"error,omitempty"`
-	Code     ErrorCode `msgpack:"code,omitempty" json:"code,omitempty"`
+	Resumed bool `msgpack:"resumed,omitempty" json:"resumed,omitempty"`
+	// AppendTokens is the base the decode group took for a remote job's
+	// transfer (the assignment's proposal, or 0: the whole state).
+	AppendTokens int       `msgpack:"append_tokens,omitempty" json:"append_tokens,omitempty"`
+	Progress     *Progress `msgpack:"progress,omitempty" json:"progress,omitempty"`
+	Error        string    `msgpack:"error,omitempty" json:"error,omitempty"`
+	Code         ErrorCode `msgpack:"code,omitempty" json:"code,omitempty"`
 }
 
 // Validate checks that a refusal says why.
@@ -215,7 +251,8 @@ type Progress struct {
 	Tokens int            `msgpack:"tokens,omitempty" json:"tokens,omitempty"` // prompt tokens processed or tokens generated
 	Bytes  uint64         `msgpack:"bytes,omitempty" json:"bytes,omitempty"`   // state bytes sent or received
 	// Cached: prompt tokens the worker took from its prefix cache instead
-	// of prefilling them (the decode group's final report).
+	// of prefilling them (the decode group's final report; the prefill
+	// worker's, from its prefix store).
 	Cached int `msgpack:"cached_tokens,omitempty" json:"cached_tokens,omitempty"`
 	// Elapsed is the stage's duration so far (final for a final stage).
 	Elapsed  time.Duration `msgpack:"elapsed_ns,omitempty" json:"elapsed_ns,omitempty"`

@@ -266,7 +266,8 @@ func TestValidateRejects(t *testing.T) {
 		{"decode worker without layers", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Time: when}, "layers"},
 		{"worker with more free than total", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", MemoryTotal: 1, MemoryFree: 2, Time: when}, "memory_free"},
 		{"worker with bad endpoint", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, Endpoints: Endpoints{Metrics: "nohost"}}, "endpoints.metrics"},
-		{"prefill worker with a prefix cache", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, PrefixCache: &PrefixCacheInfo{}}, "prefix_cache"},
+		{"prefill store prefix off the grid", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when,
+			PrefixCache: &PrefixCacheInfo{Prefixes: []CachedPrefix{{Link: 1, Tokens: 65}}}}, "prefixes[0].tokens"},
 		{"cached prefix off the block grid", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Layers: LayerRange{First: 0, End: 1}, Time: when,
 			PrefixCache: &PrefixCacheInfo{Prefixes: []CachedPrefix{{Link: 1, Tokens: 100}}}}, "prefixes[0].tokens"},
 		{"too many cached prefixes", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Layers: LayerRange{First: 0, End: 1}, Time: when,
@@ -297,6 +298,26 @@ func TestValidateRejects(t *testing.T) {
 			a.Placement[0].Secret = []byte{1}
 			return &a
 		}(), "secret"},
+		{"append base off the grid", func() Message {
+			a := ok[15].(*Assignment).ForWorker("mac-0")
+			a.TokenIDs, a.CachedTokens, a.CachedTokenIDs, a.AppendTokens = []int32{1}, 128, make([]int32, 128), 100
+			return &a
+		}(), "append_tokens"},
+		{"append base without the cached tokens", func() Message {
+			a := ok[15].(*Assignment).ForWorker("mac-0")
+			a.TokenIDs, a.CachedTokens, a.AppendTokens = []int32{1}, 128, 64
+			return &a
+		}(), "append_tokens"},
+		{"append base past the prefill", func() Message {
+			a := *ok[15].(*Assignment)
+			a.AppendTokens = 64 // two tokens to prefill
+			return &a
+		}(), "append_tokens"},
+		{"cached tokens of another length", func() Message {
+			a := ok[15].(*Assignment).ForWorker("mac-0")
+			a.TokenIDs, a.CachedTokens, a.CachedTokenIDs = []int32{1}, 128, make([]int32, 127)
+			return &a
+		}(), "cached_token_ids"},
 		{"refusal without reason", &AssignReply{JobID: "j", WorkerID: "w"}, "error"},
 		{"failed progress without error", &Progress{JobID: "j", WorkerID: "w", Stage: StateFailed, Time: when}, "error"},
 		{"availability without a model", &AvailabilityReply{DecodeGroups: 1, DecodeRanks: 1}, "model"},

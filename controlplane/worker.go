@@ -201,16 +201,18 @@ type WorkerInfo struct {
 	Time     time.Time `msgpack:"time" json:"time"`                             // when this heartbeat was sent
 	Draining bool      `msgpack:"draining,omitempty" json:"draining,omitempty"` // takes no new jobs
 
-	// PrefixCache is a decode rank's prefix-state cache (absent when off).
+	// PrefixCache is a decode rank's prefix-state cache, or a prefill
+	// worker's prefix store (absent when off).
 	PrefixCache *PrefixCacheInfo `msgpack:"prefix_cache,omitempty" json:"prefix_cache,omitempty"`
 }
 
 // MaxCachedPrefixes bounds the prefixes a heartbeat advertises.
 const MaxCachedPrefixes = 1024
 
-// PrefixCacheInfo is a decode rank's prefix-state cache: what it holds of
-// its memory and what it did (counters since the rank started), and, from
-// the group's head (which makes the group's cache decisions), the prefixes
+// PrefixCacheInfo is a decode rank's prefix-state cache (or a prefill
+// worker's prefix store): what it holds of its memory (its disk) and what
+// it did (counters since the worker started), and, from the group's head
+// (which makes the group's cache decisions) or the prefill worker, the prefixes
 // a prompt can resume from: each a link of the hash chain of
 // internal/prefixkey seeded with Salt, and the prompt tokens it covers.
 type PrefixCacheInfo struct {
@@ -290,9 +292,6 @@ func (w *WorkerInfo) Validate() error {
 		return err
 	}
 	if w.PrefixCache != nil {
-		if w.Kind != KindDecode {
-			return fieldErr(msg, "prefix_cache", "is for decode ranks")
-		}
 		if err := w.PrefixCache.validate(msg, "prefix_cache"); err != nil {
 			return err
 		}

@@ -235,8 +235,7 @@ func TestPredictions(t *testing.T) {
 	}
 	// A prompt the group holds 11,520 tokens of in its prefix cache: only
 	// the rest is prefilled (attending to the cached rows), in its own
-	// chunks; the remote side is unchanged (the prefill worker has no
-	// such cache).
+	// chunks; the remote side is unchanged by the group's cache alone.
 	hit := PredictLocal(m, r, Load{LocalChunk: 512, LocalCached: 11520}, 12001)
 	if want := truth.Time(m.Work(11520, 12000), m.Layers); hit.Prefill != want || hit.Prefill*10 > l.Prefill {
 		t.Fatalf("12k tokens with 11.5k cached: %v, want %v (whole: %v)", hit.Prefill, want, l.Prefill)
@@ -246,6 +245,26 @@ func TestPredictions(t *testing.T) {
 	}
 	if p := PredictRemote(m, r, Load{PrefillUp: true, LocalCached: 11520}, 12001); p.Pass != truth.Time(m.Work(0, 12000), m.Layers) {
 		t.Fatalf("remote with a local cache: %+v", p)
+	}
+	// The remote path with both caches: the prefill worker's part ends on
+	// the grid (11,968) and runs from its store's 11,520; the transfer
+	// leaves out the group's 11,520 rows; the group prefills the last 32
+	// tokens itself.
+	split := Load{PrefillUp: true, RemoteSplit: 11968, RemoteCached: 11520, RemoteAppend: 11520}
+	sp := PredictRemote(m, r, split, 12001)
+	if want := max(r.PassFloor, truth.Time(m.Work(11520, 11968), m.Layers)); sp.Pass != want {
+		t.Fatalf("remote from the store: pass %v, want %v", sp.Pass, want)
+	}
+	if want := truth.Time(m.Work(11968, 12000), m.Layers); sp.Prefill != want || sp.Total != sp.Pass+sp.TransferTail+sp.Prefill+sp.FirstStep {
+		t.Fatalf("remote from the store: %+v, want the group's prefill of the last 32 tokens (%v)", sp, want)
+	}
+	whole := PredictRemote(m, r, Load{PrefillUp: true, RemoteSplit: 11968, RemoteCached: 11520}, 12001)
+	if sent, all := sp.TransferTail-r.LinkRTT, whole.TransferTail-r.LinkRTT; sent >= all {
+		t.Fatalf("an append's tail %v is not below the whole state's %v", sent, all)
+	}
+	// A part the store holds whole runs no pass.
+	if st := PredictRemote(m, r, Load{PrefillUp: true, RemoteSplit: 11968, RemoteCached: 11968}, 12001); st.Pass != 0 {
+		t.Fatalf("a stored part: pass %v, want none", st.Pass)
 	}
 	if u := PredictLocal(m, Rates{}, Load{}, 100); u.Total != Unknown {
 		t.Fatalf("unmeasured rates: %v, want Unknown", u.Total)

@@ -44,9 +44,16 @@ type Load struct {
 	LocalChunk int
 	// LocalCached is how many of the new prompt's first tokens the decode
 	// group holds in its prefix cache: it prefills only the rest (attending
-	// to the cached rows). The prefill worker has no such cache: a remote
-	// prefill is the whole prompt.
+	// to the cached rows).
 	LocalCached int
+	// The remote path with the prefix caches. RemoteSplit, when > 0, is
+	// where the prefill worker's part of the prompt ends (the last multiple
+	// of 64 before the last token, so that both sides keep the state): the
+	// group prefills the rest itself once the state is in. RemoteCached is
+	// how many of the first tokens the prefill worker's store holds: its
+	// pass computes only the rest of its part. RemoteAppend is how many the
+	// group holds rows of: the transfer carries only the rows after them.
+	RemoteSplit, RemoteCached, RemoteAppend int
 	// Threshold is the prompt length above which the router's Threshold
 	// policy goes remote (not a cost).
 	Threshold int
@@ -63,29 +70,44 @@ type Prediction struct {
 }
 
 // PredictRemote is the remote TTFT of a prompt of prompt tokens (the
-// prefill worker runs all but the last): wait for the running pass, then a
-// pass that takes the longer of the floor and the compute of every prompt
-// sharing it (each term at its rate, the attention over each prompt's own
-// cache, a fixed cost per layer), plus the state still in flight when it
-// ends, plus the first decode step on the group.
+// prefill worker runs all but the last, or its part up to RemoteSplit):
+// wait for the running pass, then a pass that takes the longer of the floor
+// and the compute of every prompt sharing it (each term at its rate, the
+// attention over each prompt's own cache, a fixed cost per layer; a prompt
+// from its stored prefix on), plus the state still in flight when it ends
+// (past the rows the group holds), plus the group's own prefill of the
+// rest of the prompt and the first decode step on the group. A part the
+// store holds whole runs no pass.
 func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	var p Prediction
 	if l.PassRunning {
 		p.QueueWait = l.PassRemaining
 	}
-	tokens := max(prompt-1, 0)
-	work := m.Work(0, tokens)
+	end := max(prompt-1, 0)
+	tokens := end
+	if l.RemoteSplit > 0 {
+		tokens = min(l.RemoteSplit, end)
+	}
+	from := min(max(l.RemoteCached, 0), tokens)
+	work := m.Work(from, tokens)
 	for _, q := range l.NextPass {
 		work = work.Add(m.Work(0, q))
 	}
-	p.Pass = max(r.PassFloor, r.Prefill.Time(work, m.Layers))
+	if from < tokens || len(l.NextPass) > 0 {
+		p.Pass = max(r.PassFloor, r.Prefill.Time(work, m.Layers))
+	}
 	// Layers stream out while later ones compute; what cannot keep up with
-	// the pass, and the last layer itself, is left after it.
-	total := secs(m.Shape.StateBytes(tokens) / positive(r.LinkBytesPerS))
-	last := secs(m.Shape.LastLayerBytes(tokens) / positive(r.LinkBytesPerS))
+	// the pass, and the last layer itself, is left after it. Rows the
+	// group holds are not sent.
+	held := float64(min(max(l.RemoteAppend, 0), tokens))
+	total := secs((m.Shape.StateBytes(tokens) - m.Shape.StateBytesPerToken*held) / positive(r.LinkBytesPerS))
+	last := secs((m.Shape.LastLayerBytes(tokens) - m.Shape.LastLayerBytesPerToken*held) / positive(r.LinkBytesPerS))
 	p.TransferTail = max(last, total-p.Pass) + r.LinkRTT
+	if end > tokens {
+		p.Prefill = r.Local.Time(m.Work(tokens, end), m.Layers)
+	}
 	p.FirstStep = r.DecodeStep
-	p.Total = sum(p.QueueWait, p.Pass, p.TransferTail, p.FirstStep)
+	p.Total = sum(p.QueueWait, p.Pass, p.TransferTail, p.Prefill, p.FirstStep)
 	return p
 }
 

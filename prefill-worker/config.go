@@ -59,6 +59,10 @@ var settings = []config.Setting{
 	{Key: "transfer.io", Default: 15 * time.Second, Help: "state transfer: bound on one read or write"},
 	{Key: "transfer.idle", Default: 15 * time.Second, Help: "state transfer: a session silent this long fails"},
 	{Key: "transfer.keep_alive", Default: 2 * time.Second, Help: "state transfer: keep-alive interval while a layer is being computed"},
+	// The prefix store: prompts' states kept on a local disk, so that a
+	// session's next turn prefills only its new tokens.
+	{Key: "prefix_store.dir", Default: "", Help: "control-plane mode: directory of the prefix store (a local NVMe disk), where prompts' states are kept for their session's next turn; off when empty"},
+	{Key: "prefix_store.max_bytes", Default: "64GiB", Help: "control-plane mode: the prefix store's size bound (the least recently used entries go first)"},
 }
 
 // opsSettings are the control-plane mode's operations: /metrics, /healthz
@@ -115,6 +119,8 @@ type workerConfig struct {
 	Beat          time.Duration // registry heartbeat interval
 	Transfer      kvtransfer.Timeouts
 	TransferConns int
+	StoreDir      string // prefix store directory ("": off)
+	StoreBytes    int64
 	// Operations.
 	Metrics       health.Options
 	DrainGrace    time.Duration // running jobs may finish this long on SIGTERM or a drain request
@@ -179,7 +185,8 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		Transfer: kvtransfer.Timeouts{Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 			Idle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive")},
 		NATS:       controlplane.OptionsFromSettings(v.GetString, v.GetDuration),
-		DrainGrace: v.GetDuration("drain.grace"), ShutdownGrace: v.GetDuration("shutdown.grace")}
+		DrainGrace: v.GetDuration("drain.grace"), ShutdownGrace: v.GetDuration("shutdown.grace"),
+		StoreDir: v.GetString("prefix_store.dir")}
 	c.NATS.MaxReconnects = -1 // a worker keeps trying for as long as it runs
 	if c.Metrics, err = health.OptionsFrom(v.GetString, v.GetBool); err != nil {
 		return nil, err
@@ -189,6 +196,9 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 	}
 	if c.ReadSize, err = config.ParseBytes(v.GetString("read_size")); err != nil {
 		return nil, fmt.Errorf("read_size: %w", err)
+	}
+	if c.StoreBytes, err = config.ParseBytes(v.GetString("prefix_store.max_bytes")); err != nil {
+		return nil, fmt.Errorf("prefix_store.max_bytes: %w", err)
 	}
 	if c.IO, err = streamer.ParseIOMode(v.GetString("io")); err != nil {
 		return nil, fmt.Errorf("io: %w", err)

@@ -41,9 +41,12 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/health"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/cpadapter"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
 	"github.com/tandem-inference/tandem/prefill-worker/rss"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
@@ -107,6 +110,28 @@ func serve(ctx context.Context, cfg *workerConfig, stdout, stderr io.Writer) err
 // registry and streams each job's state to its decode ranks over
 // kvtransfer. It serves /metrics, /healthz and /readyz meanwhile.
 //
+// openStore opens the prefix store, keyed for this model and cache dtype
+// (entries of another are removed); files that fail their checks are
+// removed and logged.
+func openStore(cfg *workerConfig, modelID string, log *zap.Logger) (*prefixstore.Store, error) {
+	mc, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	st, problems, err := prefixstore.Open(prefixstore.Config{Dir: cfg.StoreDir, MaxBytes: cfg.StoreBytes, Model: mc,
+		DType: cfg.CacheDType, Salt: prefixkey.Salt(modelID, uint8(cfg.CacheDType))})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range problems {
+		log.Warn("prefix store: a file failed its checks and was removed", zap.Error(p))
+	}
+	s := st.Stats()
+	log.Info("prefix store open", zap.String("dir", cfg.StoreDir), zap.Int("entries", s.Entries), zap.Int64("bytes", s.Bytes),
+		zap.Int64("invalidated", s.Invalidated), zap.Int64("bound", cfg.StoreBytes))
+	return st, nil
+}
+
 // Leaving is bounded: running jobs may finish for cfg.DrainGrace (no new
 // ones are taken), and what follows (cancelling the rest, deregistering,
 // closing) takes at most cfg.ShutdownGrace, whether or not NATS is still
@@ -123,6 +148,11 @@ func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log 
 	modelID, err := modelinfo.Identity(cfg.Model)
 	if err != nil {
 		return err
+	}
+	if cfg.StoreDir != "" {
+		if wc.Store, err = openStore(cfg, modelID, log); err != nil {
+			return err
+		}
 	}
 	// The endpoint comes up first: /healthz answers while the model
 	// loads, and /readyz says what is missing.

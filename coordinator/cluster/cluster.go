@@ -7,6 +7,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,10 +26,12 @@ import (
 	decodecp "github.com/tandem-inference/tandem/decode-worker/cpadapter"
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 	prefillcp "github.com/tandem-inference/tandem/prefill-worker/cpadapter"
+	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
@@ -72,6 +75,13 @@ type Options struct {
 	// PrefixCache configures the decode ranks' prefix-state cache (on by
 	// default).
 	PrefixCache pipeline.PrefixCacheConfig
+	// PrefixStore, when its Dir is set, gives the prefill worker a prefix
+	// store there (MaxBytes: default 1 GiB); it outlives the worker's
+	// restarts, as a disk does.
+	PrefixStore struct {
+		Dir      string
+		MaxBytes int64
+	}
 	// Heartbeat is the workers' heartbeat interval (default: TTL/3).
 	Heartbeat time.Duration
 	// Transfer timeouts of the data plane (zero: kvtransfer's defaults).
@@ -139,6 +149,9 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 	mc, err := model.LoadConfig(filepath.Join(opt.ModelDir, modelinfo.ConfigFile))
 	if err != nil {
 		return nil, err
+	}
+	if opt.PrefixCache.ModelID == "" {
+		opt.PrefixCache.ModelID = info.ID // as the decode worker's binary seeds it
 	}
 	c = &Cluster{opt: opt, Model: info, modelCfg: mc, log: opt.Log, URL: opt.NATSURL}
 	started := c // the returns below set c to nil
@@ -344,8 +357,21 @@ func (c *Cluster) StartPrefill(ctx context.Context) error {
 	if c.opt.PrefillBackend != nil {
 		be = c.opt.PrefillBackend()
 	}
-	w, err := worker.New(worker.Config{Model: c.opt.ModelDir, Budget: c.opt.PrefillBudget, Depth: -1, Backend: be, Threads: c.opt.Threads,
-		Log: c.log.Named("prefill")})
+	wc := worker.Config{Model: c.opt.ModelDir, Budget: c.opt.PrefillBudget, Depth: -1, Backend: be, Threads: c.opt.Threads,
+		Log: c.log.Named("prefill")}
+	if ps := c.opt.PrefixStore; ps.Dir != "" {
+		st, problems, err := prefixstore.Open(prefixstore.Config{Dir: ps.Dir, MaxBytes: cmp.Or(ps.MaxBytes, 1<<30), Model: c.modelCfg,
+			DType: model.BF16, Salt: prefixkey.Salt(c.Model.ID, uint8(model.BF16))})
+		if err != nil {
+			nc.Close()
+			return err
+		}
+		for _, p := range problems {
+			c.log.Warn("prefix store: a file failed its checks and was removed", zap.Error(p))
+		}
+		wc.Store = st
+	}
+	w, err := worker.New(wc)
 	if err != nil {
 		nc.Close()
 		return err

@@ -422,7 +422,11 @@ func (m *Machine) assigned(e Assigned) {
 		m.adopt(e.At, p.Head, p.Group, p.Ranks, rep.Progress, nil)
 	case !prefill && p.Prefill != "":
 		m.prefillAssigned = true
-		m.emit(Assign{Worker: p.Prefill, Assignment: p.PrefillAssignment})
+		// The prefill worker sends the state after the rows the group took
+		// as its base (none: the whole state).
+		pa := *p.PrefillAssignment
+		pa.AppendTokens = rep.AppendTokens
+		m.emit(Assign{Worker: p.Prefill, Assignment: &pa})
 	default:
 		m.placed(e.At, rep)
 	}
@@ -497,6 +501,11 @@ func (m *Machine) onPrefill(p *cp.Progress, at time.Time) {
 		}
 	case cp.StateTransferring:
 		mk.PrefillDone = at
+		if p.Cached > 0 && p.Cached < m.prompt {
+			// Resumed from the prefill worker's prefix store (said before
+			// the last layer leaves, so before the first token).
+			mk.CachedTokens, mk.CachedOn = p.Cached, p.WorkerID
+		}
 		m.emit(LoadForget{}) // off the prefill worker's queue
 		if m.job.State() == cp.StatePrefilling || m.job.State() == cp.StateRouted {
 			m.advance(at, cp.StateTransferring, jobs.Update{Progress: p.Layers,
@@ -504,6 +513,10 @@ func (m *Machine) onPrefill(p *cp.Progress, at time.Time) {
 		}
 	case cp.StateDone:
 		m.prefillOpen = false
+		if p.Cached > 0 && p.Cached < m.prompt {
+			// Resumed from the prefill worker's prefix store.
+			mk.CachedTokens, mk.CachedOn = p.Cached, p.WorkerID
+		}
 		if mk.PrefillDone.IsZero() {
 			mk.PrefillDone = at
 		}

@@ -420,9 +420,17 @@ func (r *run) place(exclude []string) jobrun.Event {
 	dec := a.ForWorker(head)
 	plan := &jobrun.Plan{Route: rd, Group: g.ID, Head: head, Ranks: g.Workers(), Decode: &dec}
 	if remote {
-		dec.TokenIDs, dec.CachedTokens = r.req.TokenIDs[n-1:], n-1
+		// The prefill worker's part: the prompt but its last token, or up
+		// to the prefix caches' grid (the group prefills the rest itself).
+		R := n - 1
+		h := g.Head()
+		if split, _, appendTo := remoteCaches(pf, &h, r.req.TokenIDs); split > 0 {
+			R = split
+			dec.CachedTokenIDs, dec.AppendTokens = r.req.TokenIDs[:R], appendTo
+		}
+		dec.TokenIDs, dec.CachedTokens = r.req.TokenIDs[R:], R
 		pre := a
-		pre.Role, pre.WorkerID, pre.TokenIDs = cp.RolePrefill, pf.ID, r.req.TokenIDs[:n-1]
+		pre.Role, pre.WorkerID, pre.TokenIDs = cp.RolePrefill, pf.ID, r.req.TokenIDs[:R]
 		plan.Prefill, plan.PrefillAssignment = pf.ID, &pre
 	} else {
 		dec.TokenIDs = r.req.TokenIDs

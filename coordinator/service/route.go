@@ -149,6 +149,7 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 	load := c.load.routerLoad(m, pfID, g.ID, g.Head().PrefillChunk, r)
 	h := g.Head()
 	load.LocalCached = cachedPrefix(&h, prompt)
+	load.RemoteSplit, load.RemoteCached, load.RemoteAppend = remoteCaches(pf, &h, prompt)
 	d := router.Route(pol, m, r, load, n)
 	if n <= 1 && pf != nil {
 		d.Reason = "a one-token prompt has nothing to prefill: " + d.Reason
@@ -180,7 +181,13 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 // advertises (0 when it advertises none). The group compares the tokens
 // itself: a hash collision here only misprices one job.
 func cachedPrefix(h *cp.WorkerInfo, prompt []int32) int {
-	c := h.PrefixCache
+	// The last prompt token always runs as the first decode step.
+	return longestHeld(h.PrefixCache, prompt, len(prompt)-1)
+}
+
+// longestHeld is the longest prefix of prompt, at most limit tokens, among
+// those a cache advertises (0 when it advertises none or is nil).
+func longestHeld(c *cp.PrefixCacheInfo, prompt []int32, limit int) int {
 	if c == nil || len(c.Prefixes) == 0 {
 		return 0
 	}
@@ -188,6 +195,29 @@ func cachedPrefix(h *cp.WorkerInfo, prompt []int32) int {
 	for _, p := range c.Prefixes {
 		held[prefixkey.Hash(p.Link)] = p.Tokens
 	}
-	// The last prompt token always runs as the first decode step.
-	return prefixkey.Longest(prefixkey.SHA256, prefixkey.Hash(c.Salt), prompt, len(prompt)-1, held)
+	return prefixkey.Longest(prefixkey.SHA256, prefixkey.Hash(c.Salt), prompt, limit, held)
+}
+
+// remoteCaches is how a remote prefill of prompt uses the prefix caches
+// when the prefill worker pf has a prefix store and the group whose head
+// is h a prefix cache (zeros otherwise): the prefill worker's part ends at
+// split, the last multiple of 64 before the prompt's last token, so that
+// both sides can keep the state there as an entry (the group prefills the
+// few tokens after it itself); the worker resumes from the longest prefix
+// of its part that its store advertises (cached); the group appends the
+// state to the rows of the longest prefix it advertises (appendTo), at
+// most one block short of the split so that the worker has rows to send.
+// Both sides compare the tokens themselves: a collision here misprices a
+// job, and the group takes a proposed base only if it holds it.
+func remoteCaches(pf, h *cp.WorkerInfo, prompt []int32) (split, cached, appendTo int) {
+	if pf == nil || pf.PrefixCache == nil || h.PrefixCache == nil {
+		return 0, 0, 0
+	}
+	split = (len(prompt) - 1) / prefixkey.Block * prefixkey.Block
+	if split == 0 {
+		return 0, 0, 0
+	}
+	cached = longestHeld(pf.PrefixCache, prompt, split)
+	appendTo = min(longestHeld(h.PrefixCache, prompt, split), split-prefixkey.Block)
+	return split, cached, appendTo
 }

@@ -446,9 +446,12 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	}
 	rep.Accepted = true
 	a.cfg.Metrics.assignment("accepted")
+	if rm := req.Remote; rm != nil {
+		rep.AppendTokens = *rm.Appended // what the prefill worker is to send after
+	}
 	rep.ReservedBytes = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, len(req.Tokens)+as.CachedTokens+req.MaxTokens, a.cfg.LatentDType))
 	a.log.Info("job admitted", zap.String("job", as.JobID), zap.Int("tokens", len(req.Tokens)),
-		zap.Int("cached", as.CachedTokens), zap.Int("max_tokens", req.MaxTokens))
+		zap.Int("cached", as.CachedTokens), zap.Int("append_to", rep.AppendTokens), zap.Int("max_tokens", req.MaxTokens))
 	return rep, nil
 }
 
@@ -503,7 +506,7 @@ func (a *Adapter) request(as *cp.Assignment) (*pipeline.Request, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(a.cfg.TransferDeadline)
 	}
-	req.Remote = &pipeline.Remote{Tokens: as.CachedTokens, Deadline: deadline}
+	req.Remote = &pipeline.Remote{Tokens: as.CachedTokens, Deadline: deadline, Prompt: as.CachedTokenIDs, Append: as.AppendTokens, Appended: new(int)}
 	for range as.Placement {
 		req.Remote.Sessions = append(req.Remote.Sessions, pipeline.Session{ID: own.SessionID, Secret: own.Secret})
 	}

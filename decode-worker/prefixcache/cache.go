@@ -84,6 +84,9 @@ type Stats struct {
 	Evictions int64 // entries dropped to make room
 	Inserts   int64
 	Skipped   int64 // snapshots or entries not kept for want of memory
+	// Head: remote states appended to an entry's rows (Holding found
+	// them), and the rows' tokens, not sent again.
+	Appends, AppendTokens int64
 }
 
 // ErrMissing is wrapped when a rank is asked for an entry or a snapshot it
@@ -221,6 +224,8 @@ func (c *Cache) Holding(prefix []int32) (uint64, Hash) {
 	if best == nil {
 		return 0, 0
 	}
+	c.stats.Appends++
+	c.stats.AppendTokens += int64(n)
 	return best.ID, best.chain[n/Block-1]
 }
 

@@ -17,8 +17,10 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
+	"github.com/tandem-inference/tandem/prefill-worker/sink"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
 )
 
@@ -249,6 +251,17 @@ func (a *Adapter) info() cp.WorkerInfo {
 		w.MemoryTotal = uint64(a.cfg.MemoryTotal)
 		w.MemoryFree = w.MemoryTotal // the budget is planned per pass, not reserved per job
 	}
+	if st := a.cfg.Worker.Store(); st != nil {
+		// The store's figures, and the prefixes a prompt can resume from:
+		// the router prices a remote prefill from there.
+		s := st.Stats()
+		pc := &cp.PrefixCacheInfo{Entries: s.Entries, Bytes: uint64(s.Bytes), Lookups: uint64(s.Lookups), Hits: uint64(s.Hits),
+			HitTokens: uint64(s.HitTokens), Misses: uint64(s.Misses), Evictions: uint64(s.Evictions), Salt: uint64(st.Salt())}
+		for _, l := range st.Links(cp.MaxCachedPrefixes) {
+			pc.Prefixes = append(pc.Prefixes, cp.CachedPrefix{Link: uint64(l.Hash), Tokens: l.Tokens})
+		}
+		w.PrefixCache = pc
+	}
 	return w
 }
 
@@ -286,13 +299,21 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		a.cfg.Metrics.assignment("resumed")
 		return rep, nil
 	}
-	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Job: as.JobID, Session: session, Secret: secret,
-		Placement: place, Deadline: deadline, Timeouts: a.cfg.Transfer, Conns: a.cfg.TransferConns})
+	sc := kvtransfer.SenderConfig{Job: as.JobID, Session: session, Secret: secret,
+		Placement: place, Deadline: deadline, Timeouts: a.cfg.Transfer, Conns: a.cfg.TransferConns}
+	if b := as.AppendTokens; b > 0 {
+		// The ranks hold the rows of the first b tokens: send the rest,
+		// naming the base by this worker's own chain over its own tokens,
+		// which the ranks check against the entry they restored.
+		chain := prefixkey.Chain(prefixkey.SHA256, a.salt(), as.TokenIDs[:b])
+		sc.Base, sc.BaseKey = b, uint64(chain[len(chain)-1])
+	}
+	snd, err := kvtransfer.NewSender(sc)
 	if err != nil {
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
 	j := &job{id: as.JobID, sender: snd, tokens: len(as.TokenIDs), assigned: time.Now(), layers: a.cfg.Worker.Model().NumLayers}
-	h, err := a.cfg.Worker.Submit(worker.Spec{ID: as.JobID, Tokens: as.TokenIDs, Sink: snd, Deadline: deadline,
+	h, err := a.cfg.Worker.Submit(worker.Spec{ID: as.JobID, Tokens: as.TokenIDs, Sink: sink.Suffix(snd, sc.Base), Deadline: deadline,
 		Progress: func(p scheduler.Progress) { a.progress(j, p) }})
 	if err != nil {
 		snd.Abort(err)
@@ -306,6 +327,15 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	a.cfg.Metrics.assignment("accepted")
 	a.log.Info("job assigned", zap.String("job", as.JobID), zap.Int("tokens", j.tokens), zap.Int("ranks", len(as.Placement)))
 	return rep, nil
+}
+
+// salt seeds the prefix-key chain as the decode ranks seed theirs: the
+// model's identity and the cache dtype.
+func (a *Adapter) salt() prefixkey.Hash {
+	if st := a.cfg.Worker.Store(); st != nil {
+		return st.Salt()
+	}
+	return prefixkey.Salt(a.cfg.ModelID, uint8(a.cfg.Worker.LatentDType()))
 }
 
 // placement checks the assignment and maps each layer to its rank's
@@ -361,7 +391,7 @@ func (a *Adapter) progress(j *job, p scheduler.Progress) {
 		stage, done = cp.StateTransferring, p.Total
 	}
 	a.publish(cp.WorkerProgress(a.cfg.WorkerID, j.id), &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Stage: stage, Time: now,
-		Layers: &cp.LayerProgress{Done: p.Layer, Total: p.Layers}, Tokens: done, Elapsed: p.Elapsed})
+		Layers: &cp.LayerProgress{Done: p.Layer, Total: p.Layers}, Tokens: done, Cached: p.Cached, Elapsed: p.Elapsed})
 	if last {
 		// Make sure the server has it before the last layer's state leaves:
 		// the decode group's first token, which follows the commit, must
@@ -384,7 +414,7 @@ func (a *Adapter) wait(j *job) {
 
 	st := j.sender.Stats()
 	a.cfg.Metrics.transfer(st)
-	p := &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Time: now, Tokens: res.Tokens,
+	p := &cp.Progress{JobID: j.id, WorkerID: a.cfg.WorkerID, Time: now, Tokens: res.Tokens, Cached: res.Cached,
 		Bytes: uint64(max(st.BytesSent, 0)), Elapsed: res.Prefill}
 	j.mu.Lock()
 	layer, computed, bytesThen := j.layer, j.computed, j.bytesThen

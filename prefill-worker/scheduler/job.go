@@ -37,9 +37,11 @@ type Progress struct {
 	Layer, Layers int // layers done in this pass
 	// Tokens done before this pass, in this pass, and in the whole prompt.
 	Done, InPass, Total int
-	ReadGBps            float64
-	Elapsed, ETA        time.Duration // of this pass
-	Final               bool          // this pass ends the prompt
+	// Cached tokens came from the job's Base (not prefilled).
+	Cached       int
+	ReadGBps     float64
+	Elapsed, ETA time.Duration // of this pass
+	Final        bool          // this pass ends the prompt
 }
 
 // Result is how a job went.

@@ -425,7 +425,7 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 		for i, sq := range seqs {
 			if f := jobs[i].spec.Progress; f != nil && sq.Err == nil {
 				pc := plan.Pieces[i]
-				f(Progress{Job: sq.ID, Pass: pass, Layer: p.Layer, Layers: p.Layers, Done: pc.Lo, InPass: pc.Len(), Total: len(jobs[i].spec.Tokens),
+				f(Progress{Job: sq.ID, Pass: pass, Layer: p.Layer, Layers: p.Layers, Done: pc.Lo, InPass: pc.Len(), Total: len(jobs[i].spec.Tokens), Cached: jobs[i].baseTokens,
 					ReadGBps: p.ReadGBps, Elapsed: p.Elapsed, ETA: p.ETA, Final: pc.Final})
 			}
 		}

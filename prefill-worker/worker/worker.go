@@ -323,6 +323,9 @@ func (w *Worker) Plan(lens []int) (planner.Plan, error) {
 // Model is the model's configuration.
 func (w *Worker) Model() *model.Config { return w.model }
 
+// LatentDType is the MLA cache dtype of the states the worker produces.
+func (w *Worker) LatentDType() model.DType { return w.cfg.LatentDType }
+
 // Depth is the prefetch depth of every pass.
 func (w *Worker) Depth() int { return w.depth }
 
