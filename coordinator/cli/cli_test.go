@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-inference/tandem/configs"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
@@ -161,6 +162,14 @@ func TestServeAndClientCommands(t *testing.T) {
 	out, _, err = run(ctx, append([]string{"workers"}, nats...)...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Each worker's model identity: the config and the tensors of dir.
+	modelID, err := modelinfo.Identity(dir)
+	if err != nil || !modelinfo.HasTensors(modelID) {
+		t.Fatalf("identity %q: %v", modelID, err)
+	}
+	if n := strings.Count(out, modelID); n != 3 {
+		t.Errorf("workers shows model %s %d times, want once per worker:\n%s", modelID, n, out)
 	}
 	for _, want := range []string{"prefill-0", "local-r0", "local-r1", "local r1/2", "[0,5)"} {
 		if !strings.Contains(out, want) {

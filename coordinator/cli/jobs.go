@@ -95,7 +95,7 @@ func oneLine(s string, n int) string {
 func workersCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "workers",
-		Short: "list the registered workers: kind, group and layers, load, memory and measured rates",
+		Short: "list the registered workers: kind, model identity, group and layers, load, memory and measured rates",
 		Long: "List the workers in the registry (the heartbeats in the " + cp.WorkersBucket + " bucket). The registry is\n" +
 			"the operator's: this command logs in as the coordinator (this machine's coordinator.json\nwhen no credentials are given).\n\n" +
 			settingsHelp(natsSettings),
@@ -168,7 +168,7 @@ func listWorkers(ctx context.Context, nc *nats.Conn) (ws []cp.WorkerInfo, skippe
 
 func printWorkers(w io.Writer, ws []cp.WorkerInfo, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKER\tKIND\tGROUP\tLAYERS\tBACKEND\tACTIVE\tQUEUE\tMEMORY FREE\tMAX SEQ\tRATES\tBEAT\tSTATE")
+	fmt.Fprintln(tw, "WORKER\tKIND\tMODEL\tGROUP\tLAYERS\tBACKEND\tACTIVE\tQUEUE\tMEMORY FREE\tMAX SEQ\tRATES\tBEAT\tSTATE")
 	for _, x := range ws {
 		group, layers := "-", "-"
 		if x.Kind == cp.KindDecode {
@@ -204,7 +204,7 @@ func printWorkers(w io.Writer, ws []cp.WorkerInfo, now time.Time) {
 		if x.Draining {
 			state = "not taking jobs"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s ago\t%s\n", x.ID, x.Kind, group, layers, x.Backend,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s ago\t%s\n", x.ID, x.Kind, x.Model, group, layers, x.Backend,
 			x.Active, x.QueueDepth, mem, maxSeq, strings.Join(rates, ", "), client.Duration(now.Sub(x.Time).Round(time.Millisecond)), state)
 	}
 	tw.Flush()

@@ -6,8 +6,6 @@
 package modelinfo
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,8 +19,8 @@ const ConfigFile = "config.json"
 
 // Info describes a model to the coordinator.
 type Info struct {
-	// ID identifies the model's configuration: workers of one job, and the
-	// coordinator, must agree on it.
+	// ID identifies the model (see Identity): workers of one job must have
+	// one, and the coordinator's must Match theirs.
 	ID           string
 	NumLayers    int
 	VocabSize    int
@@ -35,10 +33,12 @@ type Info struct {
 	// tails, in Cost.Shape).
 	Cost *costmodel.Model
 
-	mlaRow, kdaFixed int64 // bytes: one token's MLA row; one KDA layer's state and conv tails
+	mlaRow, kdaFixed int64  // bytes: one token's MLA row; one KDA layer's state and conv tails
+	canonical        []byte // CanonicalConfig
 }
 
-// Load reads dir/config.json.
+// Load reads dir/config.json and, when dir holds a checkpoint, its shard
+// headers for the identity (see Identity).
 func Load(dir string) (*Info, error) {
 	path := filepath.Join(dir, ConfigFile)
 	b, err := os.ReadFile(path)
@@ -49,37 +49,28 @@ func Load(dir string) (*Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model info: %s: %w", path, err)
 	}
-	return info, nil
-}
-
-// Identity is the model identity of the configuration in dir, as Load
-// computes it, without parsing it.
-func Identity(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	tensors, err := checkpointTensors(dir)
 	if err != nil {
-		return "", fmt.Errorf("model identity: %w", err)
+		return nil, fmt.Errorf("model info: %w", err)
 	}
-	return identity(b), nil
-}
-
-// identity hashes the configuration's bytes: two directories with the same
-// config.json serve the same model shape. (Weights are not hashed: reading
-// 1.5 TB to name a model is not an option; deployments that keep several
-// checkpoints of one shape name them through configuration.)
-func identity(config []byte) string {
-	sum := sha256.Sum256(config)
-	return "cfg-" + hex.EncodeToString(sum[:8])
+	info.ID = identityOf(info.canonical, tensors)
+	return info, nil
 }
 
 // Parse reads a config.json's contents. It validates them as every worker
 // does (internal/modelconfig), so the coordinator accepts exactly the
-// configs the workers accept, within the same limits.
+// configs the workers accept, within the same limits. Its identity is the
+// config's alone (Load adds the checkpoint's tensors).
 func Parse(config []byte) (*Info, error) {
 	c, err := modelconfig.Parse(config)
 	if err != nil {
 		return nil, err
 	}
-	info := &Info{ID: identity(config), NumLayers: c.NumLayers, VocabSize: c.VocabSize, MaxPositions: c.MaxPositions,
+	canonical, err := CanonicalConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	info := &Info{ID: identityOf(canonical, nil), canonical: canonical, NumLayers: c.NumLayers, VocabSize: c.VocabSize, MaxPositions: c.MaxPositions,
 		EOSTokenID: c.EOSTokenID, MLALayers: c.MLALayers, KDALayers: c.KDALayers}
 	const latentBytes = 2 // bf16 rows: the state contract
 	heads, headDim, conv := c.KDAHeads, c.KDAHeadDim, c.ConvKernel

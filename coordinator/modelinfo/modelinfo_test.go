@@ -38,21 +38,6 @@ func TestReleasedK3(t *testing.T) {
 	}
 }
 
-func TestIdentityFollowsTheConfig(t *testing.T) {
-	tiny, _ := configs.ModelPreset("tiny")
-	small, _ := configs.ModelPreset("small")
-	a, _ := Parse(tiny)
-	b, _ := Parse(small)
-	c, _ := Parse(tiny)
-	if a.ID == b.ID || a.ID != c.ID || !strings.HasPrefix(a.ID, "cfg-") {
-		t.Fatalf("ids %s %s %s", a.ID, b.ID, c.ID)
-	}
-	dir := t.TempDir()
-	if _, err := Identity(dir); err == nil {
-		t.Fatal("identity of a directory without config.json")
-	}
-}
-
 // hostile returns the tiny preset with text_config changed by edit.
 func hostile(t *testing.T, edit func(text map[string]any)) []byte {
 	t.Helper()

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 )
 
 // availability asks the coordinators whether a decode group serves the
@@ -88,7 +89,7 @@ func (a *availability) check(ctx context.Context) *apiError {
 	if rep == nil {
 		return nil
 	}
-	if rep.Model != a.model {
+	if !modelinfo.Match(a.model, rep.Model) {
 		return noWorkers(fmt.Sprintf("the coordinators serve model %s, this front door %s", rep.Model, a.model))
 	}
 	if ok, why := rep.Available(); !ok {
@@ -104,7 +105,7 @@ func (a *availability) ranks(ctx context.Context) (n int, known bool) {
 	if rep == nil {
 		return 0, false
 	}
-	if rep.Model != a.model {
+	if !modelinfo.Match(a.model, rep.Model) {
 		return 0, true
 	}
 	return rep.DecodeRanks, true

@@ -14,6 +14,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/jobrun"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 )
 
 // message is what reaches a running job: a worker's progress, the loss of
@@ -302,7 +303,7 @@ func (r *run) inquire() jobrun.Event {
 	ranks := map[string][]string{}
 	var asked []jobrun.WorkerReport
 	for _, w := range workers {
-		if w.Model != c.cfg.Model.ID {
+		if !modelinfo.Match(c.cfg.Model.ID, w.Model) {
 			continue
 		}
 		switch {
@@ -375,6 +376,9 @@ func (r *run) place(exclude []string) jobrun.Event {
 	g := pickGroup(gs, need, r.req.TokenIDs)
 	var pf *cp.WorkerInfo
 	for _, w := range prefillWorkers(workers, m) {
+		if g != nil && w.Model != g.Ranks[0].Model {
+			continue // the prefill worker's state must be the decode group's model's
+		}
 		if !slices.Contains(exclude, w.ID) || policy == cp.PolicyRemote {
 			pf = &w
 			break

@@ -243,8 +243,11 @@ func checkGroup(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
 	next := 0
 	for _, r := range ranks {
 		switch {
-		case r.Model != m.ID:
+		case !modelinfo.Match(m.ID, r.Model):
 			return fmt.Sprintf("rank %d (%s) serves model %q, the coordinator %q", r.Rank, r.ID, r.Model, m.ID)
+		case r.Model != ranks[0].Model:
+			// The ranks exchange activations computed from their tensors.
+			return fmt.Sprintf("rank %d (%s) serves model %q, rank %d (%s) %q", r.Rank, r.ID, r.Model, ranks[0].Rank, ranks[0].ID, ranks[0].Model)
 		case r.GroupSize != size:
 			return fmt.Sprintf("ranks disagree on the group size (%d and %d)", size, r.GroupSize)
 		case r.Draining:
@@ -281,7 +284,7 @@ func checkGroup(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
 func prefillWorkers(workers map[string]cp.WorkerInfo, m *modelinfo.Info) []cp.WorkerInfo {
 	var out []cp.WorkerInfo
 	for _, w := range workers {
-		if w.Kind == cp.KindPrefill && w.Model == m.ID && !w.Draining {
+		if w.Kind == cp.KindPrefill && modelinfo.Match(m.ID, w.Model) && !w.Draining {
 			out = append(out, w)
 		}
 	}
