@@ -61,6 +61,9 @@ type Assignment struct {
 	// Client is the client that submitted the job: the decode group's
 	// rank 0 publishes the tokens on ClientJobTokens(client, job id).
 	Client string `msgpack:"client" json:"client"`
+	// Encoding is the encoding of the client's submission (Encoding.Field:
+	// "" msgpack, "json"): rank 0 publishes the tokens in it.
+	Encoding string `msgpack:"encoding,omitempty" json:"encoding,omitempty"`
 	// Deadline is when the worker gives up and reports the job failed;
 	// zero means no deadline.
 	Deadline time.Time `msgpack:"deadline,omitempty" json:"deadline,omitzero"`
@@ -81,6 +84,9 @@ func (a *Assignment) Validate() error {
 	}
 	if err := CheckID(a.Client); err != nil {
 		return fieldErr(msg, "client", "%v", err)
+	}
+	if _, err := EncodingNamed(a.Encoding); err != nil {
+		return fieldErr(msg, "encoding", "%v", err)
 	}
 	if a.Role != RolePrefill && a.Role != RoleDecode {
 		return fieldErr(msg, "role", "is %q, must be prefill or decode", a.Role)

@@ -51,6 +51,27 @@ func (e Encoding) String() string {
 	return "msgpack"
 }
 
+// EncodingNamed is the encoding a message field names: "" or "msgpack",
+// or "json".
+func EncodingNamed(name string) (Encoding, error) {
+	switch name {
+	case "", "msgpack":
+		return MsgPack, nil
+	case "json":
+		return JSON, nil
+	}
+	return MsgPack, fmt.Errorf("is %q, want msgpack or json", name)
+}
+
+// Field is e as a message field gives it: "" for msgpack (the default,
+// left out), "json".
+func (e Encoding) Field() string {
+	if e == JSON {
+		return "json"
+	}
+	return ""
+}
+
 // ContentType is the Content-Type header value for e.
 func (e Encoding) ContentType() string {
 	if e == JSON {

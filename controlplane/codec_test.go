@@ -449,3 +449,32 @@ func TestRefusalOfAnUnnamedRequestIsValid(t *testing.T) {
 		t.Fatal("an acceptance without ids validates")
 	}
 }
+
+// TestSniff: without a Content-Type header, a payload is JSON exactly when
+// its first byte after JSON white space is '{', which no msgpack message
+// (a map) can start with.
+func TestSniff(t *testing.T) {
+	for _, c := range []struct {
+		data string
+		want Encoding
+	}{
+		{`{"prompt":"x"}`, JSON},
+		{" \t\r\n{}", JSON},
+		{"", MsgPack},
+		{"   ", MsgPack},
+		{"[1]", MsgPack},
+		{"\x81\xa6prompt\xa1x", MsgPack},
+		{"\xde\x00\x01", MsgPack},
+		{" \x81", MsgPack},
+	} {
+		if got := Sniff([]byte(c.data)); got != c.want {
+			t.Errorf("Sniff(%q) = %s, want %s", c.data, got, c.want)
+		}
+	}
+	// Every byte a msgpack map can start with is not '{' or white space.
+	for b := 0x80; b <= 0x8f; b++ {
+		if Sniff([]byte{byte(b)}) != MsgPack {
+			t.Fatalf("fixmap 0x%02x sniffed as JSON", b)
+		}
+	}
+}

@@ -19,6 +19,16 @@ type QueuedJob struct {
 	// Client is the client that submitted the job (its namespace gets the
 	// job's events and tokens; only it may cancel the job).
 	Client string `msgpack:"client" json:"client"`
+	// Encoding is the submission's encoding (Encoding.Field: "" msgpack,
+	// "json"), in which the client gets the job's events and tokens.
+	Encoding string `msgpack:"encoding,omitempty" json:"encoding,omitempty"`
+}
+
+// WireEncoding is the encoding the job's client gets its events and
+// tokens in (msgpack unless Encoding says json).
+func (j *QueuedJob) WireEncoding() Encoding {
+	e, _ := EncodingNamed(j.Encoding)
+	return e
 }
 
 // Validate checks the job and its request.
@@ -31,6 +41,9 @@ func (j *QueuedJob) Validate() error {
 	}
 	if err := CheckID(j.Client); err != nil {
 		return fieldErr("QueuedJob", "client", "%v", err)
+	}
+	if _, err := EncodingNamed(j.Encoding); err != nil {
+		return fieldErr("QueuedJob", "encoding", "%v", err)
 	}
 	return j.Request.Validate()
 }

@@ -12,10 +12,30 @@ import (
 // DefaultRequestTimeout bounds a request whose context has no deadline.
 const DefaultRequestTimeout = 10 * time.Second
 
-// EncodingOf returns the encoding a NATS message's Content-Type header names
-// (msgpack when absent).
+// EncodingOf returns the encoding of a NATS message: the one its
+// Content-Type header names, else JSON when the payload starts (after JSON
+// white space) with '{', else msgpack. The sniff is unambiguous: every
+// message is a msgpack map, whose first byte is 0x80-0x8f, 0xde or 0xdf,
+// while '{' and the white space bytes are msgpack integers, never a
+// message; so a JSON body from a tool that sets no headers (the nats CLI
+// without -H) is read, and answered, as JSON.
 func EncodingOf(m *nats.Msg) (Encoding, error) {
-	return ParseContentType(m.Header.Get(HeaderContentType))
+	if ct := m.Header.Get(HeaderContentType); ct != "" {
+		return ParseContentType(ct)
+	}
+	return Sniff(m.Data), nil
+}
+
+// Sniff is the encoding of a payload without a Content-Type header.
+func Sniff(data []byte) Encoding {
+	i := 0
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	if i < len(data) && data[i] == '{' {
+		return JSON
+	}
+	return MsgPack
 }
 
 // DecodeMsg decodes and validates m's payload into v, in the encoding its
@@ -49,7 +69,13 @@ func NewMsg(subject string, enc Encoding, v Message) (*nats.Msg, error) {
 
 // Publish sends v (msgpack) on subject.
 func Publish(nc *nats.Conn, subject string, v Message) error {
-	m, err := NewMsg(subject, MsgPack, v)
+	return PublishAs(nc, subject, MsgPack, v)
+}
+
+// PublishAs sends v on subject in encoding enc: a job's events and tokens
+// go to its client in the encoding of its submission.
+func PublishAs(nc *nats.Conn, subject string, enc Encoding, v Message) error {
+	m, err := NewMsg(subject, enc, v)
 	if err != nil {
 		return err
 	}

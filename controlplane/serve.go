@@ -68,7 +68,7 @@ func Answer[Req, Rep any, PReq interface {
 	req := PReq(new(Req))
 	enc, err := DecodeMsg(m, req)
 	if err == nil {
-		rep, err = handle(context.WithValue(ctx, subjectKey{}, m.Subject), req)
+		rep, err = handle(context.WithValue(context.WithValue(ctx, subjectKey{}, m.Subject), encodingKey{}, enc), req)
 		if err == nil && rep == nil {
 			err = fmt.Errorf("handler for %s returned no reply", m.Subject)
 		}
@@ -124,6 +124,15 @@ func Subscribe(nc *nats.Conn, subject, queue string, done <-chan struct{}, cb na
 }
 
 type subjectKey struct{}
+
+type encodingKey struct{}
+
+// RequestEncoding is the encoding of the request a Serve handler was
+// called for (msgpack outside a handler).
+func RequestEncoding(ctx context.Context) Encoding {
+	e, _ := ctx.Value(encodingKey{}).(Encoding)
+	return e
+}
 
 // RequestSubject is the subject of the request a Serve handler was called
 // for (e.g. which client's subject it came on); "" outside a handler.

@@ -118,13 +118,22 @@ func TestServeAnswersMalformedRequests(t *testing.T) {
 		{"negative max_tokens", "application/json", []byte(`{"prompt":"x","max_tokens":-5}`), "max_tokens: is -5"},
 		{"empty body", "application/json", nil, "empty input"},
 		{"bad msgpack", "", []byte{0x81, 0xa6, 'p', 'r', 'o', 'm', 'p', 't'}, "msgpack"},
-		{"json without its header", "", []byte(`{"prompt":"x"}`), "Content-Type: application/json"},
+		// Without a header, a body starting with '{' is JSON, answered as JSON.
+		{"json without its header", "", []byte(`{"prompt":"x","colour":"red"}`), `unknown field "colour"`},
+		{"json after white space, no header", "", []byte(" \r\n\t{\"prompt\":\"\"}"), "empty prompt"},
+		{"neither json nor a map, no header", "", []byte(`[1]`), "want a map"},
 		{"NaN temperature", "", mp(map[string]any{"prompt": "x", "temperature": math.NaN()}), "temperature: is NaN"},
 		{"unsupported content type", "text/plain", []byte("hello"), "not supported"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rawRequest(t, nc, tc.ct, tc.body)
 			enc, _ := ParseContentType(tc.ct)
+			if tc.ct == "" {
+				enc = Sniff(tc.body)
+			}
+			if got, _ := ParseContentType(r.Header.Get(HeaderContentType)); got != enc {
+				t.Fatalf("reply in %s, want %s", got, enc)
+			}
 			var rep SubmitReply
 			if err := Unmarshal(enc, r.Data, &rep); err != nil {
 				t.Fatalf("reply %q does not decode as %s: %v", r.Data, enc, err)

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
@@ -72,7 +73,27 @@ type ChatMessage struct {
 	Role    string `msgpack:"role" json:"role"`
 	Content string `msgpack:"content" json:"content"`
 	Name    string `msgpack:"name,omitempty" json:"name,omitempty"`
+	// ToolCalls are the calls an assistant turn made (after its content).
+	ToolCalls []ToolCall `msgpack:"tool_calls,omitempty" json:"tool_calls,omitempty"`
+	// ToolCallID is the call a tool turn answers (required on tool turns).
+	ToolCallID string `msgpack:"tool_call_id,omitempty" json:"tool_call_id,omitempty"`
 }
+
+// ToolCall is one function call of an assistant turn: the call's id (the
+// tool turn that answers it names it), the function and its arguments as
+// the model wrote them (JSON by convention).
+type ToolCall struct {
+	ID        string `msgpack:"id" json:"id"`
+	Name      string `msgpack:"name" json:"name"`
+	Arguments string `msgpack:"arguments" json:"arguments"`
+}
+
+// MaxToolCalls bounds the calls of one assistant turn; MaxToolsBytes the
+// tool declarations of a submission.
+const (
+	MaxToolCalls  = 128
+	MaxToolsBytes = 1 << 20
+)
 
 var chatRoles = map[string]bool{"system": true, "user": true, "assistant": true, "tool": true}
 
@@ -82,6 +103,10 @@ type SubmitRequest struct {
 	TokenIDs []int32       `msgpack:"token_ids,omitempty" json:"token_ids,omitempty"`
 	Prompt   string        `msgpack:"prompt,omitempty" json:"prompt,omitempty"`
 	Messages []ChatMessage `msgpack:"messages,omitempty" json:"messages,omitempty"`
+	// Tools declares the functions the model may call in a chat (a JSON
+	// array of {name, description, parameters}), framed before the first
+	// turn; only with messages.
+	Tools    string `msgpack:"tools,omitempty" json:"tools,omitempty"`
 	Sampling `msgpack:",inline"`
 	// IdempotencyKey makes a submission safe to retry: every submission
 	// with the same key within the queue's duplicate window runs once and
@@ -124,6 +149,18 @@ func (r *SubmitRequest) Validate() error {
 	if err := validateChat(msg, r.Messages); err != nil {
 		return err
 	}
+	if r.Tools != "" {
+		if len(r.Messages) == 0 {
+			return fieldErr(msg, "tools", "is given without messages: tools are declared in a chat")
+		}
+		if err := checkText(msg, "tools", r.Tools, MaxToolsBytes); err != nil {
+			return err
+		}
+		var decls []json.RawMessage
+		if err := json.Unmarshal([]byte(r.Tools), &decls); err != nil {
+			return fieldErr(msg, "tools", "is not a JSON array of function declarations: %v", err)
+		}
+	}
 	if err := r.Sampling.validate(msg); err != nil {
 		return err
 	}
@@ -151,6 +188,30 @@ func validateChat(msg string, turns []ChatMessage) error {
 		}
 		if len(m.Name) > 256 || !utf8.ValidString(m.Name) {
 			return fieldErr(msg, field+".name", "must be valid UTF-8 of at most 256 bytes")
+		}
+		switch {
+		case m.Role == "tool" && m.ToolCallID == "":
+			return fieldErr(msg, field+".tool_call_id", "is missing: a tool turn names the call it answers")
+		case m.Role != "tool" && m.ToolCallID != "":
+			return fieldErr(msg, field+".tool_call_id", "is given on a %s turn; only tool turns answer a call", m.Role)
+		case len(m.ToolCallID) > 256 || !utf8.ValidString(m.ToolCallID):
+			return fieldErr(msg, field+".tool_call_id", "must be valid UTF-8 of at most 256 bytes")
+		case len(m.ToolCalls) > 0 && m.Role != "assistant":
+			return fieldErr(msg, field+".tool_calls", "are given on a %s turn; only assistant turns make calls", m.Role)
+		case len(m.ToolCalls) > MaxToolCalls:
+			return fieldErr(msg, field+".tool_calls", "has %d calls, at most %d allowed", len(m.ToolCalls), MaxToolCalls)
+		}
+		for j, c := range m.ToolCalls {
+			cf := fmt.Sprintf("%s.tool_calls[%d]", field, j)
+			switch {
+			case c.Name == "" || len(c.Name) > 256 || !utf8.ValidString(c.Name):
+				return fieldErr(msg, cf+".name", "must be 1 to 256 bytes of UTF-8")
+			case len(c.ID) > 256 || !utf8.ValidString(c.ID):
+				return fieldErr(msg, cf+".id", "must be valid UTF-8 of at most 256 bytes")
+			case !utf8.ValidString(c.Arguments):
+				return fieldErr(msg, cf+".arguments", "is not valid UTF-8")
+			}
+			total += len(c.Arguments)
 		}
 		total += len(m.Content)
 		content = content || strings.TrimSpace(m.Content) != ""

@@ -77,6 +77,10 @@ func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = "client-" + cp.NewJobID()
 	}
+	// An invalid request is refused here, not retried until ctx ends.
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
 	client := cp.ClientName(nc)
 	id := cp.JobIDForKey(client, req.IdempotencyKey)
 	if nc.IsClosed() {

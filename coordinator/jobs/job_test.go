@@ -119,7 +119,7 @@ func TestTableListsNewestFirstAndForgetsOldFinished(t *testing.T) {
 	for i := range 4 {
 		j := New("j-"+string(rune('a'+i)), at(i), 1)
 		jobs = append(jobs, j)
-		tb.Own(j.ID, []string{"alice", "bob"}[i%2])
+		tb.Own(j.ID, []string{"alice", "bob"}[i%2], cp.MsgPack)
 		tb.Record(j.Queued(""))
 	}
 	if l := tb.List("bob", "", 0); len(l) != 2 || l[0].JobID != "j-d" || l[1].JobID != "j-b" {

@@ -15,13 +15,13 @@ type Table struct {
 
 	mu       sync.Mutex
 	latest   map[string]cp.JobEvent
-	owners   map[string]string // job id -> the client that submitted it
-	finished []string          // ids of finished jobs, oldest first
+	owners   map[string]owner // job id -> the client that submitted it
+	finished []string         // ids of finished jobs, oldest first
 }
 
 // NewTable keeps up to keep finished jobs (at least 1).
 func NewTable(keep int) *Table {
-	return &Table{keep: max(keep, 1), latest: map[string]cp.JobEvent{}, owners: map[string]string{}}
+	return &Table{keep: max(keep, 1), latest: map[string]cp.JobEvent{}, owners: map[string]owner{}}
 }
 
 // Record stores ev as its job's latest event, unless the table holds a
@@ -61,20 +61,35 @@ func (t *Table) Get(id string) (cp.JobEvent, bool) {
 	return ev, ok
 }
 
-// Own records the client that submitted job id (before its first event,
-// so that every event of the job reaches the client).
-func (t *Table) Own(id, client string) {
+// owner is the client of a job and the encoding it submitted in.
+type owner struct {
+	client string
+	enc    cp.Encoding
+}
+
+// Own records the client that submitted job id and the encoding of its
+// submission (before the job's first event, so that every event of the
+// job reaches the client, in the client's encoding).
+func (t *Table) Own(id, client string, enc cp.Encoding) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.owners[id] = client
+	t.owners[id] = owner{client, enc}
 }
 
 // Owner returns the client that submitted job id.
 func (t *Table) Owner(id string) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c, ok := t.owners[id]
-	return c, ok
+	o, ok := t.owners[id]
+	return o.client, ok
+}
+
+// Encoding returns the encoding job id's client submitted it in: its
+// events go to the client in it.
+func (t *Table) Encoding(id string) cp.Encoding {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.owners[id].enc
 }
 
 // List returns the latest event of each job of client owner (every job's
@@ -84,7 +99,7 @@ func (t *Table) List(owner string, state cp.JobState, limit int) []cp.JobEvent {
 	t.mu.Lock()
 	out := make([]cp.JobEvent, 0, len(t.latest))
 	for id, ev := range t.latest {
-		if owner != "" && t.owners[id] != owner {
+		if owner != "" && t.owners[id].client != owner {
 			continue
 		}
 		if state == "" || ev.State == state {

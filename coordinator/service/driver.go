@@ -95,8 +95,10 @@ type run struct {
 	log   *zap.Logger
 	inbox *mailbox
 	m     *jobrun.Machine
-	// client submitted the job: its events and tokens go to its namespace.
-	client string
+	// client submitted the job: its events and tokens go to its namespace,
+	// in encoding (QueuedJob.Encoding).
+	client   string
+	encoding string
 
 	// changed is closed at the next registry change after the last
 	// placement try.
@@ -113,7 +115,7 @@ type run struct {
 // state, released when the coordinator stops first.
 func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 	qj := d.Job
-	r := &run{c: c, id: qj.JobID, req: &qj.Request, client: qj.Client, inbox: newMailbox(), ended: make(chan struct{}),
+	r := &run{c: c, id: qj.JobID, req: &qj.Request, client: qj.Client, encoding: qj.Encoding, inbox: newMailbox(), ended: make(chan struct{}),
 		log: c.log.With(zap.String("job", qj.JobID))}
 	c.mu.Lock()
 	if c.runs[qj.JobID] != nil {
@@ -124,7 +126,7 @@ func (c *Coordinator) drive(ctx context.Context, d *cp.Delivery) {
 		return
 	}
 	c.runs[qj.JobID] = r
-	c.table.Own(qj.JobID, qj.Client)
+	c.table.Own(qj.JobID, qj.Client, qj.WireEncoding())
 	cancelled, early := c.pendingCancel[qj.JobID]
 	delete(c.pendingCancel, qj.JobID)
 	c.mu.Unlock()
@@ -404,7 +406,7 @@ func (r *run) place(exclude []string) jobrun.Event {
 			return jobrun.Candidate{At: time.Now(), Why: why, Unreachable: pf.ID}
 		}
 	}
-	a := cp.Assignment{JobID: r.id, GroupID: g.ID, Client: r.client, Sampling: r.req.Sampling}
+	a := cp.Assignment{JobID: r.id, GroupID: g.ID, Client: r.client, Encoding: r.encoding, Sampling: r.req.Sampling}
 	var session string
 	var secret []byte
 	if remote {

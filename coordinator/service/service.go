@@ -228,7 +228,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	// The job list starts with the jobs already in the queue (a restart
 	// must not hide them until they are routed).
 	if err := c.queue.Stored(setup, func(qj *cp.QueuedJob) {
-		c.table.Own(qj.JobID, qj.Client)
+		c.table.Own(qj.JobID, qj.Client, qj.WireEncoding())
 		c.table.Record(jobs.New(qj.JobID, qj.Submitted, len(qj.Request.TokenIDs)).Queued("stored in the job queue"))
 	}); err != nil {
 		c.log.Warn("listing the queued jobs", zap.Error(err))
@@ -381,7 +381,7 @@ func (c *Coordinator) publish(ev cp.JobEvent) {
 		c.log.Error("job event of a job without a client", zap.String("job", ev.JobID), zap.String("state", string(ev.State)))
 		return
 	}
-	if err := cp.Publish(c.nc, cp.ClientJobEvents(owner, ev.JobID), &ev); err != nil {
+	if err := cp.PublishAs(c.nc, cp.ClientJobEvents(owner, ev.JobID), c.table.Encoding(ev.JobID), &ev); err != nil {
 		c.log.Warn("publish job event", zap.String("job", ev.JobID), zap.String("state", string(ev.State)), zap.Error(err))
 	}
 }

@@ -166,12 +166,15 @@ func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.Su
 		return nil, err
 	}
 	job := jobs.New(id, received, len(stored.TokenIDs))
-	c.table.Own(id, client)
+	// The job's events and tokens go to the client in its submission's
+	// encoding: a JSON submitter (the nats CLI) reads them as JSON.
+	enc := cp.RequestEncoding(ctx)
+	c.table.Own(id, client, enc)
 	ev := job.Queued(fmt.Sprintf("%d prompt tokens, up to %d new", len(stored.TokenIDs), stored.MaxTokens))
 	// Announced before it is stored, so that no later event of the job can
 	// overtake it.
 	c.publish(ev)
-	enq, err := c.queue.Enqueue(ctx, &cp.QueuedJob{JobID: id, Submitted: received, Request: *stored, Client: client})
+	enq, err := c.queue.Enqueue(ctx, &cp.QueuedJob{JobID: id, Submitted: received, Request: *stored, Client: client, Encoding: enc.Field()})
 	if err != nil {
 		var re *cp.RemoteError
 		if !errors.As(err, &re) {
@@ -186,7 +189,7 @@ func (c *Coordinator) submit(ctx context.Context, req *cp.SubmitRequest) (*cp.Su
 		// duplicate.
 		if fe, ferr := job.Advance(cp.StateFailed, time.Now(), jobs.Update{
 			Err: &cp.JobError{Code: codeOf(err), Message: "not queued: " + err.Error()}}); ferr == nil {
-			_ = cp.Publish(c.nc, cp.ClientJobEvents(client, id), &fe)
+			_ = cp.PublishAs(c.nc, cp.ClientJobEvents(client, id), enc, &fe)
 		}
 		c.table.Forget(id)
 		c.m.Submission(string(codeOf(err)))
@@ -229,7 +232,7 @@ func refuse(code cp.ErrorCode, format string, args ...any) error {
 func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 	m, tok := c.cfg.Model, c.cfg.Tokenizer
 	out := *req
-	out.Prompt, out.Messages = "", nil
+	out.Prompt, out.Messages, out.Tools = "", nil, ""
 	switch {
 	case req.Prompt != "" || len(req.Messages) > 0:
 		if tok == nil {
@@ -240,14 +243,17 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 			ids = tok.Encode(req.Prompt)
 		} else {
 			turns := make([]tokenizer.Message, 0, len(req.Messages))
-			for i, t := range req.Messages {
-				if t.Role == "tool" {
-					return nil, refuse(cp.CodeBadRequest, "messages[%d].role: tool turns are not supported by this model's chat format", i)
+			for _, t := range req.Messages {
+				// Framed as the HTTP front door frames them (docs/API.md,
+				// "Chat format and tools"): one template for both doors.
+				m := tokenizer.Message{Role: t.Role, Content: t.Content, ToolCallID: t.ToolCallID}
+				for _, c := range t.ToolCalls {
+					m.ToolCalls = append(m.ToolCalls, tokenizer.ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
 				}
-				turns = append(turns, tokenizer.Message{Role: t.Role, Content: t.Content})
+				turns = append(turns, m)
 			}
 			var err error
-			if ids, err = tok.EncodeChat(turns, tokenizer.ChatOptions{OpenAssistant: true}); err != nil {
+			if ids, err = tok.EncodeChat(turns, tokenizer.ChatOptions{OpenAssistant: true, Tools: req.Tools}); err != nil {
 				return nil, refuse(cp.CodeBadRequest, "messages: %v", err)
 			}
 			// A chat turn ends with <|end_of_msg|>: stop there.

@@ -22,7 +22,8 @@ type stream struct {
 	a        *Adapter
 	id       string
 	tokens   string // the subject of the job's tokens, in its client's namespace
-	prompt   int    // prompt tokens (run here or cached)
+	enc      cp.Encoding
+	prompt   int // prompt tokens (run here or cached)
 	local    bool
 	stopIDs  map[int32]bool
 	dec      *tokenizer.StreamDecoder
@@ -63,7 +64,8 @@ var _ pipeline.Sink = (*stream)(nil)
 const progressEvery = 2 * time.Second
 
 func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
-	s := &stream{a: a, id: as.JobID, tokens: cp.ClientJobTokens(as.Client, as.JobID), prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
+	enc, _ := cp.EncodingNamed(as.Encoding) // validated with the assignment
+	s := &stream{a: a, id: as.JobID, tokens: cp.ClientJobTokens(as.Client, as.JobID), enc: enc, prompt: len(req.Tokens) + as.CachedTokens, local: as.CachedTokens == 0,
 		stopIDs: map[int32]bool{}, text: tokenizer.StopText{Stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
 		log: a.log.With(zap.String("job", as.JobID))}
 	s.latest = cp.Progress{JobID: as.JobID, WorkerID: a.cfg.WorkerID, Stage: cp.StatePrefilling, Time: time.Now()}
@@ -274,7 +276,11 @@ func (s *stream) publish(subject string, m cp.Message) {
 	if silent {
 		return
 	}
-	if err := cp.Publish(s.a.cfg.Conn, subject, m); err != nil {
+	enc := cp.MsgPack
+	if subject == s.tokens {
+		enc = s.enc // the client's tokens, in its submission's encoding
+	}
+	if err := cp.PublishAs(s.a.cfg.Conn, subject, enc, m); err != nil {
 		s.log.Warn("publish failed", zap.String("subject", subject), zap.Error(err))
 	}
 }
