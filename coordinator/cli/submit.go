@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -25,6 +26,12 @@ file (--file, "-" for stdin) or token ids (--ids 5,17,200). Text is tokenized
 by the coordinator; --chat frames it as a user turn and stops at the end of
 the model's turn. The generated text goes to stdout as it streams (token ids
 when the model has no tokenizer); the route and the timing go to stderr.
+On a terminal, stderr shows the job's progress as it goes (queued, waiting
+for a weight pass, layers prefilled n/N, transfer, the first token);
+piped or redirected, it stays quiet until the report at the end. --json
+prints the job's events and tokens instead, one JSON object a line, as a
+JSON submitter gets them on NATS (JobEvent and TokenMsg of
+docs/PROTOCOL.md: an event has "state", a token "index").
 
 The client picks an idempotency key (or takes --key), so it knows the job id
 before submitting and a retried submit runs the job once.
@@ -48,7 +55,7 @@ before submitting and a retried submit runs the job once.
 	f.String("policy", "", "routing: auto, local or remote (default: the coordinator's)")
 	f.String("key", "", "idempotency key (default: a random one)")
 	f.Duration("timeout", 0, "give up waiting after this long (0: never; the job keeps running); until then the client rides out any outage of NATS or the coordinator")
-	f.Bool("json", false, "print the job's events as JSON lines on stdout instead of the text")
+	f.Bool("json", false, "print the job's events and tokens as JSON lines on stdout instead of the text")
 	addFlags(f, natsSettings)
 	return cmd
 }
@@ -80,23 +87,41 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 	defer nc.Close()
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	asJSON, _ := f.GetBool("json")
+	var jsonErr error
+	printJSON := func(v any) {
+		// Events and tokens as the protocol's JSON objects, one a line: what
+		// a JSON submitter reads on NATS (docs/PROTOCOL.md).
+		b, err := json.Marshal(v)
+		if err == nil {
+			_, err = fmt.Fprintln(out, string(b))
+		}
+		if err != nil && jsonErr == nil {
+			jsonErr = err
+		}
+	}
+	// Progress only on a terminal: piped or redirected, stderr stays
+	// quiet until the report at the end.
+	var prog *progressLine
+	if !asJSON && isTerminal(errw) {
+		prog = newProgressLine(errw, time.Now())
+		defer prog.Close()
+	}
 	h := client.Handlers{
 		Event: func(ev cp.JobEvent) {
-			if asJSON {
-				b, _ := json.Marshal(ev)
-				fmt.Fprintln(out, string(b))
-				return
-			}
-			switch ev.State {
-			case cp.StateQueued:
-				fmt.Fprintf(errw, "job %s queued: %s\n", ev.JobID, ev.Detail)
-			case cp.StateRouted:
-				fmt.Fprintf(errw, "routed %s\n  %s\n", client.Route(ev.Route), ev.Route.Reason)
+			switch {
+			case asJSON:
+				printJSON(ev)
+			case prog != nil:
+				prog.event(ev)
 			}
 		},
 		Token: func(t cp.TokenMsg) {
+			if prog != nil {
+				prog.token()
+			}
 			switch {
 			case asJSON:
+				printJSON(t)
 			case t.Text != "":
 				fmt.Fprint(out, client.Printable(t.Text))
 			case t.TokenID >= 0 && req.Prompt == "" && len(req.Messages) == 0:
@@ -123,8 +148,15 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 			}
 		}
 	}
+	if prog != nil {
+		prog.Close()
+	}
 	if !asJSON {
 		fmt.Fprintln(out)
+		if prog == nil && res.Final.Route != nil {
+			// Not shown as it happened: the route leads the report.
+			fmt.Fprintf(errw, "routed %s\n  %s\n", client.Route(res.Final.Route), res.Final.Route.Reason)
+		}
 		fmt.Fprintf(errw, "job %s %s", res.JobID, res.Final.State)
 		if res.Finish != "" {
 			fmt.Fprintf(errw, " (%s)", res.Finish)
@@ -136,6 +168,9 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 		if res.Final.Route != nil {
 			fmt.Fprint(errw, client.Timing(res.Final.Timing, res.Final.Route.Target))
 		}
+	}
+	if jsonErr != nil {
+		return fmt.Errorf("--json: writing the job's events and tokens: %w", jsonErr)
 	}
 	return res.Err()
 }

@@ -1,0 +1,8 @@
+package cli
+
+import "golang.org/x/sys/windows"
+
+func terminal(fd uintptr) bool {
+	var mode uint32
+	return windows.GetConsoleMode(windows.Handle(fd), &mode) == nil
+}
