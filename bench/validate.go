@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-inference/tandem/kernels/conformance"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kernels/cuda"
+	"github.com/tandem-inference/tandem/kernels/metal"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
@@ -27,7 +28,7 @@ import (
 )
 
 func init() {
-	register(command{"validate", "what a GPU owner runs: conformance on the device, per-op throughput against measured limits, a streamed pass (Markdown + JSON + PNG)", runValidate})
+	register(command{"validate", "what a GPU or Mac owner runs: conformance on the device, then per-op throughput and a streamed pass (cuda), or decode steps against the bandwidth ceiling and local prefill (metal) (Markdown + JSON + PNG)", runValidate})
 }
 
 // Targets of issue 13 (each a ratio against a limit measured in the run).
@@ -47,6 +48,7 @@ type validateReport struct {
 	Limits      validateLimits      `json:"limits"`
 	Ops         []opFigure          `json:"ops"`
 	Pass        *passFigure         `json:"pass,omitempty"`
+	Decode      *decodeFigure       `json:"decode,omitempty"`
 	Notes       []string            `json:"notes"`
 }
 
@@ -95,22 +97,26 @@ type validateFlags struct {
 	copyMiB                        int
 	budget                         string
 	device                         int
+	decode                         bool // decode figures instead of the prefill ones
+	greedyTokens                   int
 }
 
 func runValidate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	var f validateFlags
-	fs.StringVar(&f.backend, "backend", "cuda", "backend to validate: cuda, or cpu (the same steps on the reference, to check the command)")
+	fs.StringVar(&f.backend, "backend", "cuda", "backend to validate: cuda (the prefill GPU), metal (a Mac's GPU: decode figures), or cpu (the same steps on the reference, to check the command)")
+	fs.BoolVar(&f.decode, "decode", false, "the decode figures (decode steps against the bandwidth ceiling, local prefill, greedy ids) instead of the prefill ones; always on with --backend metal")
+	fs.IntVar(&f.greedyTokens, "greedy-tokens", 8, "decode figures: greedy tokens per prompt compared with the CPU backend")
 	fs.IntVar(&f.device, "cuda-device", 0, "CUDA device ordinal")
 	fs.StringVar(&f.out, "out", "validate-report", "directory for validate.md, validate.json and validate.png")
 	fs.StringVar(&f.model, "model", "", "checkpoint for conformance's layer and model checks (default: the tiny synthetic preset, generated once)")
-	fs.StringVar(&f.passModel, "pass-model", "", "checkpoint for the streamed pass (default: the small synthetic preset on cuda, tiny on cpu)")
+	fs.StringVar(&f.passModel, "pass-model", "", "checkpoint for the streamed pass, or the decode figures' model (default: the small synthetic preset on cuda and metal, tiny on cpu)")
 	fs.BoolVar(&f.full, "full", false, "the whole conformance suite instead of its CI subset")
 	fs.StringVar(&f.only, "only", "", "run only the conformance cases whose names contain one of these (comma-separated)")
 	fs.IntVar(&f.tokens, "tokens", 0, "rows of the per-op figures (default 8192 on cuda: K3 prefill shapes; 32 on cpu)")
 	fs.IntVar(&f.experts, "experts", 0, "routed experts of the MoE figure (default 896, K3's, on cuda; 4 on cpu)")
 	fs.IntVar(&f.topK, "top-k", 0, "experts per token of the MoE figure (default 16 on cuda; 2 on cpu)")
-	fs.IntVar(&f.passTokens, "pass-tokens", 0, "prompt tokens of the streamed pass (default 4096 on cuda; 64 on cpu)")
+	fs.IntVar(&f.passTokens, "pass-tokens", 0, "prompt tokens of the streamed pass or of the decode figures' local prefill (default 4096 on cuda, 512 on metal; 64 on cpu)")
 	fs.IntVar(&f.copyMiB, "copy-mib", 0, "size of the copy-rate measurements (default 1024 on cuda; 32 on cpu)")
 	fs.StringVar(&f.budget, "mem-budget", "", "host memory budget of the streamed pass (default 16GiB on cuda; 512MiB on cpu)")
 	if err := fs.Parse(args); err != nil {
@@ -120,6 +126,9 @@ func runValidate(ctx context.Context, args []string) error {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
 	}
 	gpu := f.backend == "cuda"
+	if f.backend == "metal" {
+		f.decode = true
+	}
 	def := func(v *int, g, c int) {
 		if *v == 0 {
 			*v = c
@@ -132,7 +141,13 @@ func runValidate(ctx context.Context, args []string) error {
 	def(&f.experts, 896, 4)
 	def(&f.topK, 16, 2)
 	def(&f.passTokens, 4096, 64)
+	if f.backend == "metal" && f.passTokens == 64 {
+		f.passTokens = 512
+	}
 	def(&f.copyMiB, 1024, 32)
+	if f.backend == "metal" && f.copyMiB == 32 {
+		f.copyMiB = 1024
+	}
 	if f.budget == "" {
 		f.budget = "512MiB"
 		if gpu {
@@ -150,11 +165,19 @@ func runValidate(ctx context.Context, args []string) error {
 		defer b.Close()
 		in := b.Info()
 		be, rep.Device = b, fmt.Sprintf("%s (sm_%d%d, %d SMs, %s, driver %d)", in.Name, in.CC[0], in.CC[1], in.SMs, progress.HumanBytes(int64(in.TotalMem)), in.DriverVersion)
+	case "metal":
+		b, err := metal.Open()
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		_, total := b.DeviceMemory()
+		be, rep.Device = b, fmt.Sprintf("%s (working set %s)", b.Name(), progress.HumanBytes(total))
 	case "cpu":
 		be, rep.Device = cpu.New(0), "host CPU"
 		rep.Notes = append(rep.Notes, "run on the CPU reference: these figures check the command, not a GPU")
 	default:
-		return fmt.Errorf("backend %q: want cuda or cpu", f.backend)
+		return fmt.Errorf("backend %q: want cuda, metal or cpu", f.backend)
 	}
 	if err := os.MkdirAll(f.out, 0o755); err != nil {
 		return err
@@ -174,11 +197,19 @@ func runValidate(ctx context.Context, args []string) error {
 	if f.only != "" {
 		only = strings.Split(f.only, ",")
 	}
-	cr, err := conformance.Run(ctx, be, conformance.Options{Short: !f.full, ModelDir: modelDir, Only: only, Log: func(s string) { logf("%s", s) }})
+	cr, err := conformance.Run(ctx, be, conformance.Options{Short: !f.full, ModelDir: modelDir, Only: only, Absorbed: f.decode, Log: func(s string) { logf("%s", s) }})
 	if err != nil {
 		return err
 	}
 	rep.Conformance, rep.ConformOK = cr, len(cr.Failed()) == 0
+
+	if f.decode {
+		logf("== decode figures")
+		if err := measureRankDecode(ctx, be, f, rep, logf); err != nil {
+			return err
+		}
+		return writeValidate(f.out, rep)
+	}
 
 	// 2. Limits and per-op figures.
 	logf("== limits and per-op throughput")
@@ -262,17 +293,7 @@ func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf f
 	rep.Limits.H2DGBps = float64(len(w.Data)) / d.Seconds() / 1e9
 
 	// Device copy: read and write every byte once.
-	rows := n / 4 / cols
-	a, b := be.NewTensor(rows, cols), be.NewTensor(rows, cols)
-	d = best(3, func() time.Duration {
-		t := time.Now()
-		be.CopyBlock(b, 0, 0, a, 0, 0, rows, cols)
-		syncOn(be, b)
-		return time.Since(t)
-	})
-	rep.Limits.HBMCopyGBps = 2 * float64(rows*cols*4) / d.Seconds() / 1e9
-	be.Free(a)
-	be.Free(b)
+	rep.Limits.HBMCopyGBps = copyRate(be, n)
 
 	// BF16 GEMM: the best rate of this backend's MatMul over large shapes
 	// is the limit the K3 shapes are held to.
@@ -453,6 +474,10 @@ func writeValidate(dir string, rep *validateReport) error {
 		chart.Categories = append(chart.Categories, "pass bound / pass_s")
 		ratios = append(ratios, 1/rep.Pass.Ratio)
 	}
+	if d := rep.Decode; d != nil {
+		chart.Categories = append(chart.Categories, "batch-1 step: ceiling / measured", "batch-16 speedup / 6")
+		ratios = append(ratios, d.Ratio1, d.Speedup16/targetBatch16)
+	}
 	chart.Parts = []report.Part{{Name: "measured / limit", Values: ratios}}
 	if err := chart.SavePNG(filepath.Join(dir, "validate.png")); err != nil {
 		return err
@@ -462,9 +487,16 @@ func writeValidate(dir string, rep *validateReport) error {
 	d.Para("Device: %s. Conformance: %s.", rep.Device, map[bool]string{true: "every case passed", false: fmt.Sprintf("%d case(s) FAILED", len(rep.Conformance.Failed()))}[rep.ConformOK])
 	d.Heading(2, "Conformance")
 	d.Para("%s", rep.Conformance.Markdown())
-	d.Heading(2, "Limits measured in this run")
-	d.Bullets(fmt.Sprintf("BF16 GEMM: %.2f TFLOP/s (%s)", rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape),
-		fmt.Sprintf("device copy: %.1f GB/s", rep.Limits.HBMCopyGBps), fmt.Sprintf("pinned host-to-device: %.1f GB/s", rep.Limits.H2DGBps))
+	if dec := rep.Decode; dec != nil {
+		title, body := decodeMarkdown(dec)
+		d.Heading(2, title)
+		d.Para("%s", body)
+	}
+	if len(rep.Ops) > 0 {
+		d.Heading(2, "Limits measured in this run")
+		d.Bullets(fmt.Sprintf("BF16 GEMM: %.2f TFLOP/s (%s)", rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape),
+			fmt.Sprintf("device copy: %.1f GB/s", rep.Limits.HBMCopyGBps), fmt.Sprintf("pinned host-to-device: %.1f GB/s", rep.Limits.H2DGBps))
+	}
 	t := &report.Table{Header: []string{"op", "shape", "rate", "limit", "ratio", "target"}}
 	for _, o := range rep.Ops {
 		tgt := ""
@@ -473,8 +505,10 @@ func writeValidate(dir string, rep *validateReport) error {
 		}
 		t.Add(o.Op, o.Shape, fmt.Sprintf("%.3f %s", o.Rate, o.Unit), fmt.Sprintf("%.3f", o.Limit), fmt.Sprintf("%.2f", o.Ratio), tgt)
 	}
-	d.Heading(2, "Per-op throughput")
-	d.Table(t)
+	if len(rep.Ops) > 0 {
+		d.Heading(2, "Per-op throughput")
+		d.Table(t)
+	}
 	if p := rep.Pass; p != nil {
 		d.Heading(2, "Streamed pass")
 		d.Para("%d layers of %s (%s), %d tokens: pass %.3f s; compute %.3f s; every layer's upload at the pinned rate %.3f s; read %.2f GB/s. pass_s / max(H2D, compute) = %.2f (target <= %.2f: %s).",

@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -67,6 +68,65 @@ func TestValidateNoGPU(t *testing.T) {
 	t.Setenv(cuda.LibEnv, filepath.Join(t.TempDir(), "missing"))
 	err := runValidate(context.Background(), []string{"--backend", "cuda", "--out", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "libcuda.so.1") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestValidateDecodeCPU runs the decode figures' steps on the CPU reference
+// with the tiny model: conformance with MLA's absorbed form, decode steps
+// at batch 1 and 16 against the bandwidth ceiling, local prefill, greedy
+// ids, and the report.
+func TestValidateDecodeCPU(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	out := t.TempDir()
+	captureStdout(t, func() error {
+		return runValidate(context.Background(), []string{"--backend", "cpu", "--decode", "--out", out, "--only", "mla_attention/absorbed",
+			"--copy-mib", "4", "--pass-tokens", "32", "--greedy-tokens", "3"})
+	})
+	var rep validateReport
+	b, err := os.ReadFile(filepath.Join(out, "validate.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ConformOK || len(rep.Conformance.Results) == 0 || rep.Conformance.Results[0].Name != "mla_attention/absorbed" {
+		t.Errorf("conformance: %+v", rep.Conformance)
+	}
+	d := rep.Decode
+	if d == nil || d.Layers != 9 || !(d.StepBytes > 0) || d.StepBytes >= d.ResidentBytes || !(d.CopyGBps > 0) || !(d.Step1S > 0) || !(d.Step16S > 0) ||
+		!(d.Ratio1 > 0) || !(d.Speedup16 > 0) || !(d.PrefillTokS > 0) || d.PrefillTokens != 32 {
+		t.Fatalf("decode figures %+v", d)
+	}
+	// The CPU against itself: every greedy id equal.
+	if d.GreedyPrompts != 4 || d.GreedyEqual != 4 || d.GreedyTokens != 3 {
+		t.Errorf("greedy: %d of %d prompts equal over %d tokens", d.GreedyEqual, d.GreedyPrompts, d.GreedyTokens)
+	}
+	if len(rep.Ops) != 0 || rep.Pass != nil {
+		t.Errorf("prefill figures in a decode run: %d ops, pass %+v", len(rep.Ops), rep.Pass)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "validate.md"))
+	if err != nil || !strings.Contains(string(md), "Decode rank") || !strings.Contains(string(md), "of the ceiling") {
+		t.Errorf("validate.md: %v\n%s", err, md)
+	}
+	f, err := os.Open(filepath.Join(out, "validate.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Errorf("validate.png: %v", err)
+	}
+}
+
+// Off macOS, validate --backend metal fails at once, saying why.
+func TestValidateNoMetal(t *testing.T) {
+	if runtime.GOOS == "darwin" {
+		t.Skip("macOS may have Metal")
+	}
+	err := runValidate(context.Background(), []string{"--backend", "metal", "--out", t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "Metal is only available on macOS on Apple Silicon") {
 		t.Fatalf("err = %v", err)
 	}
 }

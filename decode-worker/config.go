@@ -39,6 +39,7 @@ var settings = []config.Setting{
 	{Key: "model", Default: "", Help: "checkpoint directory: config.json + safetensors shards (required)"},
 	{Key: "listen", Default: "", Help: "listen address (default: the rank's endpoint)"},
 	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
+	{Key: "backend", Default: "cpu", Help: "compute backend: cpu, metal (the Mac's GPU; not yet run on a Mac, see kernels/metal) or auto (metal on Apple Silicon when it opens, else cpu)"},
 	{Key: "memory_budget", Default: "0", Help: "sequence state memory budget, a byte size: 64GiB (0: the group file's, else unlimited)"},
 	{Key: "micro_batches", Default: 0, Help: "steps in flight (0: the number of ranks)"},
 	{Key: "max_batch", Default: 64, Help: "sequences per decode step"},
@@ -96,6 +97,7 @@ type workerConfig struct {
 	Model        string
 	Listen       string
 	Threads      int
+	Backend      string // cpu, metal or auto
 	MemoryBudget int64
 	MicroBatches int
 	MaxBatch     int
@@ -185,7 +187,7 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		return nil, err
 	}
 	c := &workerConfig{Rank: v.GetInt("rank"), GroupConfig: v.GetString("group_config"), Model: v.GetString("model"),
-		Listen: v.GetString("listen"), Threads: v.GetInt("threads"), MicroBatches: v.GetInt("micro_batches"),
+		Listen: v.GetString("listen"), Threads: v.GetInt("threads"), Backend: v.GetString("backend"), MicroBatches: v.GetInt("micro_batches"),
 		MaxBatch: v.GetInt("max_batch"), PrefillChunk: v.GetInt("prefill_chunk"), LatentEps: v.GetFloat64("latent_norm_eps"),
 		PrefixCache: v.GetBool("prefix_cache.enabled"), PrefixStride: v.GetInt("prefix_cache.stride"),
 		StepTimeout: v.GetDuration("step_timeout"), Heartbeat: v.GetDuration("mesh.heartbeat"), Idle: v.GetDuration("mesh.idle"),
@@ -215,6 +217,11 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 	c.RDMA.SlotSize = int(slot)
 	if c.CacheDType, err = model.ParseCacheDType(v.GetString("cache_dtype")); err != nil {
 		return nil, fmt.Errorf("cache_dtype: %w", err)
+	}
+	switch c.Backend {
+	case "cpu", "metal", "auto":
+	default:
+		return nil, fmt.Errorf("backend %q: want cpu, metal or auto", c.Backend)
 	}
 	switch c.Transport {
 	case "tcp", "rdma", "auto":

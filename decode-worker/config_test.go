@@ -87,7 +87,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Rank != 0 || cfg.MaxBatch != 64 || cfg.PrefillChunk != 512 || cfg.CacheDType != model.BF16 ||
-		cfg.Idle != 3*time.Second || cfg.Heartbeat != 500*time.Millisecond || !cfg.Frontdoor || cfg.LogLevel != "info" {
+		cfg.Idle != 3*time.Second || cfg.Heartbeat != 500*time.Millisecond || !cfg.Frontdoor || cfg.LogLevel != "info" || cfg.Backend != "cpu" {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	// File < environment < flags.
@@ -108,6 +108,7 @@ func TestLoadConfig(t *testing.T) {
 		{"--group-config", "g.yaml", "--model", "m", "--rank", "-1"},
 		{"--group-config", "g.yaml", "--model", "m", "--cache-dtype", "fp8"},
 		{"--group-config", "g.yaml", "--model", "m", "--memory-budget", "-3"},
+		{"--group-config", "g.yaml", "--model", "m", "--backend", "cuda"},
 		{"--group-config", "g.yaml", "--model", "m", "--config", "/nonexistent/w.yaml"},
 		{"--no-such-flag"},
 	} {

@@ -45,11 +45,12 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/health"
-	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/sysverbs"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/safetensors"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -78,6 +79,13 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	}
 	defer base.Sync()
 	log := base
+	// The backend first: --backend metal where there is no Metal ends here.
+	be, kind, closeBackend, err := openBackend(cfg.Backend, cfg.Threads, log)
+	if err != nil {
+		return err
+	}
+	defer closeBackend()
+	cfg.Backend = kind
 
 	mcfg, err := model.LoadConfig(filepath.Join(cfg.Model, "config.json"))
 	if err != nil {
@@ -94,8 +102,20 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	// rank (the adapter its worker id) themselves.
 	log = base.With(zap.String("group", layout.Group), zap.Int("rank", cfg.Rank))
 	spec := layout.Ranks[cfg.Rank]
-	log.Info("loading weights", zap.String("model", cfg.Model), zap.Int("lo", spec.Lo), zap.Int("hi", spec.Hi))
-	m, err := rank.LoadShard(cfg.Model, cpu.New(cfg.Threads), layout, cfg.Rank, cfg.LatentEps)
+	if dm, ok := be.(kernels.DeviceMemory); ok {
+		ck, err := safetensors.Open(cfg.Model)
+		if err != nil {
+			return err
+		}
+		need := residentBytes(ck, layout, cfg.Rank)
+		ck.Close()
+		_, total := dm.DeviceMemory()
+		if err := checkFits(need, total, cfg.Rank, spec.Lo, spec.Hi); err != nil {
+			return err
+		}
+	}
+	log.Info("loading weights", zap.String("model", cfg.Model), zap.Int("lo", spec.Lo), zap.Int("hi", spec.Hi), zap.String("backend", be.Name()))
+	m, err := rank.LoadShard(cfg.Model, be, layout, cfg.Rank, cfg.LatentEps)
 	if err != nil {
 		return err
 	}
@@ -252,7 +272,7 @@ func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w
 	}
 	a, err := cpadapter.Start(ctx, cpadapter.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: w, Layout: layout, Rank: cfg.Rank,
 		Model: mcfg, ModelID: modelID, LatentDType: cfg.CacheDType, Tokenizer: tok, Advertise: cfg.Advertise,
-		Heartbeat: cfg.Beat, Metrics: m, MetricsAddr: metricsAddr, Log: log})
+		Backend: cfg.Backend, Heartbeat: cfg.Beat, Metrics: m, MetricsAddr: metricsAddr, Log: log})
 	if err != nil {
 		nc.Close()
 		return nil, nil, err

@@ -47,10 +47,12 @@ func (b *Backend) Close() error {
 	return b.dev.Close()
 }
 
-// view is a tensor's place: a buffer and a byte offset.
+// view is a tensor's place: a buffer and a byte offset; owner when the
+// tensor holds the buffer (a view of rows of another tensor does not).
 type view struct {
-	buf Buffer
-	off int
+	buf   Buffer
+	off   int
+	owner bool
 }
 
 func (v *view) RowsView(lo, hi, cols int) any { return &view{buf: v.buf, off: v.off + 4*lo*cols} }
@@ -99,8 +101,7 @@ func (b *Backend) FreeHost([]byte) {}
 
 // matDev is a bound weight: its data and scales wrapped as buffers.
 type matDev struct {
-	data, scales       Buffer
-	dataOff, scalesOff int
+	data, scales Buffer
 }
 
 // Bind wraps the weight's bytes (an mmapped checkpoint's pages or a
@@ -114,16 +115,16 @@ func (b *Backend) Bind(m *kernels.Matrix) error {
 	}
 	md := &matDev{}
 	var err error
-	if md.data, md.dataOff, err = b.dev.WrapBuffer(m.Data); err != nil {
+	if md.data, err = b.dev.WrapBuffer(m.Data); err != nil {
 		return fmt.Errorf("metal: binding %s (%d bytes): %w", m.Name, len(m.Data), err)
 	}
 	if len(m.Scales) > 0 {
-		if md.scales, md.scalesOff, err = b.dev.WrapBuffer(m.Scales); err != nil {
+		if md.scales, err = b.dev.WrapBuffer(m.Scales); err != nil {
 			md.data.Release()
 			return fmt.Errorf("metal: binding %s's scales (%d bytes): %w", m.Name, len(m.Scales), err)
 		}
 	} else {
-		md.scales, md.scalesOff = md.data, md.dataOff // bound, never read
+		md.scales = md.data // bound, never read
 	}
 	m.Dev = md
 	return nil
@@ -154,7 +155,7 @@ func (b *Backend) matrix(m *kernels.Matrix) *matDev {
 // weight is a bound matrix's data and scales arguments.
 func (b *Backend) weight(m *kernels.Matrix) (Arg, Arg) {
 	md := b.matrix(m)
-	return Arg{Buf: md.data, Off: md.dataOff}, Arg{Buf: md.scales, Off: md.scalesOff}
+	return Arg{Buf: md.data}, Arg{Buf: md.scales}
 }
 
 // buffer allocates n bytes (at least 4: Metal has no empty buffers).
@@ -168,13 +169,13 @@ func (b *Backend) buffer(op string, n int) Buffer {
 
 // NewTensor allocates a zeroed tensor in shared storage.
 func (b *Backend) NewTensor(rows, cols int) *kernels.Tensor {
-	return &kernels.Tensor{Rows: rows, Cols: cols, Dev: &view{buf: b.buffer("NewTensor", 4*rows*cols)}}
+	return &kernels.Tensor{Rows: rows, Cols: cols, Dev: &view{buf: b.buffer("NewTensor", 4*rows*cols), owner: true}}
 }
 
 // Free releases a tensor's buffer (Metal keeps it until the dispatches
 // that use it have run). A view of another tensor owns nothing.
 func (b *Backend) Free(t *kernels.Tensor) {
-	if v, ok := t.Dev.(*view); ok && v.off == 0 {
+	if v, ok := t.Dev.(*view); ok && v.owner {
 		v.buf.Release()
 	}
 	t.Dev = nil
@@ -244,23 +245,43 @@ func (b *Backend) temp(op string, v any) Buffer {
 	return buf
 }
 
-// AttachState copies a sequence state into a new shared buffer.
+// f32Bytes views fp32 values as their bytes.
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+// AttachState wraps the state's own bytes as a device buffer (no copy:
+// the memory is unified), so the ops update the state in place, and a
+// state that arrived over kvtransfer is used where it was written.
 func (b *Backend) AttachState(host []float32, rows, cols int) *kernels.Tensor {
 	if len(host) != rows*cols {
 		panic(fmt.Sprintf("metal.AttachState: %d values for [%d, %d]", len(host), rows, cols))
 	}
-	t := b.NewTensor(rows, cols)
-	copy(f32s(b.view(t).buf, 0, len(host)), host)
-	return t
+	if len(host) == 0 {
+		return b.NewTensor(rows, cols)
+	}
+	buf, err := b.dev.WrapBuffer(f32Bytes(host))
+	if err != nil {
+		deviceFailed("AttachState", err)
+	}
+	return &kernels.Tensor{Rows: rows, Cols: cols, Dev: &view{buf: buf, owner: true}}
 }
 
-// DetachState waits for the ops, copies the state back and frees it.
+// DetachState waits for the ops and drops the wrapping; the values are
+// already in host (copied only when t is not host's wrapping).
 func (b *Backend) DetachState(t *kernels.Tensor, host []float32) {
-	b.Download(host, t)
+	v := b.view(t)
+	b.wait("DetachState")
+	if len(host) > 0 && &v.buf.Bytes()[v.off] != &f32Bytes(host)[0] {
+		copy(host, f32s(v.buf, v.off, len(host)))
+	}
 	b.Free(t)
 }
 
-// latentDev is an attached latent cache: its rows in a shared buffer.
+// latentDev is an attached latent cache: its host bytes wrapped.
 type latentDev struct {
 	buf  Buffer
 	bf16 bool
@@ -279,7 +300,8 @@ func latentBytes(c *kernels.LatentCache) ([]byte, bool) {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&c.F32[0])), 4*len(c.F32)), false
 }
 
-// AttachLatent copies the cache's valid rows into a shared buffer.
+// AttachLatent wraps the cache's own bytes as a device buffer (no copy):
+// WriteLatent writes the host rows directly.
 func (b *Backend) AttachLatent(c *kernels.LatentCache, valid int) {
 	host, bf16 := latentBytes(c)
 	es := 4
@@ -289,24 +311,27 @@ func (b *Backend) AttachLatent(c *kernels.LatentCache, valid int) {
 	if len(host) != c.Rows*c.Cols*es || valid < 0 || valid > c.Rows {
 		panic(fmt.Sprintf("metal.AttachLatent: [%d, %d] cache of %d bytes, %d valid rows", c.Rows, c.Cols, len(host), valid))
 	}
-	buf := b.buffer("AttachLatent", len(host))
-	copy(buf.Bytes(), host[:valid*c.Cols*es])
+	var buf Buffer
+	var err error
+	if len(host) == 0 {
+		buf, err = b.dev.NewBuffer(4)
+	} else {
+		buf, err = b.dev.WrapBuffer(host)
+	}
+	if err != nil {
+		deviceFailed("AttachLatent", err)
+	}
 	c.Dev = &latentDev{buf: buf, bf16: bf16}
 }
 
-// DetachLatent waits, writes rows [from, Rows) back and frees the copy.
+// DetachLatent waits for the ops (which wrote the host rows in place) and
+// drops the wrapping.
 func (b *Backend) DetachLatent(c *kernels.LatentCache, from int) {
 	ld, ok := c.Dev.(*latentDev)
 	if !ok {
 		panic("metal.DetachLatent: cache not attached")
 	}
-	host, _ := latentBytes(c)
-	es := 4
-	if ld.bf16 {
-		es = 2
-	}
 	b.wait("DetachLatent")
-	copy(host[from*c.Cols*es:], ld.buf.Bytes()[from*c.Cols*es:len(host)])
 	ld.buf.Release()
 	c.Dev = nil
 }

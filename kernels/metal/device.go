@@ -31,9 +31,10 @@ type Device interface {
 	// NewBuffer returns n zeroed bytes of shared storage.
 	NewBuffer(n int) (Buffer, error)
 	// WrapBuffer makes host memory usable by kernels without copying it
-	// (mmapped weights): it returns a buffer that contains b at byte offset
-	// off. The memory must stay valid until the buffer is released.
-	WrapBuffer(b []byte) (buf Buffer, off int, err error)
+	// (mmapped weights, sequence states): the buffer's bytes are b, and its
+	// offsets count from b's start. The memory must stay valid until the
+	// buffer is released.
+	WrapBuffer(b []byte) (Buffer, error)
 	// Dispatch encodes one kernel launch: groups threadgroups of threads
 	// each (both x, y, z). Dispatches run in the order encoded, each seeing
 	// the memory effects of the ones before.

@@ -194,9 +194,10 @@ type mtlDevice struct {
 }
 
 type mtlBuffer struct {
-	id  objc.ID
-	b   []byte
-	rel sync.Once
+	id   objc.ID
+	b    []byte
+	base int // where b starts in the Metal buffer (a wrapped buffer starts at b's page)
+	rel  sync.Once
 }
 
 func (b *mtlBuffer) Bytes() []byte { return b.b }
@@ -226,12 +227,13 @@ func (d *mtlDevice) NewBuffer(n int) (Buffer, error) {
 }
 
 // WrapBuffer wraps the pages holding b (newBufferWithBytesNoCopy needs a
-// page-aligned start and length), so mmapped weights are used in place.
-// Where Metal refuses, it copies once and counts the bytes (Copied).
-func (d *mtlDevice) WrapBuffer(b []byte) (Buffer, int, error) {
+// page-aligned start and length), so mmapped weights and sequence states
+// are used in place. Where Metal refuses, it copies once and counts the
+// bytes (Copied); such a buffer is not b, which Backend.DetachState
+// notices.
+func (d *mtlDevice) WrapBuffer(b []byte) (Buffer, error) {
 	if len(b) == 0 {
-		buf, err := d.NewBuffer(4)
-		return buf, 0, err
+		return d.NewBuffer(4)
 	}
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	base := p &^ (devPage - 1)
@@ -240,24 +242,22 @@ func (d *mtlDevice) WrapBuffer(b []byte) (Buffer, int, error) {
 	pool(func() {
 		id := rt.sendNoCopy(rt.device, sel("newBufferWithBytesNoCopy:length:options:deallocator:"), base, uint64(end-base), storageShared, 0)
 		if id != 0 {
-			buf = &mtlBuffer{id: id, b: unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b))}
+			buf = &mtlBuffer{id: id, b: b, base: int(p - base)}
 		}
 	})
 	runtime.KeepAlive(b)
 	if buf != nil {
-		// The device buffer starts at the page (its offsets count from
-		// there); Bytes is b itself.
-		return buf, int(p - base), nil
+		return buf, nil
 	}
 	nb, err := d.NewBuffer(len(b))
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	copy(nb.Bytes(), b)
 	d.mu.Lock()
 	d.copied += int64(len(b))
 	d.mu.Unlock()
-	return nb, 0, nil
+	return nb, nil
 }
 
 // Copied is the number of weight bytes WrapBuffer had to copy.
@@ -326,12 +326,11 @@ func (d *mtlDevice) Dispatch(kernel string, groups, threads [3]int, args ...Arg)
 	return nil
 }
 
-// bufferID is the Metal buffer behind a Buffer (argument offsets count
-// from its start).
+// bufferID is the Metal buffer behind a Buffer and where the Buffer's
+// bytes start in it.
 func bufferID(b Buffer) (objc.ID, int) {
-	switch v := b.(type) {
-	case *mtlBuffer:
-		return v.id, 0
+	if v, ok := b.(*mtlBuffer); ok {
+		return v.id, v.base
 	}
 	panic(fmt.Sprintf("metal: a %T is not a Metal buffer", b))
 }

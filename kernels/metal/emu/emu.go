@@ -70,11 +70,11 @@ func (d *Device) NewBuffer(n int) (metal.Buffer, error) {
 }
 
 // WrapBuffer uses the host's bytes themselves, as Metal's no-copy buffers do.
-func (d *Device) WrapBuffer(b []byte) (metal.Buffer, int, error) {
+func (d *Device) WrapBuffer(b []byte) (metal.Buffer, error) {
 	d.mu.Lock()
 	d.used += int64(len(b))
 	d.mu.Unlock()
-	return &buffer{b: b, d: d}, 0, nil
+	return &buffer{b: b, d: d}, nil
 }
 
 func (d *Device) Dispatch(kernel string, groups, threads [3]int, args ...metal.Arg) error {

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"runtime"
+
+	"go.uber.org/zap"
+
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kernels/metal"
+	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/safetensors"
+)
+
+// openBackend makes the compute backend --backend names: cpu, metal (the
+// Mac's GPU; an error saying why where there is none), or auto (Metal on
+// Apple Silicon when it opens, else the CPU, with the reason logged). It
+// returns the resolved kind ("cpu" or "metal") and a func that releases
+// the backend. The Metal backend has been checked only through its host
+// emulator (kernels/metal/emu), never on a Mac.
+func openBackend(kind string, threads int, log *zap.Logger) (kernels.Backend, string, func(), error) {
+	if kind == "cpu" || (kind == "auto" && !(runtime.GOOS == "darwin" && runtime.GOARCH == "arm64")) {
+		return cpu.New(threads), "cpu", func() {}, nil
+	}
+	b, err := metal.Open()
+	if err != nil {
+		if kind == "metal" {
+			return nil, "", nil, fmt.Errorf("--backend metal: %w", err)
+		}
+		log.Info("backend auto: Metal is not usable, computing on the CPU", zap.Error(err))
+		return cpu.New(threads), "cpu", func() {}, nil
+	}
+	free, total := b.DeviceMemory()
+	log.Info("backend: Metal", zap.String("requested", kind), zap.String("device", b.Name()),
+		zap.Int64("working_set_bytes", total), zap.Int64("free_bytes", free))
+	return b, "metal", func() { b.Close() }, nil
+}
+
+// residentBytes is the checkpoint's bytes rank r of l keeps resident: its
+// layers' tensors, the embedding on rank 0 and the other model-level
+// tensors (final mix, norm, lm_head) on the last rank.
+func residentBytes(ck *safetensors.Checkpoint, l *rank.Layout, r int) int64 {
+	s := l.Ranks[r]
+	var n int64
+	for _, name := range ck.Names() {
+		L, ok := model.LayerOf(name)
+		if !ok {
+			continue
+		}
+		t, _ := ck.Tensor(name)
+		switch {
+		case L == model.GlobalsGroup && isEmbedding(name):
+			if r == 0 {
+				n += t.Size
+			}
+		case L == model.GlobalsGroup:
+			if r == l.Last() {
+				n += t.Size
+			}
+		case L >= s.Lo && L < s.Hi:
+			n += t.Size
+		}
+	}
+	return n
+}
+
+func isEmbedding(name string) bool { return name == "language_model.model.embed_tokens.weight" }
+
+// checkFits refuses a rank whose resident weights exceed the GPU's working
+// set: the device would page, or fail mid-step, instead of failing here.
+func checkFits(need, total int64, r, lo, hi int) error {
+	if total > 0 && need > total {
+		return fmt.Errorf("rank %d's layers [%d, %d) hold %s of weights, more than the GPU's working set of %s: give this rank fewer layers in the group config, or run it with --backend cpu",
+			r, lo, hi, rank.Bytes(need), rank.Bytes(total))
+	}
+	return nil
+}
