@@ -241,7 +241,16 @@ func (b *Backend) ShortConvSiLU(dst, x *kernels.Tensor, span kernels.Span, w *ke
 	if span.Len() == 0 {
 		return
 	}
-	b.dispatch("tandem_short_conv_silu", strided(P), tg256, b.out(dst), b.in(x), b.in(w), b.out(tail), params(span.Lo, span.Len(), P, K))
+	// w is the model's own host tensor (a weight), or a backend tensor.
+	wa := Arg{}
+	if w.Dev != nil {
+		wa = b.in(w)
+	} else {
+		t := b.temp("ShortConvSiLU", w.Data)
+		defer t.Release()
+		wa = Arg{Buf: t}
+	}
+	b.dispatch("tandem_short_conv_silu", strided(P), tg256, b.out(dst), b.in(x), wa, b.out(tail), params(span.Lo, span.Len(), P, K))
 }
 
 // KDAGate maps z to the log decay in place.

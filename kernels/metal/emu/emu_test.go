@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-inference/tandem/kernels/conformance"
 	"github.com/tandem-inference/tandem/kernels/internal/emuharness"
 	"github.com/tandem-inference/tandem/kernels/metal"
+	"github.com/tandem-inference/tandem/model/synth"
 )
 
 // The driver is built once per test run in two variants (and reused across
@@ -154,5 +155,42 @@ func TestPlantedBugsAreCaught(t *testing.T) {
 				t.Logf("caught by %s: rel %.3g %s", r.Name, r.Rel, r.Note)
 			}
 		})
+	}
+}
+
+// TestModelOnTheEmulator runs conformance's layer and model checks on the
+// emulated GPU with the tiny synthetic model: every layer kind given the
+// reference's input and state, the last-position logits, and states
+// prefilled on the Metal backend that the CPU continues (greedy ids
+// against the all-CPU path).
+func TestModelOnTheEmulator(t *testing.T) {
+	bin, _ := drivers(t)
+	dir, err := synth.Ensure(context.Background(), synth.CacheDir(), "tiny", 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := Open(bin, nil, dispatchTime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := metal.New(dev)
+	defer be.Close()
+	// No op case is named "-": only the layer and model checks run.
+	rep, err := conformance.Run(context.Background(), be, conformance.Options{Short: true, ModelDir: dir, Only: []string{"-"}, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d dispatches", dev.Dispatches())
+	if len(rep.Results) == 0 {
+		t.Fatal("no checks ran")
+	}
+	for _, r := range rep.Results {
+		t.Logf("%-4v %-22s %-40s rel %.2e max %.2e tol %.0e %s", r.Pass, r.Name, r.Shape, r.Rel, r.Max, r.Tol, r.Note)
+	}
+	for _, r := range rep.Failed() {
+		t.Errorf("%s: rel %.3g, max %.3g over tolerance %.0e %s", r.Name, r.Rel, r.Max, r.Tol, r.Note)
+	}
+	if rep.Agreement < 1 {
+		t.Errorf("greedy agreement with the all-CPU path %.3f, want 1", rep.Agreement)
 	}
 }

@@ -71,7 +71,7 @@ struct Sync {
 struct Fiber {
 	ucontext_t ctx;
 	jmp_buf jb;
-	std::unique_ptr<char[]> stack;
+	char* stack = nullptr;
 	bool started = false, done = false;
 	unsigned turn = 0; // collectives taken, to pick an exchange buffer
 };
@@ -179,6 +179,19 @@ inline void fiber_main(int i) {
 	jump(w, next_live(w, i));
 }
 
+// stack_pool returns worker wid's fiber stacks for n threads, kept for the
+// driver's lifetime: a driver runs thousands of dispatches, and mapping and
+// unmapping 256 stacks for each one would cost more than most kernels.
+inline char* stack_pool(int wid, int n) {
+	static std::vector<std::unique_ptr<char[]>> pool(8);
+	static std::vector<int> have(8);
+	if (have[wid] < n) {
+		pool[wid].reset(new char[(size_t)n * kStack]);
+		have[wid] = n;
+	}
+	return pool[wid].get();
+}
+
 // dispatch runs body(worker, thread index) for every thread of every
 // threadgroup. Threadgroup sizes must be a whole number of SIMD-groups
 // (tandem's dispatches always are) and at most 1024.
@@ -187,8 +200,8 @@ inline void dispatch(const Launch& l, const Body& body) {
 	if (n <= 0 || n % kSimd != 0 || n > 1024) die("threadgroup size must be a multiple of 32, at most 1024");
 	long total = (long)l.groups.x * l.groups.y * l.groups.z;
 	std::atomic<long> next{0};
-	int nw = (int)std::max(1L, std::min<long>(total, std::max(1u, std::min(4u, std::thread::hardware_concurrency()))));
-	auto run = [&] {
+	int nw = (int)std::max(1L, std::min<long>(total, std::max(1u, std::min(4u, std::thread::hardware_concurrency())))); // ≤ 8: stack_pool's slots
+	auto run = [&](int wid) {
 		Worker w;
 		W = &w;
 		w.n = w.live = n;
@@ -201,11 +214,12 @@ inline void dispatch(const Launch& l, const Body& body) {
 		if (w.finished) return;
 		ucontext_t tmpl;
 		if (getcontext(&tmpl) != 0) die("getcontext failed");
+		char* stacks = stack_pool(wid, n);
 		for (int i = 0; i < n; i++) {
 			Fiber& f = w.f[i];
-			f.stack.reset(new char[kStack]);
+			f.stack = stacks + (size_t)i * kStack;
 			f.ctx = tmpl;
-			f.ctx.uc_stack.ss_sp = f.stack.get();
+			f.ctx.uc_stack.ss_sp = f.stack;
 			f.ctx.uc_stack.ss_size = kStack;
 			f.ctx.uc_link = nullptr;
 			makecontext(&f.ctx, (void (*)())fiber_main, 1, i);
@@ -213,8 +227,8 @@ inline void dispatch(const Launch& l, const Body& body) {
 		if (!_setjmp(w.main)) jump(w, 0);
 	};
 	std::vector<std::thread> ts;
-	for (int i = 1; i < nw; i++) ts.emplace_back(run);
-	run();
+	for (int i = 1; i < nw; i++) ts.emplace_back(run, i);
+	run(0);
 	for (auto& t : ts) t.join();
 }
 
