@@ -1,4 +1,4 @@
-// Command bench holds tandem's model tools (mkmodel, logits, generate,
+// Command bench holds tandem's model tools (mkmodel, logits, generate, checkpoint,
 // tokenize) and its benchmarks (stream, transfer, e2e, sim, calibrate,
 // validate).
 // Each subcommand lives in its own file and registers itself in init.

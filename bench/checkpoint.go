@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/model/layout"
+)
+
+func init() {
+	register(command{name: "checkpoint", short: "verify a checkpoint directory; list or copy the shards a decode rank needs", run: runCheckpoint})
+}
+
+const checkpointUsage = `usage: bench checkpoint verify [--layers A-B | --rank R --ranks N] DIR
+       bench checkpoint shards [--layers A-B [--globals] | --rank R --ranks N] [--copy DEST] DIR
+
+verify checks DIR (config.json, model.safetensors.index.json and the shards)
+without reading tensor data: every tensor the config implies is in the index
+and in the shard the index names, with the dtype and shape the config implies;
+every shard exists with the size its header implies. It reads only the shards
+the range needs (default: the whole model) and prints each problem as
+FILE: [tensor NAME:] what is wrong, expected and found; it exits 1 when any.
+
+shards lists the shard files a part of the model needs: layers A-B (0-based,
+inclusive; --globals adds the embedding, final norm and lm_head, which a
+decode group's first and last ranks bind), or decode rank R of N with the
+layers split evenly as a group file without layer lists splits them. With
+--copy DEST it copies them into DEST whole, with config.json, the index and
+the tokenizer, and writes every other shard as a header-only stub (its real
+header, then a hole: no disk), because every process opens all the shards'
+headers but reads only its own layers; DEST/tandem-shards.json names the
+stubs, and verify with a range that needs one says so.
+
+`
+
+func runCheckpoint(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, checkpointUsage)
+		if len(args) == 0 {
+			return errors.New("want a subcommand: verify or shards")
+		}
+		return nil
+	}
+	sub := args[0]
+	fs := flag.NewFlagSet("checkpoint "+sub, flag.ContinueOnError)
+	layers := fs.String("layers", "", "layers A-B (0-based, inclusive) or a single layer")
+	globals := fs.Bool("globals", false, "with --layers: also the model-level tensors (embedding, final norm, lm_head)")
+	rk := fs.Int("rank", -1, "decode rank R (with --ranks)")
+	ranks := fs.Int("ranks", 0, "the decode group's size, layers split evenly")
+	var dest *string
+	if sub == "shards" {
+		dest = fs.String("copy", "", "copy the shards into this directory (stubs for the others)")
+	}
+	fs.Usage = func() { fmt.Fprint(fs.Output(), checkpointUsage); fs.PrintDefaults() }
+	if sub != "verify" && sub != "shards" {
+		fs.Usage()
+		return fmt.Errorf("unknown subcommand %q: want verify or shards", sub)
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errors.New("want one checkpoint directory")
+	}
+	dir := fs.Arg(0)
+	cfg, _, err := layout.Open(dir)
+	if err != nil {
+		return err
+	}
+	var rg *layout.Range
+	switch {
+	case *layers != "" && *ranks > 0:
+		return errors.New("give --layers or --rank/--ranks, not both")
+	case *layers != "":
+		r, err := parseLayers(*layers)
+		if err != nil {
+			return err
+		}
+		r.Globals = *globals
+		rg = &r
+	case *ranks > 0 || *rk >= 0:
+		if *ranks <= 0 || *rk < 0 || *rk >= *ranks {
+			return fmt.Errorf("--rank %d --ranks %d: want 0 <= rank < ranks", *rk, *ranks)
+		}
+		split, err := rank.Split(cfg.NumLayers, *ranks)
+		if err != nil {
+			return err
+		}
+		// The first rank embeds, the last projects to the vocabulary.
+		rg = &layout.Range{Lo: split[*rk][0], Hi: split[*rk][1], Globals: *rk == 0 || *rk == *ranks-1}
+	case *globals:
+		return errors.New("--globals goes with --layers")
+	}
+	if sub == "verify" {
+		return verifyCheckpoint(dir, rg)
+	}
+	if rg == nil {
+		whole := layout.Whole(cfg)
+		rg = &whole
+	}
+	if err := rg.Validate(cfg); err != nil {
+		return err
+	}
+	if *dest != "" {
+		n, err := layout.Copy(ctx, dir, *dest, *rg)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("copied %s of %s into %s (%s)\n", rg, dir, *dest, progress.HumanBytes(n))
+		return nil
+	}
+	shards, err := layout.Needed(dir, *rg)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, s := range shards {
+		size := "missing"
+		if s.Size >= 0 {
+			size = progress.HumanBytes(s.Size)
+			total += s.Size
+		}
+		fmt.Printf("%s\t%s\t%d tensors\n", s.File, size, s.Tensors)
+	}
+	fmt.Fprintf(os.Stderr, "%s: %d shards, %s\n", rg, len(shards), progress.HumanBytes(total))
+	return nil
+}
+
+func verifyCheckpoint(dir string, rg *layout.Range) error {
+	rep, err := layout.Verify(dir, rg)
+	if err != nil {
+		return err
+	}
+	for _, p := range rep.Problems {
+		fmt.Println(p)
+	}
+	if !rep.OK() {
+		return fmt.Errorf("%s: %d problems with %s", dir, len(rep.Problems), rep.Range)
+	}
+	fmt.Printf("%s: %s verified: %d tensors in %d shards, %s of tensor data (not read)\n", dir, rep.Range, rep.Tensors,
+		len(rep.Shards), progress.HumanBytes(rep.Bytes))
+	return nil
+}
+
+// parseLayers reads "A-B" (inclusive) or "A" into layers [A, B+1).
+func parseLayers(s string) (layout.Range, error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		b = a
+	}
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if err1 != nil || err2 != nil || lo < 0 || hi < lo {
+		return layout.Range{}, fmt.Errorf("--layers %q: want A-B with 0 <= A <= B (0-based, inclusive), or one layer", s)
+	}
+	return layout.Range{Lo: lo, Hi: hi + 1}, nil
+}
