@@ -197,10 +197,17 @@ func readable(path, what string) error {
 	return f.Close()
 }
 
+// handshakeTries bounds the tries of a connection without RetryConnect
+// whose handshake was garbled: a server answered, so this is a race on a
+// loaded machine (its first PING beat its PONG), not a missing server, and
+// a worker or coordinator should not fail to start on it.
+const handshakeTries = 3
+
 // Connect connects to NATS. It fails fast on bad options (unreadable key
 // files, conflicting credentials) and returns when connected, when the
 // server refuses (e.g. wrong credentials), when no server answers (unless
-// RetryConnect), or when ctx ends.
+// RetryConnect), after handshakeTries garbled handshakes (unless
+// RetryConnect: then until ctx ends), or when ctx ends.
 func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 	opts, err := o.natsOptions()
 	if err != nil {
@@ -218,6 +225,7 @@ func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 	if wait <= 0 {
 		wait = time.Second
 	}
+	garbled := 0
 	for {
 		ch := make(chan result, 1)
 		go func() {
@@ -229,7 +237,12 @@ func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 			if r.err == nil {
 				return r.nc, nil
 			}
-			if !o.RetryConnect || !transient(r.err) {
+			retry := o.RetryConnect && transient(r.err)
+			if !retry && garbledHandshake(r.err) && garbled+1 < handshakeTries {
+				garbled++
+				retry = true
+			}
+			if !retry {
 				return nil, fmt.Errorf("nats connect to %s: %w", redactURL(servers), r.err)
 			}
 			select {
@@ -257,7 +270,13 @@ func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 // TLS), which another try would only repeat.
 func transient(err error) bool {
 	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, io.EOF) ||
-		errors.Is(err, syscall.ECONNRESET) || strings.HasPrefix(err.Error(), "nats: expected '")
+		errors.Is(err, syscall.ECONNRESET) || garbledHandshake(err)
+}
+
+// garbledHandshake: the server's first line after our PING was not PONG.
+// nats.go reports it only as text.
+func garbledHandshake(err error) bool {
+	return strings.HasPrefix(err.Error(), "nats: expected '")
 }
 
 // redactURL hides passwords and tokens in server URLs before they are logged.

@@ -13,8 +13,9 @@ import (
 
 // TestRetryConnectThroughGarbledHandshakes: a server that answers the
 // handshake's PING with its own PING (as a swamped nats-server does once
-// its first-ping timer beats its reply) fails a plain Connect at once, and
-// is tried again under RetryConnect until the context ends.
+// its first-ping timer beats its reply) fails a plain Connect after
+// handshakeTries tries, and is tried again under RetryConnect until the
+// context ends.
 func TestRetryConnectThroughGarbledHandshakes(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -49,10 +50,13 @@ func TestRetryConnectThroughGarbledHandshakes(t *testing.T) {
 	url := "nats://" + ln.Addr().String()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := Connect(ctx, Options{URL: url}); err == nil || !strings.Contains(err.Error(), "expected 'PONG'") {
+	if _, err := Connect(ctx, Options{URL: url, ReconnectWait: 10 * time.Millisecond}); err == nil || !strings.Contains(err.Error(), "expected 'PONG'") {
 		t.Fatalf("plain connect: %v, want the garbled handshake", err)
 	}
 	n := accepted.Load()
+	if n != handshakeTries {
+		t.Fatalf("plain connect tried %d times, want %d", n, handshakeTries)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
