@@ -30,6 +30,7 @@ type simFlags struct {
 	seed                          uint64
 	policies, lengths             string
 	threshold                     int
+	agentHistory, agentNew        int
 	out                           string
 	asJSON                        bool
 }
@@ -63,7 +64,10 @@ type simOutput struct {
 	PassFloorS      map[string]float64 `json:"pass_floor_s"`
 	// Breakdown is where an idle job's time goes, by setup and length.
 	Breakdown map[string]map[string]simBreakdown `json:"time_breakdown"`
-	Out       string                             `json:"out,omitempty"`
+	// Agent is a session's next turn by setup, without and with the prefix
+	// caches (see agentTurn).
+	Agent map[string]simAgent `json:"agent_turn"`
+	Out   string              `json:"out,omitempty"`
 }
 
 // simBreakdown splits an idle job's TTFT (seconds).
@@ -93,6 +97,8 @@ func runSim(ctx context.Context, args []string) error {
 	fs.StringVar(&f.policies, "policies", "local,remote,auto,threshold", "routing policies to compare on the workload")
 	fs.IntVar(&f.threshold, "threshold", 1000, "prompt length above which the threshold policy goes remote")
 	fs.StringVar(&f.lengths, "lengths", defaultLengths, "prompt lengths of the TTFT projection")
+	fs.IntVar(&f.agentHistory, "agent-history", 300000, "agent turn: the session's history in tokens (cached on both sides with the prefix caches)")
+	fs.IntVar(&f.agentNew, "agent-new", 1000, "agent turn: the new tokens of the turn")
 	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object as the last line")
 	fs.Usage = func() {
@@ -233,6 +239,12 @@ the policies compared on a workload.
 		out.RouterBreakEven[s.Name] = router.BreakEven(m.Cost, sim.SeedRates(s, 8192), 1<<20)
 		out.PassFloorS[s.Name] = round3(sim.PassFloor(s).Seconds())
 	}
+	out.Agent = map[string]simAgent{macs.Name: agentTurn(macs, f.agentHistory, f.agentNew)}
+	agentOrder := []string{macs.Name}
+	for _, s := range setups {
+		out.Agent[s.Name] = agentTurn(s, f.agentHistory, f.agentNew)
+		agentOrder = append(agentOrder, s.Name)
+	}
 	if m.Name == "k3" {
 		out.TTFT = ttft
 	} else {
@@ -259,6 +271,7 @@ the policies compared on a workload.
 	}
 
 	tables := simTables(&out, order, lengths, setups, policies)
+	tables = append(tables, agentTable(m.Name, f.agentHistory, f.agentNew, agentOrder, out.Agent))
 	for _, t := range tables {
 		if err := t.Write(os.Stdout); err != nil {
 			return err
