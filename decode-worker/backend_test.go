@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
@@ -24,8 +24,7 @@ func TestBackendMetalElsewhere(t *testing.T) {
 	if runtime.GOOS == "darwin" && runtime.GOARCH == "arm64" {
 		t.Skip("Apple Silicon has Metal")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testctx.Context(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "decode-worker")
 	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")

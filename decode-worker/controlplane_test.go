@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/natstest"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -24,8 +25,7 @@ import (
 func TestControlPlaneMode(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testctx.Context(t)
 	ids := cp.NewIdentities()
 	srv, err := cp.StartServer(ctx, cp.ServerConfig{Identities: ids})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -37,8 +38,7 @@ func TestProcessGroups(t *testing.T) {
 			for ranks := 1; ranks <= 3; ranks++ {
 				t.Run(fmt.Sprintf("ranks%d", ranks), func(t *testing.T) {
 					c := startCluster(t, dir, ranks, nil)
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-					defer cancel()
+					ctx := testctx.Context(t)
 					head := c.client(ctx, 0)
 					waitFormed(ctx, t, head)
 					ls, err := head.Submit(ctx, frontdoor.Request{ID: "local", Tokens: local, MaxTokens: n})
@@ -107,8 +107,7 @@ func TestProcessKill(t *testing.T) {
 	ref := testmodel.LoadReference(t, dir, 0)
 	p := makePrompt(6, ref.Cfg.VocabSize, 3)
 	c := startCluster(t, dir, 3, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := testctx.Context(t)
 	head := c.client(ctx, 0)
 	waitFormed(ctx, t, head)
 	last := c.client(ctx, 2)
@@ -195,8 +194,7 @@ func TestProcessRefusals(t *testing.T) {
 		}
 		return ""
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testctx.Context(t)
 	head := c.client(ctx, 0)
 	waitFormed(ctx, t, head)
 
