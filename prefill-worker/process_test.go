@@ -9,14 +9,22 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/health/healthtest"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
 	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/model"
 )
 
 // childEnv makes the test binary run as a prefill-worker process: the
@@ -160,5 +168,167 @@ func TestShutdownAfterNATSDies(t *testing.T) {
 	log := w.log.String()
 	if !strings.Contains(log, "not connected") || strings.Contains(log, "deadline exceeded") {
 		t.Fatalf("the worker did not skip its deregistration for want of a connection:\n%s", log)
+	}
+}
+
+// TestMetricsAndDrain runs the prefill worker as a process of its own next
+// to a coordinator and a decode group, scrapes its /metrics before and
+// after a remote job (the values move as the job says they should, and
+// every prefill metric the Grafana dashboard queries is exported), then
+// asks it to drain (as `coordinator drain` does) while a second remote job
+// is in flight: the worker takes no new jobs (the registry says draining,
+// /readyz says why), the job completes exactly once with the reference
+// model's tokens, and the worker exits by itself.
+func TestMetricsAndDrain(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	reg := cp.RegistryConfig{TTL: 2 * time.Second}
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NoPrefill: true, Threads: 1, Registry: reg,
+		Queue: cp.QueueConfig{Memory: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(t.TempDir(), "worker.json")
+	if err := cp.SaveIdentity(creds, cp.Find(c.Identities(), cp.PrincipalWorker)); err != nil {
+		t.Fatal(err)
+	}
+	const id = "prefill-proc"
+	const budget = 128 << 20
+	w := startChild(t, "--model", dir, "--memory-budget", "128MiB", "--threads", "1", "--nats-url", c.URL, "--nats-credentials", creds,
+		"--worker-id", id, "--registry-ttl", "2s", "--log-format", "json", "--metrics-listen", "127.0.0.1:0",
+		"--drain-grace", "2m", "--shutdown-grace", "10s")
+	base := w.metricsURL(t)
+	w.waitReadyz(t, base, http.StatusOK, "ready")
+
+	before, err := healthtest.Scrape(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := before.Value("tandem_prefill_memory_budget_bytes"); got != budget {
+		t.Errorf("tandem_prefill_memory_budget_bytes %v, want %d", got, budget)
+	}
+	if got := before.Value("tandem_prefill_passes_total"); got != 0 {
+		t.Errorf("%v passes before any job", got)
+	}
+
+	nc, err := c.Connect(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	m, err := model.Load(dir, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	job := func(n, seed int, h client.Handlers) (*client.Result, []int32) {
+		t.Helper()
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32((i*7919 + seed) % c.Model.VocabSize)
+		}
+		want, err := m.Generate(ctx, p, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote}, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, want
+	}
+	res, want := job(60, 13, client.Handlers{})
+	if res.Final.State != cp.StateDone || res.Final.Route.PrefillWorker != id || !slices.Equal(res.Tokens, want) {
+		t.Fatalf("job %+v: tokens %v, want %v", res.Final, res.Tokens, want)
+	}
+	after, err := healthtest.Scrape(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := float64(c.Model.NumLayers)
+	for _, x := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"tandem_prefill_passes_total", nil, 1},
+		{"tandem_prefill_tokens_total", nil, 59}, // the prompt less its last token
+		{"tandem_prefill_jobs_total", []string{"state", "done"}, 1},
+		{"tandem_prefill_assignments_total", []string{"outcome", "accepted"}, 1},
+		{"tandem_prefill_layer_seconds", nil, layers}, // one observation a layer
+		{"tandem_prefill_pass_seconds", nil, 1},
+	} {
+		if got := after.Value(x.name, x.labels...); got != x.want {
+			t.Errorf("%s%v: %v after one job, want %v", x.name, x.labels, got, x.want)
+		}
+	}
+	for _, name := range []string{"tandem_prefill_transfer_bytes_total", "tandem_prefill_weight_read_bytes_total"} {
+		if after.Value(name) <= 0 {
+			t.Errorf("%s did not move: %v", name, after.Value(name))
+		}
+	}
+	if after.Value("tandem_prefill_pass_memory_bytes", "part", "states") <= 0 {
+		t.Error("the pass's state memory is not reported")
+	}
+	if got := after.Value("tandem_prefill_time_seconds_total", "part", "compute"); got <= 0 {
+		t.Errorf("compute time %v", got)
+	}
+	missing, err := after.DashboardsMissing("tandem_prefill_", "go_", "process_")
+	if err != nil || len(missing) > 0 {
+		t.Errorf("dashboard metrics the prefill worker does not export: %v %v", missing, err)
+	}
+
+	// Drain with a job in flight: asked as soon as the job is prefilling.
+	coord, err := c.ConnectAs(ctx, cp.PrincipalCoordinator, "test-drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	drained := make(chan *cp.DrainReply, 1)
+	var asked bool
+	res, want = job(1500, 29, client.Handlers{Event: func(ev cp.JobEvent) {
+		if ev.State != cp.StatePrefilling || asked {
+			return
+		}
+		asked = true
+		rep, err := cp.Drain(ctx, coord, id, "test")
+		if err != nil {
+			t.Errorf("drain: %v", err)
+		}
+		drained <- rep
+	}})
+	if res.Final.State != cp.StateDone || res.Final.Route.PrefillWorker != id || !slices.Equal(res.Tokens, want) {
+		t.Fatalf("the job in flight during the drain: %+v: tokens %v, want %v", res.Final, res.Tokens, want)
+	}
+	rep := <-drained
+	if rep == nil || rep.WorkerID != id || rep.Running != 1 {
+		t.Fatalf("drain reply %+v: want the job running", rep)
+	}
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		t.Fatal("the drained worker did not exit")
+	}
+	if w.err != nil {
+		t.Fatalf("the drained worker's exit: %v", w.err)
+	}
+	// Exactly once: the decode group admitted and finished each job once,
+	// and the worker prefilled the drained job once.
+	if hs := c.Group.Head().Stats(); hs.Admitted != 2 || hs.Finished != 2 || hs.Failed != 0 {
+		t.Errorf("decode group: %d admitted, %d finished, %d failed; want both jobs once", hs.Admitted, hs.Finished, hs.Failed)
+	}
+	if n := strings.Count(w.log.String(), `"msg":"job prefilled and transferred","worker":"`+id+`","job":"`+res.JobID+`"`); n != 1 {
+		t.Errorf("the drained job was prefilled %d times", n)
+	}
+	log := w.log.String()
+	for _, want := range []string{"drain requested: draining, then exiting", "draining: no new jobs"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the worker's log lacks %q", want)
+		}
 	}
 }

@@ -619,6 +619,12 @@ func (m *Machine) lost(e WorkerLost) {
 		// to it (workers register before they serve): it holds the job.
 		return
 	}
+	if e.Worker == m.prefill && !m.prefillOpen {
+		// Its part is over (it reported the state committed, or the
+		// group decodes): a drained prefill worker leaving changes
+		// nothing for the job.
+		return
+	}
 	m.cancelWorkers(fmt.Sprintf("worker %s was lost", e.Worker), e.Worker)
 	m.fail(e.At, &cp.JobError{Code: cp.CodeUnavailable, Worker: e.Worker, Message: e.Reason})
 }

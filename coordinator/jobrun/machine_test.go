@@ -159,8 +159,23 @@ func TestRemoteJobAssignsDecodeThenPrefill(t *testing.T) {
 	done := progress("pf", cp.StateDone, 11)
 	done.Measured = &cp.Rates{PrefillTokensPerSec: 100, LinkBytesPerSec: 1e6}
 	step(t, m, Report{At: at(25), P: done}, "ObservePass ObserveTransfer")
+	// The prefill worker's part is over: it may leave (drained) with the
+	// job still running on the group.
+	step(t, m, WorkerLost{At: at(26), Worker: "pf", Since: at(26), Reason: "left the registry (shut down)"}, "")
 	step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
 	step(t, m, Report{At: at(40), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+}
+
+// A prefill worker lost before it reported the state committed fails the
+// job (its decode group is told to drop it).
+func TestRemoteJobFailsWhenItsPrefillWorkerIsLost(t *testing.T) {
+	m := newMachine()
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+	step(t, m, Candidate{At: at(1), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
+	step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "Assign(pf)")
+	step(t, m, Assigned{At: at(3), Reply: accepted("pf")}, "LoadPrefill AssignedAt Publish(prefilling)")
+	step(t, m, Report{At: at(20), P: progress("pf", cp.StateTransferring, 11)}, "LoadForget Publish(transferring)")
+	step(t, m, WorkerLost{At: at(21), Worker: "pf", Since: at(21), Reason: "expired"}, "CancelOn(g-r0) Publish(failed) Ack")
 }
 
 // A job delivered again whose first run ended unobserved (the coordinator

@@ -445,6 +445,14 @@ func (a *Adapter) wait(j *job) {
 	a.ended.Put(p, now)
 	a.mu.Unlock()
 	a.publish(cp.WorkerProgress(a.cfg.WorkerID, j.id), p)
+	// At the server before anything later from this worker (a drained
+	// worker's deregistration next): coordinators learn the job's end
+	// first.
+	if a.cfg.Conn.IsConnected() {
+		if err := a.cfg.Conn.FlushTimeout(time.Second); err != nil {
+			a.log.Warn("flush the final report", zap.String("job", j.id), zap.Error(err))
+		}
+	}
 }
 
 // knownLocked is what the worker knows of job id: its progress while it
