@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/health/healthtest"
 	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
@@ -224,5 +227,144 @@ func TestProcessRefusals(t *testing.T) {
 	}
 	if got, _, err := s.Wait(ctx); err != nil || !slices.Equal(got, ref.Greedy(t, p, 6)) {
 		t.Fatalf("after the refusals: %v %v", got, err)
+	}
+}
+
+// TestProcessMetrics runs a 2-rank group of processes with their
+// operations endpoint on, runs a local and a remote job through the head,
+// and scrapes every rank: /readyz is ready once the ring is formed, and
+// /metrics (the exposition parsed) counts the sequences, tokens and steps,
+// the state received over kvtransfer on every rank, and exports every
+// decode metric the Grafana dashboard queries.
+func TestProcessMetrics(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := testmodel.LoadReference(t, dir, 0)
+	vocab := ref.Cfg.VocabSize
+	local, remote := makePrompt(5, vocab, 3), makePrompt(70, vocab, 4)
+	const n = 8
+	state := ref.RemoteState(t, remote)
+	c := startCluster(t, dir, 2, nil, "--log-format", "json", "--metrics-listen", "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bases := make([]string, 2)
+	for r := range bases {
+		bases[r] = c.metricsURL(ctx, t, r)
+	}
+	head := c.client(ctx, 0)
+	waitFormed(ctx, t, head)
+	for r, base := range bases {
+		if code, body, err := healthtest.Get(base + "/healthz"); err != nil || code != http.StatusOK {
+			t.Fatalf("rank %d /healthz: %d %q %v", r, code, body, err)
+		}
+		// The head has seen the ring formed; each rank sees it too, at
+		// the latest one mesh heartbeat later.
+		for {
+			code, body, err := healthtest.Get(base + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code == http.StatusOK && body == "ready\n" {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("rank %d /readyz: %d %q", r, code, body)
+			case <-time.After(20 * time.Millisecond): // polling the endpoint
+			}
+		}
+	}
+	ls, err := head.Submit(ctx, frontdoor.Request{ID: "local", Tokens: local, MaxTokens: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := head.Submit(ctx, frontdoor.Request{ID: "remote", Tokens: remote[len(remote)-1:], MaxTokens: n,
+		Remote: c.remote("xfer-metrics", len(remote)-1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.send(ctx, state.Clone(), "xfer-metrics"); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*frontdoor.Stream{ls, rs} {
+		if _, res, err := s.Wait(ctx); err != nil || res.Reason != pipeline.ReasonLength {
+			t.Fatalf("%v %+v", err, res)
+		}
+	}
+	for r := range bases {
+		cl := head
+		if r > 0 {
+			cl = c.client(ctx, r)
+		}
+		waitIdle(ctx, t, cl, r)
+	}
+	all := healthtest.Families{}
+	for r, base := range bases {
+		f, err := healthtest.Scrape(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range f {
+			all[k] = v
+		}
+		for _, x := range []struct {
+			name string
+			ok   bool
+		}{
+			{"tandem_decode_ring_formed", f.Value("tandem_decode_ring_formed") == 1},
+			{"tandem_decode_steps_total", f.Value("tandem_decode_steps_total") > 0},
+			{"tandem_decode_compute_seconds_total", f.Value("tandem_decode_compute_seconds_total") > 0},
+			{"tandem_decode_transfer_received_bytes_total", f.Value("tandem_decode_transfer_received_bytes_total") > 0},
+			{"tandem_decode_transfer_sessions_total committed", f.Value("tandem_decode_transfer_sessions_total", "outcome", "committed") == 1},
+			{"tandem_decode_state_reserved_bytes (idle)", f.Exports("tandem_decode_state_reserved_bytes") && f.Value("tandem_decode_state_reserved_bytes") == 0},
+			{"tandem_decode_sequences (idle)", f.Exports("tandem_decode_sequences") && f.Value("tandem_decode_sequences") == 0},
+		} {
+			if !x.ok {
+				t.Errorf("rank %d: %s is not as the jobs say", r, x.name)
+			}
+		}
+		if r == 0 {
+			for _, x := range []struct {
+				name   string
+				labels []string
+				want   float64
+			}{
+				{"tandem_decode_sequences_total", []string{"outcome", "admitted"}, 2},
+				{"tandem_decode_sequences_total", []string{"outcome", "finished"}, 2},
+				{"tandem_decode_sequences_total", []string{"outcome", "failed"}, 0},
+				{"tandem_decode_tokens_total", nil, 2 * n},
+			} {
+				if got := f.Value(x.name, x.labels...); got != x.want {
+					t.Errorf("rank 0: %s%v = %v, want %v", x.name, x.labels, got, x.want)
+				}
+			}
+			if f.Value("tandem_decode_decode_steps_total") <= 0 {
+				t.Error("rank 0: no decode step counted")
+			}
+		}
+	}
+	missing, err := all.DashboardsMissing("tandem_decode_", "go_", "process_")
+	if err != nil || len(missing) > 0 {
+		t.Errorf("dashboard metrics the decode ranks do not export: %v %v", missing, err)
+	}
+}
+
+// metricsURL waits for rank r to log where it serves /metrics and returns
+// the endpoint's base URL.
+func (c *cluster) metricsURL(ctx context.Context, t *testing.T, r int) string {
+	t.Helper()
+	for {
+		for _, line := range strings.Split(c.procs[r].out.String(), "\n") {
+			var l struct{ Msg, URL string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "metrics and health" {
+				return strings.TrimSuffix(l.URL, "/metrics")
+			}
+		}
+		select {
+		case <-c.procs[r].done:
+			t.Fatalf("rank %d exited", r)
+		case <-ctx.Done():
+			t.Fatalf("rank %d logged no metrics address", r)
+		case <-time.After(20 * time.Millisecond): // polling its log for the line
+		}
 	}
 }

@@ -94,6 +94,9 @@ func New() *Metrics {
 		m.prefixCache[f.name] = g
 		m.reg.MustRegister(g)
 	}
+	for _, k := range []string{"prompt", "cached", "output"} {
+		m.tokens.WithLabelValues(k) // exported at 0 before the first job
+	}
 	m.reg.MustRegister(m.interToken, m.tokens,
 		m.queueWaiting, m.queueInFlight, m.running, m.workers, m.submitted, m.finished, m.routes, m.predicted,
 		m.ttft, m.passTime, m.transferTail, m.decodeRate, m.assignOverhead)

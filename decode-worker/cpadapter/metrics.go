@@ -32,6 +32,9 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		assignments: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "assignments_total",
 			Help: "Rank 0: assignments answered, by outcome: accepted, resumed (a job held or ended here) or refused."}, []string{"outcome"}),
 	}
+	for _, o := range []string{"accepted", "resumed", "refused"} {
+		m.assignments.WithLabelValues(o) // exported at 0 before the first
+	}
 	reg.MustRegister(m.interToken, m.assignments)
 	return m
 }

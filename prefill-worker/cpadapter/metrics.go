@@ -44,6 +44,13 @@ func NewMetrics(reg *prometheus.Registry, budget int64) *Metrics {
 		transferErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "transfer_errors_total",
 			Help: "kvtransfer errors the senders recovered from, by kind: connection (lost and redialed) or checksum (a chunk a receiver rejected)."}, []string{"kind"}),
 	}
+	// Exported at 0 before the first.
+	for _, o := range []string{"accepted", "resumed", "refused"} {
+		m.assignments.WithLabelValues(o)
+	}
+	for _, k := range []string{"connection", "checksum"} {
+		m.transferErrs.WithLabelValues(k)
+	}
 	reg.MustRegister(m.layer, m.pass, m.assignments, m.transferBytes, m.transferErrs)
 	return m
 }
