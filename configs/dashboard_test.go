@@ -8,7 +8,7 @@ import (
 
 func TestPromMetrics(t *testing.T) {
 	for expr, want := range map[string][]string{
-		`histogram_quantile(0.95, sum by (le) (rate(tandem_x_seconds_bucket[$__rate_interval])))`: {"tandem_x_seconds_bucket"},
+		`histogram_quantile(0.95, sum by (le) (rate(tandem_x_seconds_bucket[$__rate_interval])))`:                                                {"tandem_x_seconds_bucket"},
 		`sum by (instance, part) (rate(a_total{part!="total", k=~"x|y"}[5m])) / ignoring(part) group_left sum by (instance) (rate(b_total[5m]))`: {"a_total", "b_total"},
 		`go_goroutines`: {"go_goroutines"},
 		`process_resident_memory_bytes > 1e9 and on(instance) up_thing offset 5m`: {"process_resident_memory_bytes", "up_thing"},
