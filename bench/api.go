@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
@@ -60,14 +60,14 @@ type apiReport struct {
 }
 
 func runAPIBench(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("api", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("api", pflag.ContinueOnError)
 	modelDir := fs.String("model", "", "checkpoint directory with a tokenizer (default: the synthetic demo preset, generated into the test-model cache if needed)")
 	pairs := fs.Int("pairs", 200, "first-token measurements each way, interleaved")
 	concurrent := fs.Int("concurrent", 200, "streamed requests at once in the second part (0: skip it)")
 	limitP50 := fs.Duration("max-p50", 2*time.Millisecond, "limit on the API's overhead at p50")
 	limitP99 := fs.Duration("max-p99", 10*time.Millisecond, "limit on the API's overhead at p99")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line")
-	verbose := fs.Bool("v", false, "log the services (to stderr)")
+	verbose := fs.BoolP("v", "v", false, "log the services (to stderr)")
 	apiBin := fs.String("api-bin", "", "a built coordinator binary: run the front door as its own `coordinator api` process (logged in as the client) and report its resident memory (Linux /proc); default: in this process")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench api [flags]
@@ -89,8 +89,8 @@ door is a coordinator api process of its own instead, and its resident set
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
 		return err

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,17 +13,19 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/tandem-inference/tandem/bench/report"
 	"github.com/tandem-inference/tandem/bench/sim"
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
 	"github.com/tandem-inference/tandem/model/synth"
-	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
 
@@ -73,12 +74,13 @@ type calibration struct {
 
 func runCalibrate(ctx context.Context, args []string) error {
 	var f calibrateFlags
-	fs := flag.NewFlagSet("calibrate", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("calibrate", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (default: the --preset synthetic model, generated into the test-model cache if needed)")
 	fs.StringVar(&f.preset, "preset", "tiny", "synthetic model preset when --model is not given")
 	fs.StringVar(&f.out, "out", "configs/hardware/local.yaml", "profile file to write")
 	fs.StringVar(&f.io, "io", "auto", "streamer I/O mode: auto, direct or buffered")
-	fs.StringVar(&f.budget, "budget", "2GiB", "the prefill worker's memory budget to record in the profile")
+	fs.StringVar(&f.budget, "memory-budget", "2GiB", "the prefill worker's memory budget to record in the profile, a byte size")
+	config.Alias(fs, "budget", "memory-budget")
 	fs.StringVar(&f.tokens, "tokens", "128,512,1536", "prompt lengths of the per-layer compute measurements")
 	fs.IntVar(&f.threads, "threads", 1, "compute threads of the prefill worker and of each decode rank (as bench e2e runs them)")
 	fs.IntVar(&f.ranks, "ranks", 2, "ranks of the decode group measured")
@@ -98,8 +100,8 @@ then predicts bench e2e on this machine.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
 		return err
@@ -107,8 +109,8 @@ then predicts bench e2e on this machine.
 	if f.threads < 1 || f.ranks < 1 || f.reps < 1 {
 		return errors.New("--threads, --ranks and --reps must be at least 1")
 	}
-	if _, err := planner.ParseBytes(f.budget); err != nil {
-		return fmt.Errorf("--budget: %w", err)
+	if _, err := config.ParseBytes(f.budget); err != nil {
+		return fmt.Errorf("--memory-budget: %w", err)
 	}
 	lengths, err := parseLengths(f.tokens)
 	if err != nil {
@@ -417,7 +419,7 @@ const groupChunk = 512
 var profileTemplate = template.Must(template.New("profile").Parse(`# This machine, measured by bench calibrate ({{.When}}); regenerate with
 #   go run ./bench calibrate{{.Args}}
 # Every figure is measured except memory_budget (the prefill worker's
-# setting, --budget) and the chunk and batch sizes (the decode group's
+# setting, --memory-budget) and the chunk and batch sizes (the decode group's
 # defaults). bench sim --prefill local --decode local --link local
 # --model {{.Preset}} predicts bench e2e on this machine.
 name: local
@@ -442,7 +444,7 @@ prefill:
     dense: {{.Dense}}
   # ms: fixed cost of one layer call, from the same fit.
   layer_overhead_ms: {{.Overhead}}
-  # The prefill worker's memory budget (planner.ParseBytes units).
+  # The prefill worker's memory budget (a byte size: 2GiB, 256GB).
   memory_budget: {{.Budget}}
   max_depth: 2
   max_tile: 0
@@ -493,7 +495,7 @@ func calibratedProfile(c *calibration, f calibrateFlags) ([]byte, error) {
 		args = append(args, fmt.Sprintf("--ranks %d", f.ranks))
 	}
 	if f.budget != "2GiB" {
-		args = append(args, "--budget "+f.budget)
+		args = append(args, "--memory-budget "+f.budget)
 	}
 	args = append(args, "--out "+f.out)
 	preset := f.preset

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/tandem-inference/tandem/bench/report"
@@ -21,8 +21,8 @@ import (
 	"github.com/tandem-inference/tandem/bench/workload"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/model/synth"
-	"github.com/tandem-inference/tandem/prefill-worker/planner"
 )
 
 func init() {
@@ -263,7 +263,7 @@ type e2eRun struct {
 
 func runE2E(ctx context.Context, args []string) error {
 	var f e2eFlags
-	fs := flag.NewFlagSet("e2e", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("e2e", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (default: the --preset synthetic model, generated into the test-model cache if needed)")
 	fs.StringVar(&f.preset, "preset", "tiny", "synthetic model preset when --model is not given (the one the profile was calibrated on)")
 	fs.StringVar(&f.profile, "profile", "local", "hardware profile of this machine for the simulator (configs/hardware name or .yaml path; bench calibrate writes it)")
@@ -276,7 +276,8 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.StringVar(&f.policies, "policies", "local,remote,auto", "routing policies to replay the workload under (threshold is simulated only)")
 	fs.IntVar(&f.ranks, "ranks", 0, "decode ranks (default: the profile's)")
 	fs.IntVar(&f.threads, "threads", 0, "compute threads per service (default: the profile's)")
-	fs.StringVar(&f.budget, "budget", "", "prefill worker memory budget (default: the profile's memory_budget)")
+	fs.StringVar(&f.budget, "memory-budget", "", "prefill worker memory budget, a byte size (default: the profile's memory_budget)")
+	config.Alias(fs, "budget", "memory-budget")
 	fs.StringVar(&f.linkRate, "link-rate", "", "limit the link from the prefill worker to each decode rank to this many bytes per second, e.g. 50MB (default: loopback as is)")
 	fs.IntVar(&f.threshold, "threshold", 1000, "prompt length above which the simulated threshold rule goes remote")
 	fs.IntVar(&f.seedTokens, "seed-tokens", 1024, "prompt length at which the router's rates are seeded from the profile (coordinator and simulator alike)")
@@ -318,8 +319,8 @@ the profile alone is reported next to it.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
 		return err
@@ -372,11 +373,11 @@ the profile alone is reported next to it.
 	}
 	budget, err := pre.Budget()
 	if err != nil {
-		return fmt.Errorf("--budget: %w", err)
+		return fmt.Errorf("--memory-budget: %w", err)
 	}
 	var rate int64
 	if f.linkRate != "" {
-		if rate, err = planner.ParseBytes(f.linkRate); err != nil || rate <= 0 {
+		if rate, err = config.ParseBytes(f.linkRate); err != nil || rate <= 0 {
 			return fmt.Errorf("--link-rate %q: want a positive byte rate such as 50MB (per second)", f.linkRate)
 		}
 		// One proxy per rank: each rank's connections get the rate.

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
@@ -54,7 +55,7 @@ func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int) ([]int32, 
 }
 
 func runDecodeGroup(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("decodegroup", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("decodegroup", pflag.ContinueOnError)
 	var mf modelFlags
 	fs.StringVar(&mf.dir, "model", "", "checkpoint directory (required)")
 	fs.IntVar(&mf.threads, "threads", 0, "CPU threads per rank (0: all)")
@@ -65,7 +66,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if mf.dir == "" {

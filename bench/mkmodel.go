@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/configs"
 	"github.com/tandem-inference/tandem/internal/diskfree"
@@ -22,7 +23,7 @@ func init() {
 }
 
 func runMkmodel(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("mkmodel", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("mkmodel", pflag.ContinueOnError)
 	preset := fs.String("preset", "tiny", "model preset: "+strings.Join(configs.ModelPresets(), ", "))
 	cfgPath := fs.String("config", "", "use this config.json (released nested shape) instead of a preset")
 	seed := fs.Uint64("seed", 1, "random seed; the same seed gives the same weights")
@@ -45,7 +46,7 @@ model can be planned and streamed on a machine that cannot store it).
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *out == "" {

@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/internal/machine"
 	"github.com/tandem-inference/tandem/kernels"
@@ -37,7 +38,7 @@ type modelBenchResult struct {
 }
 
 func runModelBench(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("model", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("model", pflag.ContinueOnError)
 	dir := fs.String("model", "", "checkpoint directory (required)")
 	promptLen := fs.Int("prompt-len", 128, "prefill prompt length in tokens")
 	steps := fs.Int("decode-steps", 16, "decode steps to time")
@@ -56,7 +57,7 @@ token).
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *dir == "" {

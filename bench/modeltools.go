@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -29,7 +30,7 @@ type modelFlags struct {
 	cache     string
 }
 
-func (f *modelFlags) register(fs *flag.FlagSet) {
+func (f *modelFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "model", "", "checkpoint directory (config.json + safetensors shards) (required)")
 	fs.StringVar(&f.ids, "ids", "", "prompt token ids, comma-separated, e.g. 5,17,200 (required)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0: all)")
@@ -83,11 +84,11 @@ func parseTokenIDs(s string) ([]int32, error) {
 }
 
 func runLogits(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("logits", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("logits", pflag.ContinueOnError)
 	var mf modelFlags
 	mf.register(fs)
 	out := fs.String("out", "", "output file: vocab_size little-endian float32 values (required)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *out == "" {
@@ -114,12 +115,12 @@ func runLogits(ctx context.Context, args []string) error {
 }
 
 func runGenerate(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("generate", pflag.ContinueOnError)
 	var mf modelFlags
 	mf.register(fs)
-	n := fs.Int("n", 8, "number of tokens to generate")
+	n := fs.IntP("n", "n", 8, "number of tokens to generate")
 	ranks := fs.Int("ranks", 1, "decode group ranks: above 1, a pipeline-parallel group of that many ranks (in process, mesh over loopback TCP) prefills and decodes")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *n < 1 {

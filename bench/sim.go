@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/bench/report"
 	"github.com/tandem-inference/tandem/bench/sim"
@@ -85,7 +86,7 @@ type simBreakdown struct {
 
 func runSim(ctx context.Context, args []string) error {
 	var f simFlags
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "k3", "model: a preset (k3, tiny, small, medium), a config.json or a checkpoint directory")
 	fs.StringVar(&f.prefill, "prefill", "rtx5090,h200", "prefill boxes: hardware profiles (configs/hardware) or .yaml paths, comma-separated")
 	fs.StringVar(&f.decode, "decode", "m3ultra-x4", "the decode group's hardware profile")
@@ -116,8 +117,8 @@ the policies compared on a workload.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
 		return err

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,14 +13,15 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
-	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/rss"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
@@ -99,10 +99,11 @@ type streamReport struct {
 }
 
 func runStream(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("stream", pflag.ContinueOnError)
 	var f streamFlags
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (required)")
-	fs.StringVar(&f.budget, "mem-budget", "4GiB", "memory budget of the worker, e.g. 512MiB")
+	fs.StringVar(&f.budget, "memory-budget", "4GiB", "memory budget of the worker, a byte size: 512MiB")
+	config.Alias(fs, "mem-budget", "memory-budget")
 	fs.IntVar(&f.promptLen, "prompt-len", 64, "tokens per prompt (the worker prefills all but the last)")
 	fs.IntVar(&f.prompts, "prompts", 4, "prompts in the batched pass")
 	fs.IntVar(&f.depth, "depth", -1, "prefetch depth (-1: the planner's choice)")
@@ -118,7 +119,7 @@ func runStream(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.single, "single", true, "also time a pass with the first prompt alone (batch_ratio)")
 	fs.BoolVar(&f.passOnly, "pass-only", false, "run the batched pass once and nothing else; check every layer's state for its size and finite values, then drop it (for models larger than memory and disk: bench mkmodel --sparse)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: bench stream --model DIR --mem-budget B --prompt-len L --prompts K [--json] [--pass-only]
+		fmt.Fprintf(fs.Output(), `usage: bench stream --model DIR --memory-budget B --prompt-len L --prompts K [--json] [--pass-only]
 
 Times layer-streamed prefill on one worker, in this order: raw sequential reads
 of every layer's bytes (same files, same I/O mode and request size; one request
@@ -144,7 +145,7 @@ for a model larger than memory and disk, such as bench mkmodel --preset k3
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if f.model == "" {
@@ -168,11 +169,11 @@ for a model larger than memory and disk, such as bench mkmodel --preset k3
 	if out := os.Getenv(streamRefEnv); out != "" {
 		return streamReference(ctx, f, latent, out)
 	}
-	budget, err := planner.ParseBytes(f.budget)
+	budget, err := config.ParseBytes(f.budget)
 	if err != nil {
 		return err
 	}
-	readSize, err := planner.ParseBytes(f.readSize)
+	readSize, err := config.ParseBytes(f.readSize)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/tokenizer"
 )
@@ -31,7 +32,7 @@ func init() {
 }
 
 func runTokenize(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("tokenize", pflag.ContinueOnError)
 	dir := fs.String("tokenizer", "", "tokenizer `dir` holding tiktoken.model and tokenizer_config.json")
 	file := fs.String("file", "", "input `file`: text to encode, or comma-separated ids with --decode")
 	decode := fs.Bool("decode", false, "decode the ids in --file and print the text")
@@ -41,7 +42,7 @@ func runTokenize(ctx context.Context, args []string) error {
 	nodeDir := fs.String("node-dir", filepath.Join("tokenizer", "testdata", "golden"), "`dir` with speed.cjs and node_modules/tiktoken for --speed")
 	synth := fs.String("write-synthetic", "", "write a synthetic tokenizer (bundled corpus) into `dir` and exit")
 	vocab := fs.Int("vocab", 163840, "vocabulary size for --write-synthetic and the default --speed tokenizer")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
@@ -91,7 +92,7 @@ type transferResult struct {
 
 func runTransfer(ctx context.Context, args []string) error {
 	var f transferFlags
-	fs := flag.NewFlagSet("transfer", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("transfer", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "k3", "state shapes: k3 (the released config), a preset (tiny, small, medium) or a config.json path")
 	fs.IntVar(&f.tokens, "tokens", 4096, "cached tokens T of the sequence (MLA rows per MLA layer)")
 	fs.IntVar(&f.ranks, "ranks", 2, "decode ranks (servers), layers split contiguously")
@@ -123,8 +124,8 @@ transfer (end to end about max(prefill, transfer), not their sum).
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
 		return err

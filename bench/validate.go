@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -12,7 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/tandem-inference/tandem/bench/report"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/conformance"
@@ -21,7 +23,6 @@ import (
 	"github.com/tandem-inference/tandem/kernels/metal"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/synth"
-	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
@@ -102,7 +103,7 @@ type validateFlags struct {
 }
 
 func runValidate(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
 	var f validateFlags
 	fs.StringVar(&f.backend, "backend", "cuda", "backend to validate: cuda (the prefill GPU), metal (a Mac's GPU: decode figures), or cpu (the same steps on the reference, to check the command)")
 	fs.BoolVar(&f.decode, "decode", false, "the decode figures (decode steps against the bandwidth ceiling, local prefill, greedy ids) instead of the prefill ones; always on with --backend metal")
@@ -118,8 +119,9 @@ func runValidate(ctx context.Context, args []string) error {
 	fs.IntVar(&f.topK, "top-k", 0, "experts per token of the MoE figure (default 16 on cuda; 2 on cpu)")
 	fs.IntVar(&f.passTokens, "pass-tokens", 0, "prompt tokens of the streamed pass or of the decode figures' local prefill (default 4096 on cuda, 512 on metal; 64 on cpu)")
 	fs.IntVar(&f.copyMiB, "copy-mib", 0, "size of the copy-rate measurements (default 1024 on cuda; 32 on cpu)")
-	fs.StringVar(&f.budget, "mem-budget", "", "host memory budget of the streamed pass (default 16GiB on cuda; 512MiB on cpu)")
-	if err := fs.Parse(args); err != nil {
+	fs.StringVar(&f.budget, "memory-budget", "", "host memory budget of the streamed pass, a byte size (default 16GiB on cuda; 512MiB on cpu)")
+	config.Alias(fs, "mem-budget", "memory-budget")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -415,7 +417,7 @@ func measurePass(ctx context.Context, be kernels.Backend, f validateFlags, rep *
 			return err
 		}
 	}
-	budget, err := planner.ParseBytes(f.budget)
+	budget, err := config.ParseBytes(f.budget)
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ var settings = []config.Setting{
 	{Key: "listen", Default: "", Help: "listen address (default: the rank's endpoint)"},
 	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
 	{Key: "backend", Default: "cpu", Help: "compute backend: cpu, metal (the Mac's GPU; not yet run on a Mac, see kernels/metal) or auto (metal on Apple Silicon when it opens, else cpu)"},
-	{Key: "memory_budget", Default: "0", Help: "sequence state memory budget, a byte size: 64GiB (0: the group file's, else unlimited)"},
+	{Key: "memory_budget", Bytes: true, Default: "0", Help: "sequence state memory budget, a byte size: 64GiB (0: the group file's, else unlimited)"},
 	{Key: "micro_batches", Default: 0, Help: "steps in flight (0: the number of ranks)"},
 	{Key: "max_batch", Default: 64, Help: "sequences per decode step"},
 	{Key: "prefill_chunk", Default: 512, Help: "prompt rows per prefill step, a multiple of 64 (negative: whole prompts)"},
@@ -62,7 +62,7 @@ var settings = []config.Setting{
 	// the prefill worker's TCP on the endpoint.
 	{Key: "transport", Default: "tcp", Help: "the mesh between ranks: tcp, rdma (Thunderbolt 5 RDMA; fail without it) or auto (RDMA where a device has the endpoint's address, else TCP, logged)"},
 	{Key: "rdma.device", Default: "", Help: "the RDMA device, e.g. rdma_en3 (default: the device with the endpoint's IP as a GID)"},
-	{Key: "rdma.slot_size", Default: "128KiB", Help: "RDMA slot size, a byte size (every rank alike)"},
+	{Key: "rdma.slot_size", Bytes: true, Default: "128KiB", Help: "RDMA slot size, a byte size (every rank alike)"},
 	{Key: "rdma.slots", Default: 16, Help: "RDMA slots per ring (every rank alike)"},
 	// Control-plane mode (with nats.url): the rank registers in the worker
 	// registry and rank 0 takes the coordinator's jobs.

@@ -34,6 +34,10 @@ address's port + i).
 
 `
 
+// probeProcess names rdma-probe's environment variables:
+// TANDEM_DECODE_WORKER_RDMA_PROBE_<FLAG>.
+const probeProcess = "decode-worker-rdma-probe"
+
 // probeOptions are rdma-probe's flags.
 type probeOptions struct {
 	library, device string
@@ -64,9 +68,10 @@ func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), probeUsage)
 		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nA flag not given is read from %s (%s for --peer).\n\n%s\n",
+			config.EnvName(probeProcess, "<FLAG>"), config.EnvName(probeProcess, "peer"), config.BytesHelp())
 	}
-	// Environment: TANDEM_DECODE_WORKER_RDMA_PROBE_<FLAG>.
-	if err := config.ParseArgs(fs, "decode-worker-rdma-probe", args, out, os.Stderr); err != nil {
+	if err := config.ParseArgs(fs, probeProcess, args, out, os.Stderr); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {

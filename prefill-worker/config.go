@@ -28,7 +28,7 @@ const process = "prefill-worker"
 // underscores as dashes), an environment variable and a --config file key.
 var settings = []config.Setting{
 	{Key: "model", Default: "", Help: "checkpoint directory: config.json + safetensors shards (required)"},
-	{Key: "memory_budget", Default: "8GiB", Old: "mem_budget", Help: "memory budget for the weights ring, states, activations and temporaries, a byte size: 512MiB, 24GiB"},
+	{Key: "memory_budget", Bytes: true, Default: "8GiB", Old: "mem_budget", Help: "memory budget for the weights ring, states, activations and temporaries, a byte size: 512MiB, 24GiB"},
 	{Key: "backend", Default: "cpu", Help: "compute backend: cpu, cuda (an NVIDIA GPU through the driver, libcuda.so.1) or auto (cuda if usable, else cpu)"},
 	{Key: "cuda.device", Default: 0, Help: "CUDA device ordinal (backend cuda or auto)"},
 	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
@@ -36,7 +36,7 @@ var settings = []config.Setting{
 	{Key: "cache_dtype", Default: "bf16", Help: "MLA latent cache dtype: bf16 (the state contract) or f32"},
 	{Key: "latent_norm_eps", Default: 0.0, Help: "override the MLA latent norm eps (0: the config's)"},
 	{Key: "io", Default: "auto", Help: "weight reads: auto (direct I/O where possible), direct (required) or buffered"},
-	{Key: "read_size", Default: "8MiB", Help: "bytes per read request, a byte size"},
+	{Key: "read_size", Bytes: true, Default: "8MiB", Help: "bytes per read request, a byte size"},
 	{Key: "readers", Default: streamer.DefaultReaders, Help: "read requests in flight"},
 	{Key: "max_tile", Default: 0, Help: "most token rows per layer call (0: the planner's default)"},
 	{Key: "sink.queue", Default: 4, Help: "layer states queued towards a job's sink before the pass waits for it"},

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -9,11 +8,9 @@ import (
 	"os"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/tandem-inference/tandem/configs"
 	"github.com/tandem-inference/tandem/costmodel"
-	"github.com/tandem-inference/tandem/prefill-worker/planner"
+	"github.com/tandem-inference/tandem/internal/config"
 )
 
 // Profile is a hardware profile (configs/hardware/*.yaml): any of a prefill
@@ -53,7 +50,7 @@ type PrefillBox struct {
 	Compute       Compute `yaml:"compute_gflops"`
 	// LayerOverheadMS is a fixed compute cost per layer per pass.
 	LayerOverheadMS float64 `yaml:"layer_overhead_ms"`
-	// MemoryBudget is the planner's budget (planner.ParseBytes units).
+	// MemoryBudget is the planner's budget (a byte size, internal/config).
 	MemoryBudget string `yaml:"memory_budget"`
 	MaxDepth     int    `yaml:"max_depth"`
 	MaxTile      int    `yaml:"max_tile"`
@@ -72,7 +69,7 @@ type RatePoint struct {
 type DecodeGroup struct {
 	Ranks int `yaml:"ranks"`
 	// StateMemory bounds the sequence states the group holds at once
-	// (planner.ParseBytes units; empty: unbounded).
+	// (a byte size, internal/config; empty: unbounded).
 	StateMemory string `yaml:"state_memory"`
 	// The group's own prefill cost: either measured rates (PrefillRate), or
 	// compute rates per layer type as for a prefill box (Compute and
@@ -119,14 +116,12 @@ func (c *ControlPlane) validate() error {
 // ParseProfile reads a profile; name is used in errors. Unknown keys are
 // errors, so that a misspelt key is not silently ignored.
 func ParseProfile(b []byte, name string) (*Profile, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
 	var p Profile
-	if err := dec.Decode(&p); err != nil {
+	if err := config.DecodeYAML("hardware profile "+name, b, &p); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("hardware profile %s: empty", name)
 		}
-		return nil, fmt.Errorf("hardware profile %s: %w", name, err)
+		return nil, err
 	}
 	if p.Name == "" {
 		p.Name = name
@@ -237,7 +232,7 @@ func (b *PrefillBox) Budget() (int64, error) {
 	if b.MemoryBudget == "" {
 		return 0, errors.New("memory_budget is missing")
 	}
-	n, err := planner.ParseBytes(b.MemoryBudget)
+	n, err := config.ParseBytes(b.MemoryBudget)
 	if err != nil {
 		return 0, fmt.Errorf("memory_budget: %w", err)
 	}
@@ -262,7 +257,7 @@ func (g *DecodeGroup) validate() error {
 		return fmt.Errorf("ranks is %d, want at least 1", g.Ranks)
 	}
 	if g.StateMemory != "" {
-		if _, err := planner.ParseBytes(g.StateMemory); err != nil {
+		if _, err := config.ParseBytes(g.StateMemory); err != nil {
 			return fmt.Errorf("state_memory: %w", err)
 		}
 	}
@@ -298,7 +293,7 @@ func (g *DecodeGroup) StateBytes() int64 {
 	if g.StateMemory == "" {
 		return 0
 	}
-	n, _ := planner.ParseBytes(g.StateMemory)
+	n, _ := config.ParseBytes(g.StateMemory)
 	return n
 }
 

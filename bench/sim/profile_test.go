@@ -37,13 +37,15 @@ func TestProfileErrorsSayWhatAndWhere(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"", "empty"},
 		{"name: x\n", "no prefill, decode or link section"},
-		{"link:\n  gb_per_s: 1\n  rtt: 3\n", "field rtt not found"},
+		{"link:\n  gb_per_s: 1\n  rtt: 3\n", `line 3: unknown key "rtt" (valid keys here: gb_per_s, per_rank, rtt_us)`},
+		{"prefill:\n  memory_budgt: 1GB\n", `line 2: unknown key "memory_budgt" (did you mean memory_budget?)`},
+		{"decode:\n  rank: 2\n", `line 2: unknown key "rank" (did you mean ranks?)`},
 		{"link:\n  gb_per_s: -1\n", "link: gb_per_s is -1"},
 		{"decode:\n  ranks: 2\n  decode_step_ms: 40\n", "prefill_rate or compute_gflops is missing"},
 		{"decode:\n  ranks: 2\n  decode_step_ms: 40\n  prefill_rate: [{tokens: 0, tok_per_s: 3}]\n", "prefill_rate[0].tokens is 0"},
 		{"prefill:\n  disk_read_gb_per_s: 5\n  compute_gflops: {kda: 1, mla: 1, moe: 1, dense: 1}\n", "memory_budget is missing"},
 		{"prefill:\n  disk_read_gb_per_s: 5\n  memory_budget: 1GB\n  compute_gflops: {kda: 1, mla: 0, moe: 1, dense: 1}\n", "compute_gflops.mla is 0"},
-		{"prefill:\n  disk_read_gb_per_s: 5\n  memory_budget: lots\n  compute_gflops: {kda: 1, mla: 1, moe: 1, dense: 1}\n", "memory_budget: byte size \"lots\""},
+		{"prefill:\n  disk_read_gb_per_s: 5\n  memory_budget: lots\n  compute_gflops: {kda: 1, mla: 1, moe: 1, dense: 1}\n", "memory_budget: \"lots\" is not a byte size, which is a number with an optional unit"},
 	} {
 		_, err := ParseProfile([]byte(c.yaml), "test.yaml")
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "test.yaml") {

@@ -21,7 +21,7 @@ var httpSettings = []setting{
 	{Key: "http.listen", Default: "127.0.0.1:8000", Help: "OpenAI-compatible API address (empty: off); beyond loopback it requires http.api_keys"},
 	{Key: "http.api_keys", Default: []string{}, Help: "bearer keys the API accepts (Authorization: Bearer KEY); none: no authentication, loopback only"},
 	{Key: "http.model_name", Default: "", Help: "the model's name in the API (default: the model directory's name)"},
-	{Key: "http.max_body_bytes", Default: "16MiB", Help: "largest request body"},
+	{Key: "http.max_body_bytes", Bytes: true, Default: "16MiB", Help: "largest request body"},
 	{Key: "http.max_prompt_tokens", Default: 0, Help: "longest prompt the API accepts, in tokens (0: the model's context length)"},
 	{Key: "http.max_concurrent_per_key", Default: openai.DefaultMaxConcurrentPerKey, Help: "requests one API key may have in flight (without keys: all requests)"},
 	{Key: "http.policy", Default: "", Help: "routing of the API's jobs: auto, local or remote (empty: the coordinator's router.policy)"},

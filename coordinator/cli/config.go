@@ -43,7 +43,7 @@ var serveSettings = append([]setting{
 	{Key: "embedded.host", Default: "127.0.0.1", Help: "embedded NATS server: listen address"},
 	{Key: "embedded.port", Default: 4222, Help: "embedded NATS server: client port (0: any free port)"},
 	{Key: "embedded.data_dir", Default: "", Help: "embedded NATS server: JetStream directory, where queued jobs survive restarts (default: <user cache dir>/tandem/nats)"},
-	{Key: "embedded.max_payload", Default: "8MiB", Help: "embedded NATS server: largest message (a 1M-token prompt is about 5 MiB)"},
+	{Key: "embedded.max_payload", Bytes: true, Default: "8MiB", Help: "embedded NATS server: largest message (a 1M-token prompt is about 5 MiB)"},
 	{Key: "embedded.credentials_dir", Default: "", Help: "embedded NATS server: directory of the tandem identities it admits (coordinator.json, worker.json, client.json, created on first start; more with `coordinator credentials`); default <user config dir>/tandem/nats, and required when embedded.host is not loopback"},
 	{Key: "insecure", Default: false, Help: "run the embedded NATS server without any credentials, even beyond loopback (warned at every start): anyone who reaches it can read and forge every job"},
 	{Key: "embedded.tls.cert", Default: "", Help: "embedded NATS server: certificate file (turns TLS on)"},

@@ -25,11 +25,16 @@ Give each machine the file of its role: decode and prefill workers
 --nats-credentials worker.json, clients --nats-credentials client.json. The
 embedded server admits every identity in the directory. For a nats-server of
 your own, --nats-server-conf FILE writes the authorization block with the
-same permissions (include it in the server's configuration).`,
+same permissions (include it in the server's configuration).
+
+` + settingsHelp(credentialsSettings),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f := cmd.Flags()
-			dir, _ := f.GetString("dir")
+			v, err := resolve(cmd, credentialsSettings)
+			if err != nil {
+				return err
+			}
+			dir := v.GetString("dir")
 			if dir == "" {
 				d, err := cp.DefaultCredentialsDir()
 				if err != nil {
@@ -37,8 +42,7 @@ same permissions (include it in the server's configuration).`,
 				}
 				dir = d
 			}
-			clients, _ := f.GetStringSlice("add-client")
-			workers, _ := f.GetStringSlice("add-worker")
+			clients, workers := v.GetStringSlice("add_client"), v.GetStringSlice("add_worker")
 			out := cmd.OutOrStdout()
 			for _, add := range []struct {
 				p     cp.Principal
@@ -64,7 +68,7 @@ same permissions (include it in the server's configuration).`,
 				}
 				fmt.Fprintf(out, "  %-12s %-10s user %s\n", id.Principal, name, id.User)
 			}
-			if conf, _ := f.GetString("nats-server-conf"); conf != "" {
+			if conf := v.GetString("nats_server_conf"); conf != "" {
 				block, err := cp.ServerAuthorization(ids)
 				if err != nil {
 					return err
@@ -81,10 +85,14 @@ same permissions (include it in the server's configuration).`,
 			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.String("dir", "", "credentials directory (default <user config dir>/tandem/nats)")
-	f.StringSlice("add-client", nil, "add a client identity with this name (its namespace tandem.v1.clients.<name>)")
-	f.StringSlice("add-worker", nil, "add a worker identity limited to this worker id")
-	f.String("nats-server-conf", "", "write a nats-server authorization block for these identities to this file")
+	addFlags(cmd.Flags(), credentialsSettings)
 	return cmd
+}
+
+// credentialsSettings are the credentials command's.
+var credentialsSettings = []setting{
+	{Key: "dir", Default: "", Help: "credentials directory (default <user config dir>/tandem/nats)"},
+	{Key: "add_client", Default: []string{}, Help: "add a client identity with this name (its namespace tandem.v1.clients.<name>)"},
+	{Key: "add_worker", Default: []string{}, Help: "add a worker identity limited to this worker id"},
+	{Key: "nats_server_conf", Default: "", Help: "write a nats-server authorization block for these identities to this file"},
 }

@@ -23,7 +23,9 @@ runs again with policy remote to show the disaggregated path.
 
 Then it serves the OpenAI-compatible API on --http-listen (default
 127.0.0.1:8000), prints a ready-to-paste curl line for it and keeps serving
-until interrupted; --http-listen "" ends the demo after its story.`,
+until interrupted; --http-listen "" ends the demo after its story.
+
+` + settingsHelp(demoSettings),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := resolve(cmd, demoSettings)

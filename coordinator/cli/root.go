@@ -271,7 +271,8 @@ func serviceConfig(v *viper.Viper) (service.Config, error) {
 	}, nil
 }
 
-// settingsHelp lists the config keys for a command's long help.
+// settingsHelp lists the config keys for a command's long help, and
+// where settings come from.
 func settingsHelp(ss ...[]setting) string {
-	return "Config keys: " + strings.Join(keysOf(ss...), ", ") + "."
+	return "Config keys: " + strings.Join(keysOf(ss...), ", ") + ".\n\n" + config.Help(process)
 }

@@ -37,6 +37,9 @@ type Setting struct {
 	// deprecated alias that names the new one; in a file it is refused
 	// with the new name.
 	Old string
+	// Bytes marks a string setting that holds a byte size: Load refuses a
+	// value outside the grammar, naming the key, before anything starts.
+	Bytes bool
 	// Repeat makes a []string flag take each occurrence as one value,
 	// commas included (--prompt 1,2,3 --prompt 4); otherwise it is split
 	// at commas.
@@ -66,9 +69,11 @@ func Help(process string) string {
 		"A flag wins over the environment, the environment over the file, the file over the default. "+
 		"The environment variables are %s_<KEY>, the key upper-cased with dots and dashes as underscores: "+
 		"--nats-url is %s. A file's unknown key is an error that names the nearest valid one.",
-		envPrefix(process), EnvName(process, "nats.url")), 76) +
-		"\n\n" + wrap("Byte sizes: "+BytesGrammar+".", 76)
+		envPrefix(process), EnvName(process, "nats.url")), 76) + "\n\n" + BytesHelp()
 }
+
+// BytesHelp is the byte-size grammar as a --help paragraph.
+func BytesHelp() string { return wrap("Byte sizes: "+BytesGrammar+".", 76) }
 
 // wrap breaks text into lines of at most width bytes at spaces.
 func wrap(text string, width int) string {
@@ -123,26 +128,35 @@ func AddFlags(fs *pflag.FlagSet, sets ...[]Setting) {
 	}
 }
 
-// Alias defines --old (a key or a flag name) as a deprecated spelling of
-// the flag of key: given, it sets that flag, as if it were given itself,
-// and pflag prints that --old is deprecated and names the new flag. Where
-// both are given, the later one on the command line wins.
+// Alias defines --old (a key or a flag name) as a hidden, deprecated
+// spelling of the flag of key: given, it sets that flag as if it were
+// given itself, and prints to stderr that it is deprecated, naming the new
+// flag (stderr even under cobra, which prints pflag's own notices to a
+// command's standard output). Where both are given, the later one on the
+// command line wins.
 func Alias(fs *pflag.FlagSet, old, key string) {
 	cur := fs.Lookup(FlagName(key))
 	name := FlagName(old)
-	fs.AddFlag(&pflag.Flag{Name: name, Usage: "old spelling of --" + cur.Name, Value: &alias{fs, cur}, NoOptDefVal: cur.NoOptDefVal})
-	_ = fs.MarkDeprecated(name, "use --"+cur.Name+" instead")
+	fs.AddFlag(&pflag.Flag{Name: name, Usage: "old spelling of --" + cur.Name, Hidden: true,
+		Value: &alias{fs: fs, old: name, cur: cur}, NoOptDefVal: cur.NoOptDefVal})
 }
+
+// aliasNotices is where aliases print their notice (tests replace it).
+var aliasNotices io.Writer = os.Stderr
 
 // alias is a deprecated flag's value: it sets the flag it stands for.
 type alias struct {
 	fs  *pflag.FlagSet
+	old string
 	cur *pflag.Flag
 }
 
-func (a *alias) String() string     { return a.cur.Value.String() }
-func (a *alias) Set(v string) error { return a.fs.Set(a.cur.Name, v) }
-func (a *alias) Type() string       { return a.cur.Value.Type() }
+func (a *alias) String() string { return a.cur.Value.String() }
+func (a *alias) Type() string   { return a.cur.Value.Type() }
+func (a *alias) Set(v string) error {
+	fmt.Fprintf(aliasNotices, "Flag --%s has been deprecated, use --%s instead\n", a.old, a.cur.Name)
+	return a.fs.Set(a.cur.Name, v)
+}
 
 // Load resolves the settings of a process whose flags fs has parsed:
 // flags given on the command line, then TANDEM_<PROCESS>_<KEY>
@@ -150,10 +164,13 @@ func (a *alias) Type() string       { return a.cur.Value.Type() }
 // is an error naming the nearest valid one), then the defaults.
 func Load(fs *pflag.FlagSet, process, file string, sets ...[]Setting) (*viper.Viper, error) {
 	v := viper.New()
-	var known []string
+	var known, sizes []string
 	var renamed = map[string]string{}
 	for _, ss := range sets {
 		for _, s := range ss {
+			if s.Bytes {
+				sizes = append(sizes, s.Key)
+			}
 			v.SetDefault(s.Key, s.Default)
 			known = append(known, s.Key)
 			if s.Old != "" {
@@ -176,6 +193,11 @@ func Load(fs *pflag.FlagSet, process, file string, sets ...[]Setting) (*viper.Vi
 		}
 		if err := v.MergeConfigMap(fv.AllSettings()); err != nil {
 			return nil, fmt.Errorf("config %s: %w", file, err)
+		}
+	}
+	for _, k := range sizes {
+		if _, err := ParseBytes(v.GetString(k)); err != nil {
+			return nil, fmt.Errorf("%s (--%s): %w", k, FlagName(k), err)
 		}
 	}
 	return v, nil
@@ -282,11 +304,9 @@ func ParseArgs(fs *pflag.FlagSet, process string, args []string, stdout, stderr 
 	case err != nil:
 		return fmt.Errorf("%w (see --help)", err)
 	}
-	// Deprecation notices pflag printed while parsing.
-	io.WriteString(stderr, buf.String())
 	var envErr error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || f.Deprecated != "" || envErr != nil {
+		if _, isAlias := f.Value.(*alias); f.Changed || isAlias || envErr != nil {
 			return
 		}
 		name := EnvName(process, f.Name)

@@ -54,7 +54,7 @@ func TestNearest(t *testing.T) {
 }
 
 var testSettings = []Setting{
-	{Key: "memory_budget", Default: "8GiB", Help: "budget", Old: "mem_budget"},
+	{Key: "memory_budget", Default: "8GiB", Help: "budget", Old: "mem_budget", Bytes: true},
 	{Key: "nats.url", Default: "", Help: "url"},
 	{Key: "threads", Default: 0, Help: "threads"},
 	{Key: "wait", Default: time.Second, Help: "wait"},
@@ -77,6 +77,8 @@ func load(t *testing.T, file string, args ...string) (map[string]any, error) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	var out bytes.Buffer
 	fs.SetOutput(&out)
+	aliasNotices = &out
+	defer func() { aliasNotices = os.Stderr }()
 	AddFlags(fs, testSettings)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -151,6 +153,23 @@ func TestDeprecatedAlias(t *testing.T) {
 	fs.PrintDefaults()
 	if strings.Contains(usage.String(), "mem-budget") {
 		t.Errorf("the alias is listed in the help:\n%s", usage.String())
+	}
+}
+
+// TestByteSettings: a byte-size setting outside the grammar is refused at
+// load, from any source, naming the key and quoting the grammar.
+func TestByteSettings(t *testing.T) {
+	file := writeFile(t, "c.yaml", "memory_budget: 2G\n")
+	for _, c := range []struct {
+		file string
+		args []string
+		env  string
+	}{{"", []string{"--memory-budget", "8M"}, ""}, {file, nil, ""}, {"", nil, "lots"}} {
+		t.Setenv("TANDEM_TEST_PROC_MEMORY_BUDGET", c.env)
+		_, err := load(t, c.file, c.args...)
+		if err == nil || !strings.Contains(err.Error(), "memory_budget (--memory-budget): ") || !strings.Contains(err.Error(), "KiB MiB GiB TiB") {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testbin"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -35,13 +36,7 @@ func TestHostileConfigUnderAnAddressSpaceLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds four binaries")
 	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "./bench", "./prefill-worker", "./decode-worker", "./coordinator")
-	build.Dir = filepath.Join("..", "..")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := testbin.Build(t, "./bench", "./prefill-worker", "./decode-worker", "./coordinator")
 	good := testmodel.Dir(t, "tiny", 1, 2)
 
 	// limited runs a binary under the limit and returns its output.

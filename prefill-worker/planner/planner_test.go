@@ -310,22 +310,6 @@ func TestTilesRandom(t *testing.T) {
 	}
 }
 
-func TestParseBytes(t *testing.T) {
-	for in, want := range map[string]int64{
-		"512MiB": 512 << 20, "4GiB": 4 << 30, "1.5G": 3 << 29, "100": 100, "2 kb": 2000, "1TiB": 1 << 40, "64k": 64 << 10,
-	} {
-		got, err := ParseBytes(in)
-		if err != nil || got != want {
-			t.Errorf("ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "MiB", "12 parsecs", "-5", "1e400"} {
-		if _, err := ParseBytes(bad); err == nil {
-			t.Errorf("ParseBytes(%q) succeeded", bad)
-		}
-	}
-}
-
 // TestMakeDraining: memory still held by finished jobs' sink queues makes
 // new jobs wait, never rejects them.
 func TestMakeDraining(t *testing.T) {
