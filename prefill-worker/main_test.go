@@ -115,7 +115,7 @@ func TestConfig(t *testing.T) {
 		want string
 	}{
 		{[]string{}, "--model is required"},
-		{[]string{"--model", "m", "--memory-budget", "lots"}, "memory_budget: \"lots\" is not a byte size, which is a number"},
+		{[]string{"--model", "m", "--memory-budget", "lots"}, "memory_budget (--memory-budget): \"lots\" is not a byte size, which is a number"},
 		{[]string{"--model", "m", "--memory-budget", "2G"}, "KiB MiB GiB TiB"},
 		{[]string{"--model", "m", "--config", badFile}, `unknown key "memory_budgt" (did you mean memory_budget?)`},
 		{[]string{"--model", "m", "--config", oldFile}, `key "mem_budget" was renamed "memory_budget"`},
