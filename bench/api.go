@@ -28,6 +28,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/demo"
 	"github.com/tandem-inference/tandem/coordinator/openai"
 	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
@@ -100,7 +101,7 @@ door is a coordinator api process of its own instead, and its resident set
 	}
 	log := zap.NewNop()
 	if *verbose {
-		log, _ = zap.NewDevelopment()
+		log, _ = config.NewLogger("debug", "console", os.Stderr)
 	}
 	dir := *modelDir
 	if dir == "" {

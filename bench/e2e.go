@@ -430,7 +430,7 @@ the profile alone is reported next to it.
 
 	log := zap.NewNop()
 	if f.verbose {
-		if log, err = zap.NewDevelopment(); err != nil {
+		if log, err = config.NewLogger("debug", "console", os.Stderr); err != nil {
 			return err
 		}
 	}

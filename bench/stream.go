@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/progress"
@@ -182,7 +180,10 @@ for a model larger than memory and disk, such as bench mkmodel --preset k3
 		return err
 	}
 	debug.SetMemoryLimit(budget) // as the worker binary does
-	logger := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.AddSync(os.Stderr), zap.InfoLevel))
+	logger, err := config.NewLogger("info", "console", os.Stderr)
+	if err != nil {
+		return err
+	}
 	var reports []scheduler.PassReport
 	w, err := worker.New(worker.Config{Model: f.model, Budget: budget, Depth: f.depth, Threads: f.threads, LatentDType: latent,
 		ReadSize: readSize, Readers: f.readers, IO: iomode, Log: logger,

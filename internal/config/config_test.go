@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -271,4 +272,27 @@ func TestEnvName(t *testing.T) {
 			t.Errorf("EnvName(%q, %q) = %s, want %s", c[0], c[1], got, c[2])
 		}
 	}
+}
+
+// FuzzParseBytes: any text is refused with the grammar or read as a
+// non-negative size; a size written back as plain bytes reads the same.
+func FuzzParseBytes(f *testing.F) {
+	for _, s := range []string{"8MiB", "1.5 GiB", "64gb", "0", "9223372036854775807", "2G", "-1", "1e9", ".5KiB", "1..2MB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseBytes(s)
+		if err != nil {
+			if !strings.Contains(err.Error(), "KiB MiB GiB TiB") && !strings.Contains(err.Error(), "too large") {
+				t.Fatalf("ParseBytes(%q): %v does not give the grammar", s, err)
+			}
+			return
+		}
+		if n < 0 {
+			t.Fatalf("ParseBytes(%q) = %d", s, n)
+		}
+		if m, err := ParseBytes(strconv.FormatInt(n, 10)); err != nil || m != n {
+			t.Fatalf("ParseBytes(%q) = %d, but %d reads as %d, %v", s, n, n, m, err)
+		}
+	})
 }
