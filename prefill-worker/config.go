@@ -62,7 +62,7 @@ var settings = []config.Setting{
 	// The prefix store: prompts' states kept on a local disk, so that a
 	// session's next turn prefills only its new tokens.
 	{Key: "prefix_store.dir", Default: "", Help: "control-plane mode: directory of the prefix store (a local NVMe disk), where prompts' states are kept for their session's next turn; off when empty"},
-	{Key: "prefix_store.max_bytes", Default: "64GiB", Help: "control-plane mode: the prefix store's size bound (the least recently used entries go first)"},
+	{Key: "prefix_store.max_bytes", Bytes: true, Default: "64GiB", Help: "control-plane mode: the prefix store's size bound, a byte size (the least recently used entries go first)"},
 }
 
 // opsSettings are the control-plane mode's operations: /metrics, /healthz
