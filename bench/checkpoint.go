@@ -3,13 +3,15 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/progress"
 	"github.com/tandem-inference/tandem/model/layout"
 )
@@ -41,15 +43,17 @@ stubs, and verify with a range that needs one says so.
 `
 
 func runCheckpoint(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, checkpointUsage)
-		if len(args) == 0 {
-			return errors.New("want a subcommand: verify or shards")
-		}
+		return errors.New("want a subcommand: verify or shards")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintf(os.Stdout, "%sA flag not given is read from %s (%s for --layers).\n\n%s\n", checkpointUsage,
+			config.EnvName("bench-checkpoint-<SUBCOMMAND>", "<FLAG>"), config.EnvName("bench-checkpoint-verify", "layers"), config.BytesHelp())
 		return nil
 	}
 	sub := args[0]
-	fs := flag.NewFlagSet("checkpoint "+sub, flag.ContinueOnError)
+	fs := pflag.NewFlagSet("checkpoint-"+sub, pflag.ContinueOnError)
 	layers := fs.String("layers", "", "layers A-B (0-based, inclusive) or a single layer")
 	globals := fs.Bool("globals", false, "with --layers: also the model-level tensors (embedding, final norm, lm_head)")
 	rk := fs.Int("rank", -1, "decode rank R (with --ranks)")
@@ -63,10 +67,7 @@ func runCheckpoint(ctx context.Context, args []string) error {
 		fs.Usage()
 		return fmt.Errorf("unknown subcommand %q: want verify or shards", sub)
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
