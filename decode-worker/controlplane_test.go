@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tandem-inference/tandem/configs"
 	cp "github.com/tandem-inference/tandem/controlplane"
@@ -85,6 +88,20 @@ func TestControlPlaneMode(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("the ranks did not register ready: %v", ws)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	// A rank registers before it subscribes (see cpadapter.New): wait for
+	// rank 0's status subject, subscribed after its assign and cancel
+	// subjects on the same connection, to answer.
+	for {
+		if _, err := nc.RequestWithContext(ctx, cp.WorkerStatus("ptest-r0"), nil); !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("rank 0 never served its subjects")
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
