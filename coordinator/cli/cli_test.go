@@ -419,7 +419,7 @@ func TestServeBeyondLoopback(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	base := []string{"serve", "--model", dir, "--embedded-host", "0.0.0.0", "--embedded-port", "0", "--metrics-listen", "",
+	base := []string{"serve", "--model", dir, "--embedded-host", "0.0.0.0", "--embedded-port", "0", "--metrics-listen", "", "--http-listen", "127.0.0.1:0",
 		"--log-format", "json"}
 	start := time.Now()
 	_, _, err := run(ctx, append(base, "--embedded-data-dir", t.TempDir())...)
