@@ -133,26 +133,8 @@ type workerConfig struct {
 // command is the worker's command line: run gets the resolved
 // configuration; rdma-probe is a subcommand.
 func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) error) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:           "decode-worker --rank R --group-config FILE --model DIR [flags]",
-		Short:         "one rank of a decode group",
-		Long:          help,
-		Args:          cobra.ArbitraryArgs, // refused by resolveConfig, naming them
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := resolveConfig(cmd.Flags(), args)
-			if err != nil {
-				return err
-			}
-			return run(cmd, cfg)
-		},
-	}
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	cmd.Flags().SortFlags = false
-	cmd.Flags().String("config", "", "config file (YAML, JSON or TOML) with any of the keys of these flags (dots nest)")
-	config.AddFlags(cmd.Flags(), settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
+	cmd := config.WorkerCommand("decode-worker --rank R --group-config FILE --model DIR [flags]", "one rank of a decode group", help, stdout, stderr, resolveConfig, run,
+		settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	cmd.AddCommand(&cobra.Command{
 		Use:                "rdma-probe [--listen ADDR | --peer ADDR]",
 		Short:              "report this machine's RDMA environment and measure an RDMA link to another rank",

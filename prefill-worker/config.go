@@ -130,26 +130,8 @@ type workerConfig struct {
 // command is the worker's command line: run gets the resolved
 // configuration.
 func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) error) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:           "prefill-worker --model DIR [flags]",
-		Short:         "layer-streamed prefill of Kimi K3 under a memory budget",
-		Long:          help,
-		Args:          cobra.ArbitraryArgs, // refused by resolveConfig, naming them
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := resolveConfig(cmd.Flags(), args)
-			if err != nil {
-				return err
-			}
-			return run(cmd, cfg)
-		},
-	}
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	cmd.Flags().SortFlags = false
-	cmd.Flags().String("config", "", "config file (YAML, JSON or TOML) with any of the keys of these flags (dots nest)")
-	config.AddFlags(cmd.Flags(), settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
+	cmd := config.WorkerCommand("prefill-worker --model DIR [flags]", "layer-streamed prefill of Kimi K3 under a memory budget", help, stdout, stderr, resolveConfig, run,
+		settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	return cmd
 }
 
