@@ -122,7 +122,8 @@ func OpenJobQueue(ctx context.Context, nc *nats.Conn, cfg QueueConfig) (*JobQueu
 	if maxMsgs <= 0 {
 		maxMsgs = -1
 	}
-	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	var stream jetstream.Stream
+	sc := jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "tandem submitted jobs; a job is removed when it reaches a final state",
 		Subjects:    []string{cfg.Subject},
@@ -133,11 +134,16 @@ func OpenJobQueue(ctx context.Context, nc *nats.Conn, cfg QueueConfig) (*JobQueu
 		MaxMsgs:     maxMsgs,
 		Discard:     jetstream.DiscardNew,
 		MaxMsgSize:  MaxMessageSize,
+	}
+	err = whileJetStreamSettles(ctx, func(ctx context.Context) (err error) {
+		stream, err = js.CreateOrUpdateStream(ctx, sc)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("job queue: stream %s on %s: %w", cfg.Stream, cfg.Subject, err)
 	}
-	consumer, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	var consumer jetstream.Consumer
+	cc := jetstream.ConsumerConfig{
 		Durable:       cfg.Consumer,
 		Description:   "tandem coordinators",
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -146,6 +152,10 @@ func OpenJobQueue(ctx context.Context, nc *nats.Conn, cfg QueueConfig) (*JobQueu
 		FilterSubject: cfg.Subject,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxAckPending: -1,
+	}
+	err = whileJetStreamSettles(ctx, func(ctx context.Context) (err error) {
+		consumer, err = stream.CreateOrUpdateConsumer(ctx, cc)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("job queue: consumer %s on stream %s: %w", cfg.Consumer, cfg.Stream, err)

@@ -338,5 +338,10 @@ func openBucket(ctx context.Context, nc *nats.Conn, memory bool, c jetstream.Key
 	if memory {
 		c.Storage = jetstream.MemoryStorage
 	}
-	return js.CreateOrUpdateKeyValue(ctx, c)
+	var kv jetstream.KeyValue
+	err = whileJetStreamSettles(ctx, func(ctx context.Context) (err error) {
+		kv, err = js.CreateOrUpdateKeyValue(ctx, c)
+		return err
+	})
+	return kv, err
 }

@@ -96,6 +96,10 @@ type WorkerLost struct {
 	Worker string
 	Reason string
 	Since  time.Time // when the registry recorded it
+	// Left: the worker deregistered. A worker leaves after publishing
+	// its final reports, but they come on another subscription than the
+	// registry's changes, so they may still be on their way.
+	Left bool
 }
 
 // WorkersChanged: the registry changed; a job waiting for workers tries

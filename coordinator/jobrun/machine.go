@@ -111,6 +111,10 @@ type Machine struct {
 	reinquired                 bool // asked the workers again after a Resumed answer
 	decoded                    int  // tokens the head last reported
 	checking                   check
+	// left is a worker holding the job that deregistered; its final
+	// report has until leftBy to come.
+	left, leftWhy string
+	leftBy        time.Time
 
 	final *cp.JobEvent
 	acts  []Action
@@ -146,7 +150,7 @@ func (m *Machine) Speaks(worker string) bool {
 // Next is when the run next needs a Tick (zero: no timer runs).
 func (m *Machine) Next() time.Time {
 	var next time.Time
-	for _, t := range []time.Time{m.placeBy, m.retryAt, m.deadline, m.stallAt, m.graceAt} {
+	for _, t := range []time.Time{m.placeBy, m.retryAt, m.deadline, m.stallAt, m.graceAt, m.leftBy} {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
 		}
@@ -625,6 +629,15 @@ func (m *Machine) lost(e WorkerLost) {
 		// nothing for the job.
 		return
 	}
+	if e.Left && m.decodeOpen && m.left == "" {
+		// A clean exit: the worker published its final report before it
+		// deregistered, and the report may be read after this. The
+		// decode group's head settles the job (it decodes once the whole
+		// state is committed; it fails the job when its transfer session
+		// or ring breaks); the head's own report is waited for, a while.
+		m.left, m.leftWhy, m.leftBy = e.Worker, e.Reason, e.At.Add(m.cfg.StallTimeout)
+		return
+	}
 	m.cancelWorkers(fmt.Sprintf("worker %s was lost", e.Worker), e.Worker)
 	m.fail(e.At, &cp.JobError{Code: cp.CodeUnavailable, Worker: e.Worker, Message: e.Reason})
 }
@@ -703,6 +716,9 @@ func (m *Machine) tick(now time.Time) {
 		}
 	case phaseFollowing:
 		switch {
+		case !m.leftBy.IsZero() && !now.Before(m.leftBy):
+			m.leftBy = time.Time{}
+			m.leftGone(now)
 		case !m.graceAt.IsZero() && !now.Before(m.graceAt):
 			m.cancelWorkers("the coordinator stopped; the job goes back to the queue")
 			m.release()
@@ -716,6 +732,23 @@ func (m *Machine) tick(now time.Time) {
 			m.fail(now, &cp.JobError{Code: cp.CodeUnavailable, Message: fmt.Sprintf("the job did not finish within %v of its submission (job timeout)", m.cfg.JobTimeout)})
 		}
 	}
+}
+
+// leftGone settles the side of a worker that deregistered while holding
+// the job, once its final report had time to come.
+func (m *Machine) leftGone(now time.Time) {
+	switch {
+	case m.left == m.prefill && !m.prefillOpen, m.left == m.head && !m.decodeOpen:
+		return // its report came
+	case m.left == m.prefill && m.job.State() == cp.StateDecoding:
+		m.prefillOpen = false // the group decodes: the state was committed
+		return
+	case m.left != m.prefill && m.left != m.head:
+		return // another rank: the head settles the job
+	}
+	m.cancelWorkers(fmt.Sprintf("worker %s was lost", m.left), m.left)
+	m.fail(now, &cp.JobError{Code: cp.CodeUnavailable, Worker: m.left,
+		Message: fmt.Sprintf("%s without a final report for the job within %v", m.leftWhy, m.cfg.StallTimeout)})
 }
 
 func (m *Machine) shutdown(at time.Time) {

@@ -178,6 +178,78 @@ func TestRemoteJobFailsWhenItsPrefillWorkerIsLost(t *testing.T) {
 	step(t, m, WorkerLost{At: at(21), Worker: "pf", Since: at(21), Reason: "expired"}, "CancelOn(g-r0) Publish(failed) Ack")
 }
 
+// A worker that deregistered (drained, then left) published its final
+// report first, but the coordinator reads reports and registry changes on
+// different subscriptions: the report may come after the loss. The loss
+// fails nothing while the report can still come; the decode group's head
+// settles the job, and a report that never comes fails it after the stall
+// timeout, naming the worker that left.
+func TestWorkersThatLeftCleanly(t *testing.T) {
+	left := "left the registry (shut down)"
+	remote := func() *Machine {
+		m := newMachine()
+		step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 1}}, "Place")
+		step(t, m, Candidate{At: at(1), Plan: remotePlan()}, "Publish(routed) Assign(g-r0)")
+		step(t, m, Assigned{At: at(2), Reply: accepted("g-r0")}, "Assign(pf)")
+		step(t, m, Assigned{At: at(3), Reply: accepted("pf")}, "LoadPrefill AssignedAt Publish(prefilling)")
+		return m
+	}
+	t.Run("prefill report after the loss", func(t *testing.T) {
+		m := remote()
+		step(t, m, WorkerLost{At: at(20), Worker: "pf", Since: at(20), Reason: left, Left: true}, "")
+		step(t, m, Report{At: at(21), P: progress("pf", cp.StateDone, 11)}, "")
+		step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+		step(t, m, Tick{At: at(5020)}, "") // its report came: nothing to settle
+		step(t, m, Report{At: at(40), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+	})
+	t.Run("prefill report lost, the group decodes", func(t *testing.T) {
+		m := remote()
+		step(t, m, WorkerLost{At: at(20), Worker: "pf", Since: at(20), Reason: left, Left: true}, "")
+		step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+		step(t, m, Tick{At: at(5020)}, "") // decoding needs the committed state
+		step(t, m, Report{At: at(40), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+	})
+	t.Run("prefill side broken: the group fails the job", func(t *testing.T) {
+		m := remote()
+		step(t, m, WorkerLost{At: at(20), Worker: "pf", Since: at(20), Reason: left, Left: true}, "")
+		step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateFailed, 0)}, "CancelOn(pf) Publish(failed) Ack")
+	})
+	t.Run("prefill report never comes", func(t *testing.T) {
+		m := remote()
+		step(t, m, WorkerLost{At: at(20), Worker: "pf", Since: at(20), Reason: left, Left: true}, "")
+		if got, want := m.Next(), at(20).Add(cfg.StallTimeout); !got.Equal(want) {
+			t.Fatalf("next timer %v, want %v", got, want)
+		}
+		step(t, m, Tick{At: at(5019)}, "")
+		acts := step(t, m, Tick{At: at(5020)}, "CancelOn(g-r0) Publish(failed) Ack")
+		if e := acts[1].(Publish).Event.Error; e.Worker != "pf" || !strings.Contains(e.Message, left+" without a final report") {
+			t.Fatalf("error %+v", e)
+		}
+	})
+	t.Run("head report after the loss", func(t *testing.T) {
+		m := remote()
+		step(t, m, Report{At: at(10), P: progress("pf", cp.StateDone, 11)}, "")
+		step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+		step(t, m, WorkerLost{At: at(40), Worker: "g-r0", Since: at(40), Reason: left, Left: true}, "")
+		step(t, m, Report{At: at(41), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+	})
+	t.Run("head report never comes", func(t *testing.T) {
+		m := remote()
+		step(t, m, Report{At: at(10), P: progress("pf", cp.StateDone, 11)}, "")
+		step(t, m, WorkerLost{At: at(40), Worker: "g-r0", Since: at(40), Reason: left, Left: true}, "")
+		acts := step(t, m, Tick{At: at(5040)}, "Publish(failed) Ack")
+		if e := acts[0].(Publish).Event.Error; e.Worker != "g-r0" || !strings.Contains(e.Message, "without a final report") {
+			t.Fatalf("error %+v", e)
+		}
+	})
+	t.Run("another rank: the head settles", func(t *testing.T) {
+		m := remote()
+		step(t, m, Report{At: at(30), P: progress("g-r0", cp.StateDecoding, 1)}, "LoadForget Publish(decoding)")
+		step(t, m, WorkerLost{At: at(40), Worker: "g-r1", Since: at(40), Reason: left, Left: true}, "")
+		step(t, m, Report{At: at(41), P: decodeDone(3)}, "ObserveDecodeStep Publish(done) Ack")
+	})
+}
+
 // A job delivered again whose first run ended unobserved (the coordinator
 // died first) is reported as it ended, never run again.
 func TestRedeliveredJobThatEndedIsReportedNotRerun(t *testing.T) {

@@ -24,6 +24,7 @@ type message struct {
 	at       time.Time // when the coordinator received it
 
 	lost, reason string
+	left         bool      // the worker deregistered (a clean exit)
 	since        time.Time // when the registry recorded the loss
 
 	cancel string
@@ -220,7 +221,7 @@ func (r *run) eventOf(msg message) jobrun.Event {
 	case msg.reconnected:
 		return jobrun.Reconnected{At: time.Now()}
 	case msg.lost != "":
-		return jobrun.WorkerLost{At: time.Now(), Worker: msg.lost, Reason: msg.reason, Since: msg.since}
+		return jobrun.WorkerLost{At: time.Now(), Worker: msg.lost, Reason: msg.reason, Left: msg.left, Since: msg.since}
 	default:
 		if !r.m.Speaks(msg.progress.WorkerID) {
 			// Only the workers holding the job speak for it.

@@ -59,7 +59,7 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 	seen := map[string]time.Time{} // when the registry last recorded each worker
 	heard := time.Now()            // when the watch last delivered anything
 	for {
-		var lost map[string]string
+		var lost map[string]loss
 		var since time.Time
 		select {
 		case ch, ok := <-changes:
@@ -86,9 +86,9 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 					delete(v.workers, id)
 					delete(seen, id)
 					if lost == nil {
-						lost = map[string]string{}
+						lost = map[string]loss{}
 					}
-					lost[id] = fmt.Sprintf("heartbeat expired: no heartbeat for %v, presumed dead", now.Sub(at).Round(time.Millisecond))
+					lost[id] = loss{reason: fmt.Sprintf("heartbeat expired: no heartbeat for %v, presumed dead", now.Sub(at).Round(time.Millisecond))}
 				}
 			}
 			if lost != nil {
@@ -96,15 +96,24 @@ func (c *Coordinator) watch(changes <-chan cp.WorkerChange) {
 			}
 			v.mu.Unlock()
 		}
-		for id, reason := range lost {
-			c.workerLost(id, reason, since)
+		for id, l := range lost {
+			c.workerLost(id, l, since)
 		}
 	}
 }
 
+// loss is why the registry lost a worker. left: it deregistered, a clean
+// exit that comes after its final reports (which this coordinator may
+// still read after the loss: they come on another subscription).
+type loss struct {
+	reason string
+	left   bool
+}
+
 // apply records one registry change and returns the workers it lost.
-func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[string]string {
+func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[string]loss {
 	var gone, reason string
+	var left bool
 	v := c.view
 	v.mu.Lock()
 	defer func() {
@@ -139,7 +148,7 @@ func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[s
 		}
 	case cp.WorkerLeft:
 		if _, had := v.workers[ch.ID]; had {
-			gone, reason = ch.ID, "left the registry (shut down)"
+			gone, reason, left = ch.ID, "left the registry (shut down)", true
 		}
 		delete(v.workers, ch.ID)
 		delete(seen, ch.ID)
@@ -155,16 +164,16 @@ func (c *Coordinator) apply(ch cp.WorkerChange, seen map[string]time.Time) map[s
 	if gone == "" {
 		return nil
 	}
-	return map[string]string{gone: reason}
+	return map[string]loss{gone: {reason: reason, left: left}}
 }
 
 // workerLost tells every run that involves worker id. since is when the
 // registry recorded the change: a run that sent the worker its assignment
 // after a restart was recorded talks to the new process, and is not
 // affected.
-func (c *Coordinator) workerLost(id, reason string, since time.Time) {
-	c.log.Info("worker gone", zap.String("worker", id), zap.String("reason", reason))
-	c.losses.notify(id, reason, since)
+func (c *Coordinator) workerLost(id string, l loss, since time.Time) {
+	c.log.Info("worker gone", zap.String("worker", id), zap.String("reason", l.reason))
+	c.losses.notify(id, l.reason, since)
 	c.mu.Lock()
 	var affected []*run
 	for _, r := range c.runs {
@@ -172,7 +181,7 @@ func (c *Coordinator) workerLost(id, reason string, since time.Time) {
 	}
 	c.mu.Unlock()
 	for _, r := range affected {
-		r.inbox.put(message{lost: id, reason: reason, since: since})
+		r.inbox.put(message{lost: id, reason: l.reason, left: l.left, since: since})
 	}
 }
 
