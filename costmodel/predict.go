@@ -21,6 +21,12 @@ type Rates struct {
 	// DecodeStep is one decode step of the group (the first token after
 	// either prefill is one step).
 	DecodeStep time.Duration
+	// LocalOverhead and RemoteOverhead are the control plane's own latency
+	// on each path, measured on finished jobs (what their time to first
+	// token spent beyond the parts priced above: submission, routing and
+	// admission; for a remote job also the assignment to the prefill
+	// worker, and the ranks' readiness around the ring after the commit).
+	LocalOverhead, RemoteOverhead time.Duration
 }
 
 // Load is the moment's queue state in front of a new job.
@@ -107,7 +113,8 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 		p.Prefill = r.Local.Time(m.Work(tokens, end), m.Layers)
 	}
 	p.FirstStep = r.DecodeStep
-	p.Total = sum(p.QueueWait, p.Pass, p.TransferTail, p.Prefill, p.FirstStep)
+	p.Overhead = r.RemoteOverhead
+	p.Total = sum(p.QueueWait, p.Pass, p.TransferTail, p.Prefill, p.FirstStep, p.Overhead)
 	return p
 }
 
@@ -136,7 +143,8 @@ func PredictLocal(m *Model, r Rates, l Load, prompt int) Prediction {
 	}
 	p.Prefill = r.Local.Time(m.Work(from, tokens), calls)
 	p.FirstStep = r.DecodeStep
-	p.Total = sum(p.QueueWait, p.Prefill, p.FirstStep)
+	p.Overhead = r.LocalOverhead
+	p.Total = sum(p.QueueWait, p.Prefill, p.FirstStep, p.Overhead)
 	return p
 }
 

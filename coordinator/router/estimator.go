@@ -95,3 +95,48 @@ func (e *Estimator) ObserveDecodeStep(d time.Duration) {
 	defer e.mu.Unlock()
 	e.r.DecodeStep = e.mixDur(e.r.DecodeStep, d)
 }
+
+// ObserveOverhead records the control plane's latency on a path, as a
+// finished job measured it (Overhead).
+func (e *Estimator) ObserveOverhead(t Target, d time.Duration) {
+	if d < 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch t {
+	case TargetLocal:
+		e.r.LocalOverhead = e.mixDur(e.r.LocalOverhead, d)
+	case TargetRemote:
+		e.r.RemoteOverhead = e.mixDur(e.r.RemoteOverhead, d)
+	}
+}
+
+// Overhead is what a finished job's time to first token (ttft) spent
+// beyond the parts the cost model prices from measured rates: for a remote
+// job, less its measured weight pass and transfer tail and the predicted
+// wait for a running pass and first decode step; for a local one, less
+// the decode group's measured prefill and first step (prefill) and the
+// predicted wait for the group's queue. ok is false when the job gives no
+// such measure (no first token, or no predicted parts).
+func Overhead(t Target, queueWait, firstStep, ttft, pass, tail, prefill time.Duration) (time.Duration, bool) {
+	if ttft <= 0 {
+		return 0, false
+	}
+	var d time.Duration
+	switch t {
+	case TargetRemote:
+		if pass <= 0 {
+			return 0, false
+		}
+		d = ttft - queueWait - pass - tail - firstStep
+	case TargetLocal:
+		if prefill <= 0 {
+			return 0, false
+		}
+		d = ttft - queueWait - prefill
+	default:
+		return 0, false
+	}
+	return max(d, 0), true
+}

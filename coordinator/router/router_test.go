@@ -199,3 +199,44 @@ func TestUnmeasuredRatesPrintAsUnknown(t *testing.T) {
 		t.Fatal("Seconds")
 	}
 }
+
+// TestOverheadIsTheUnpricedRest: a finished job's control-plane latency is
+// its time to first token less the measured pass and tail and the
+// predicted queue wait and first step (remote), or less the group's
+// measured prefill and the predicted queue wait (local); the estimator
+// moves each path's toward it, and the predictions add it.
+func TestOverheadIsTheUnpricedRest(t *testing.T) {
+	ms := time.Millisecond
+	if d, ok := Overhead(TargetRemote, 100*ms, 30*ms, 2000*ms, 1500*ms, 200*ms, 1500*ms); !ok || d != 170*ms {
+		t.Fatalf("remote: %v %v, want 170ms", d, ok)
+	}
+	if d, ok := Overhead(TargetLocal, 50*ms, 30*ms, 900*ms, 0, 0, 800*ms); !ok || d != 50*ms {
+		t.Fatalf("local: %v %v, want 50ms", d, ok)
+	}
+	if d, ok := Overhead(TargetLocal, 0, 0, 700*ms, 0, 0, 800*ms); !ok || d != 0 {
+		t.Fatalf("a local job marked late: %v %v, want 0", d, ok)
+	}
+	for _, c := range [][3]time.Duration{{0, 1, 1}, {ms, 0, 0}} {
+		if _, ok := Overhead(TargetRemote, 0, 0, c[0], c[1], 0, c[2]); ok {
+			t.Fatalf("no first token or no pass measured: %v gave an overhead", c)
+		}
+	}
+	if _, ok := Overhead("elsewhere", 0, 0, ms, ms, 0, ms); ok {
+		t.Fatal("an unknown target gave an overhead")
+	}
+	e := NewEstimator(rtx5090, 0.5)
+	e.ObserveOverhead(TargetRemote, 200*ms)
+	e.ObserveOverhead(TargetRemote, 100*ms)
+	e.ObserveOverhead(TargetLocal, 40*ms)
+	e.ObserveOverhead(TargetLocal, -ms)
+	r := e.Rates()
+	if r.RemoteOverhead != 150*ms || r.LocalOverhead != 40*ms {
+		t.Fatalf("overheads remote %v local %v, want 150ms and 40ms", r.RemoteOverhead, r.LocalOverhead)
+	}
+	idle := Load{PrefillUp: true}
+	base := Route(Auto, k3, rtx5090, idle, 3000)
+	with := Route(Auto, k3, r, idle, 3000)
+	if with.Remote.Overhead != 150*ms || with.Remote.Total != base.Remote.Total+150*ms || with.Local.Total != base.Local.Total+40*ms {
+		t.Fatalf("predictions with the overheads: remote %+v local %+v", with.Remote, with.Local)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/jobrun"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 )
@@ -589,6 +590,14 @@ func (r *run) publish(ev cp.JobEvent) {
 			pass = t.Prefill
 		}
 		c.m.Finished(string(ev.State), target, t.FirstToken, pass, t.TransferTail, t.DecodeTokensPerSec)
+		if rd := ev.Route; ev.State == cp.StateDone && rd != nil && rd.Parts != nil {
+			// A remote job's group prefills the tokens after the split
+			// (parts.Prefill) after the commit, before its first step.
+			after := rd.Parts.FirstStep + rd.Parts.Prefill
+			if d, ok := router.Overhead(router.Target(rd.Target), rd.Parts.QueueWait, after, t.FirstToken, t.Prefill, t.TransferTail, t.Prefill); ok {
+				c.est.ObserveOverhead(router.Target(rd.Target), d)
+			}
+		}
 		c.m.Tokens(target, t.PromptTokens, t.CachedTokens, t.OutputTokens, t.Decode)
 		fields := []zap.Field{zap.String("state", string(ev.State)), zap.String("target", target), zap.Duration("ttft", t.FirstToken),
 			zap.Duration("total", t.Total), zap.Int("prompt_tokens", t.PromptTokens), zap.Int("output_tokens", t.OutputTokens)}
