@@ -173,8 +173,8 @@ type e2ePart struct {
 // apart. Remote: queue (submission to the weight pass's start, against the
 // wait for the running pass and the control plane's latency), pass (the
 // prefill worker's pass), transfer tail (pass end to the state committed)
-// and first step (the rest: the decode group's first step and the hops to
-// the client). Local: queue (submission to the decode group's start, the
+// and first step (the rest: the decode group's prefill of the tokens after
+// a split, its first step and the hops to the client). Local: queue (submission to the decode group's start, the
 // rest of the TTFT), and prefill (the group's prefill and first step, one
 // figure in the timing). None without predicted parts or timing.
 func ttftParts(rt *cp.RouteDecision, t *cp.Timing, took time.Duration) []e2ePart {
@@ -189,7 +189,7 @@ func ttftParts(rt *cp.RouteDecision, t *cp.Timing, took time.Duration) []e2ePart
 		queue := t.Queue + t.PassWait
 		first := max(0, took-queue-t.Prefill-t.TransferTail)
 		return []e2ePart{part("queue", p.QueueWait+p.Overhead, queue), part("pass", p.Pass, t.Prefill),
-			part("transfer_tail", p.TransferTail, t.TransferTail), part("first_step", p.FirstStep, first)}
+			part("transfer_tail", p.TransferTail, t.TransferTail), part("first_step", p.Prefill+p.FirstStep, first)}
 	}
 	return []e2ePart{part("queue", p.QueueWait+p.Overhead, max(0, took-t.Prefill)), part("prefill", p.Prefill+p.FirstStep, t.Prefill)}
 }
