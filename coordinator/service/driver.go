@@ -13,9 +13,9 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
-	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/jobrun"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/router"
 )
 
 // message is what reaches a running job: a worker's progress, the loss of
