@@ -149,6 +149,16 @@ func runJob(ctx context.Context, nc *nats.Conn, j workload.Job, at time.Time, po
 			err = res.Err()
 		}
 	}
+	if err != nil && jctx.Err() != nil && ctx.Err() == nil && m.JobID != "" {
+		// Out of time: cancel it, or it keeps the workers from the jobs
+		// after it (a long local prefill held the decode group's head, and
+		// every later assignment to it timed out).
+		cctx, stop := context.WithTimeout(ctx, 30*time.Second)
+		if _, cerr := cp.Cancel(cctx, nc, m.JobID, "bench e2e: job timeout"); cerr != nil {
+			err = fmt.Errorf("%w (and cancelling it: %v)", err, cerr)
+		}
+		stop()
+	}
 	switch {
 	case err != nil:
 		m.Err = err
