@@ -397,7 +397,11 @@ func (L *Listener) ServeConn(c net.Conn) {
 		c.Close()
 		return
 	}
-	defer L.release()
+	// Released before the connection closes on a refusal: a peer that
+	// sees the close may dial again at once and must find the slot free.
+	var once sync.Once
+	release := func() { once.Do(L.release) }
+	defer release()
 	ctx, cancel := context.WithTimeout(context.Background(), L.t.cfg.Handshake)
 	stop := context.AfterFunc(ctx, func() {
 		select {
@@ -418,6 +422,7 @@ func (L *Listener) ServeConn(c net.Conn) {
 	cancel()
 	if err != nil {
 		L.t.cfg.Logger.Warn("rdma: bootstrap refused", zap.String("peer", c.RemoteAddr().String()), zap.Error(err))
+		release()
 		c.Close()
 		return
 	}
