@@ -63,3 +63,4 @@ func FuzzSubmitRequestMsgpack(f *testing.F) { fuzzDecode[SubmitRequest](f, MsgPa
 func FuzzAssignmentMsgpack(f *testing.F)    { fuzzDecode[Assignment](f, MsgPack) }
 func FuzzWorkerInfoMsgpack(f *testing.F)    { fuzzDecode[WorkerInfo](f, MsgPack) }
 func FuzzJobEventJSON(f *testing.F)         { fuzzDecode[JobEvent](f, JSON) }
+func FuzzCacheReplyMsgpack(f *testing.F)    { fuzzDecode[CacheReply](f, MsgPack) }

@@ -136,7 +136,7 @@ func InboxPrefix(p Principal, name string) string {
 //     clients' jobs, the job queue, assignments (with their transfer
 //     secrets) and progress are out of its reach, and it cannot forge a
 //     worker's progress or a token;
-//   - a worker takes assignments, cancellations and drain requests on its own subjects (any
+//   - a worker takes assignments, cancellations, drain and cache requests on its own subjects (any
 //     worker's, for the shared worker identity), answers them, reports
 //     progress under its worker subjects, publishes tokens into clients'
 //     namespaces, and keeps its registry key in the bucket the coordinators
@@ -175,9 +175,10 @@ func Permissions(p Principal, name string) *server.Permissions {
 				Prefix + ".workers." + w + ".cancel",
 				Prefix + ".workers." + w + ".status",
 				Prefix + ".workers." + w + ".drain",
+				Prefix + ".workers." + w + ".cache",
 				"_INBOX.worker." + w + ".>",
 			}},
-			// Answers to the coordinator's requests (assign, cancel, status, drain).
+			// Answers to the coordinator's requests (assign, cancel, status, drain, cache).
 			Response: &server.ResponsePermission{MaxMsgs: 1},
 		}
 	}

@@ -348,6 +348,12 @@ func TestHelpExplains(t *testing.T) {
 			t.Errorf("%s --help: %v\n%s", c, err, out)
 		}
 	}
+	for _, c := range [][]string{{"cache"}, {"cache", "list"}, {"cache", "drop"}} {
+		out, _, err := run(context.Background(), append(c, "--help")...)
+		if err != nil || !strings.Contains(out, "coordinator cache drop --all WORKER") || !strings.Contains(out, "TANDEM_COORDINATOR_NATS_URL") {
+			t.Errorf("%s --help: %v\n%s", strings.Join(c, " "), err, out)
+		}
+	}
 	out, _, _ := run(context.Background(), "serve", "--help")
 	for _, want := range []string{"--nats-url", "--router-policy", "--registry-ttl", "--metrics-listen", "TANDEM_COORDINATOR_NATS_URL", "KiB MiB GiB TiB"} {
 		if !strings.Contains(out, want) && !strings.Contains(rootHelp, want) {

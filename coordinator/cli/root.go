@@ -38,6 +38,7 @@ streams its tokens and events back.
   coordinator submit "prompt"      run a job and stream its tokens
   coordinator jobs | workers       what is queued, running, registered
   coordinator cancel JOB
+  coordinator cache list|drop      the prefix-state cache entries of the workers
   coordinator credentials          the NATS identities (coordinator, worker, clients)
 
 configs/local.yaml and configs/cluster.yaml are example config files.
@@ -56,7 +57,7 @@ func New(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().String("config", "", "YAML config file with any of the keys below (nested by their dots)")
-	root.AddCommand(serveCmd(), apiCmd(), submitCmd(), jobsCmd(), workersCmd(), drainCmd(), cancelCmd(), demoCmd(), credentialsCmd())
+	root.AddCommand(serveCmd(), apiCmd(), submitCmd(), jobsCmd(), workersCmd(), drainCmd(), cacheCmd(), cancelCmd(), demoCmd(), credentialsCmd())
 	return root
 }
 

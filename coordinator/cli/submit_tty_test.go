@@ -23,8 +23,6 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
-	"github.com/tandem-inference/tandem/kernels/cpu"
-	"github.com/tandem-inference/tandem/model"
 )
 
 // openPTY opens a pseudo-terminal pair through /dev/ptmx: the program
@@ -98,23 +96,6 @@ func (s *screen) waitFor(ctx context.Context, t *testing.T, re *regexp.Regexp) {
 	}
 }
 
-// heldPrefill is the prefill worker's CPU backend, holding every pass
-// before it binds the weights of one layer until released: the layers
-// before it are reported done while the job waits there, whatever the
-// machine's speed.
-type heldPrefill struct {
-	kernels.Backend
-	prefix string
-	gate   chan struct{}
-}
-
-func (h *heldPrefill) Bind(m *kernels.Matrix) error {
-	if strings.HasPrefix(m.Name, h.prefix) {
-		<-h.gate
-	}
-	return h.Backend.Bind(m)
-}
-
 func (s *screen) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,8 +114,7 @@ func TestSubmitShowsProgressOnATerminal(t *testing.T) {
 	ids := cp.NewIdentities()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	held := &heldPrefill{Backend: cpu.New(1), prefix: model.LayerPrefix(3), gate: make(chan struct{})}
-	var release sync.Once
+	held := newHeldPrefill(1, 3, true)
 	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, Threads: 1, Identities: ids,
 		Queue: cp.QueueConfig{Memory: true}, Registry: cp.RegistryConfig{Memory: true, TTL: 2 * time.Second},
 		PrefillBackend: func() kernels.Backend { return held }})
@@ -144,7 +124,7 @@ func TestSubmitShowsProgressOnATerminal(t *testing.T) {
 	defer c.Close()
 	// Released before the cluster closes (defers run last first), also
 	// when the test fails holding it.
-	defer release.Do(func() { close(held.gate) })
+	defer held.Resume()
 	if err := c.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +150,7 @@ func TestSubmitShowsProgressOnATerminal(t *testing.T) {
 	// (the worker reports its first layer at once, then every
 	// progress interval).
 	scr.waitFor(ctx, t, regexp.MustCompile(`prefilling on prefill-0: layers [1-3]/[0-9]+`))
-	release.Do(func() { close(held.gate) })
+	held.Resume()
 	err = <-ran
 	term.Close()
 	<-scr.done

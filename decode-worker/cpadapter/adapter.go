@@ -193,6 +193,12 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("decode adapter: %w", err)
 	}
+	// Every rank lists and drops its share of the group's prefix cache.
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCache(cfg.WorkerID), "tandem-worker-"+cfg.WorkerID, a.cacheRequest); err != nil {
+		cancel()
+		_ = hb.Stop(ctx)
+		return nil, fmt.Errorf("decode adapter: %w", err)
+	}
 	a.log.Info("decode rank registered", zap.String("group", cfg.Layout.Group), zap.Int("rank", cfg.Rank),
 		zap.Int("lo", a.lo), zap.Int("hi", a.hi), zap.String("advertise", cfg.Advertise))
 	return a, nil

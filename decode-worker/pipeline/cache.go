@@ -5,7 +5,15 @@ import (
 	"fmt"
 
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
+	"github.com/tandem-inference/tandem/model"
 )
+
+// CacheDType is the rank's MLA cache dtype: with the model's identity, what
+// the prefix cache's keys are seeded with.
+func (w *Worker) CacheDType() model.DType { return w.dtype }
+
+// CacheOn reports whether the rank keeps a prefix cache.
+func (w *Worker) CacheOn() bool { return w.cache != nil }
 
 // CacheEntries lists the rank's prefix-cache entries, the most recently
 // used first (nil when the cache is off).
@@ -36,18 +44,19 @@ func (w *Worker) CacheEntries(ctx context.Context) ([]prefixcache.Info, error) {
 func (w *Worker) DropCache(ctx context.Context, id uint64) (int, error) {
 	out := make(chan int, 1)
 	if err := w.do(ctx, func() {
+		n := 0
 		switch {
 		case w.cache == nil:
-			out <- 0
 		case id == 0:
-			n := len(w.cache.List())
+			n = len(w.cache.List())
 			w.cache.Clear()
-			out <- n
 		case w.cache.Drop(id):
-			out <- 1
-		default:
-			out <- 0
+			n = 1
 		}
+		// The snapshot (what the rank's heartbeat advertises) without the
+		// dropped entries before the caller hears of the drop.
+		w.publish()
+		out <- n
 	}); err != nil {
 		return 0, err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/tandem-inference/tandem/model"
 )
@@ -31,6 +32,9 @@ type Config struct {
 	// it: the head's cache. The other ranks follow the head's decisions and
 	// keep only states.
 	Index bool
+	// Now tells the time entries are used at, for listings (default
+	// time.Now).
+	Now func() time.Time
 }
 
 // Cache is one rank's share of the group's prefix cache. It is not safe for
@@ -56,6 +60,7 @@ type Entry struct {
 	snaps  []*snapshot         // ascending positions, the last at Len
 	bytes  int64
 	used   uint64
+	usedAt time.Time
 }
 
 type snapshot struct {
@@ -100,6 +105,9 @@ func New(cfg Config) *Cache {
 	}
 	if cfg.DType == 0 {
 		cfg.DType = model.BF16
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &Cache{cfg: cfg, entries: map[uint64]*Entry{}, index: map[Hash][]uint64{}}
 }
@@ -255,7 +263,7 @@ func (c *Cache) RestoreRows(st *model.SeqState, id uint64, pos int) error {
 
 func (c *Cache) touch(e *Entry) {
 	c.clock++
-	e.used = c.clock
+	e.used, e.usedAt = c.clock, c.cfg.Now()
 }
 
 // Pending is what a running sequence has kept so far of the entry it will
@@ -477,14 +485,23 @@ type Info struct {
 	Tokens    int    `json:"tokens"`
 	Snapshots []int  `json:"snapshots"`
 	Bytes     int64  `json:"bytes"`
-	LastUsed  uint64 `json:"last_used"`
+	LastUsed  uint64 `json:"last_used"` // the cache's use order
+	// LastUse is when the entry was kept or last resumed from.
+	LastUse time.Time `json:"last_use"`
+	// Link is the prefix's chain link at Tokens (0 on a rank without
+	// Index, which keeps states but not the tokens they stand for).
+	Link Hash `json:"link,omitempty"`
 }
 
 // List describes the entries, the most recently used first.
 func (c *Cache) List() []Info {
 	out := make([]Info, 0, len(c.entries))
 	for _, e := range c.entries {
-		out = append(out, Info{ID: e.ID, Tokens: e.Len, Snapshots: e.Positions(), Bytes: e.bytes, LastUsed: e.used})
+		in := Info{ID: e.ID, Tokens: e.Len, Snapshots: e.Positions(), Bytes: e.bytes, LastUsed: e.used, LastUse: e.usedAt}
+		if n := e.Len / Block; n > 0 && len(e.chain) >= n {
+			in.Link = e.chain[n-1]
+		}
+		out = append(out, in)
 	}
 	slices.SortFunc(out, func(a, b Info) int {
 		if a.LastUsed != b.LastUsed {

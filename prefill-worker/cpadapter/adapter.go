@@ -147,6 +147,11 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCache(cfg.WorkerID), queue, a.cacheRequest); err != nil {
+		cancel()
+		_ = hb.Stop(ctx)
+		return nil, fmt.Errorf("prefill adapter: %w", err)
+	}
 	a.log.Info("prefill worker registered", zap.String("model", cfg.ModelID))
 	return a, nil
 }

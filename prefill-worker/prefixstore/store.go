@@ -96,7 +96,7 @@ type entry struct {
 	pos   int
 	size  int64
 	used  uint64
-	mtime time.Time
+	mtime time.Time // when the entry was kept or last resumed from
 }
 
 // Stats counts what the store did; Entries and Bytes are current.
@@ -348,6 +348,11 @@ type Info struct {
 	Key    string `json:"key"` // the file's name without its suffix
 	Tokens int    `json:"tokens"`
 	Bytes  int64  `json:"bytes"`
+	// Link is the prefix's chain link at Tokens.
+	Link prefixkey.Hash `json:"link"`
+	// LastUse is when the entry was kept or last resumed from (its
+	// file's modification time, across restarts).
+	LastUse time.Time `json:"last_use"`
 }
 
 // List describes the entries, the most recently used first.
@@ -356,7 +361,7 @@ func (s *Store) List() []Info {
 	defer s.mu.Unlock()
 	var out []Info
 	for _, e := range s.sortedLocked() {
-		out = append(out, Info{Key: strings.TrimSuffix(e.name, suffix), Tokens: e.pos, Bytes: e.size})
+		out = append(out, Info{Key: strings.TrimSuffix(e.name, suffix), Tokens: e.pos, Bytes: e.size, Link: e.link, LastUse: e.mtime})
 	}
 	return out
 }
@@ -412,15 +417,15 @@ func (s *Store) Lookup(tokens []int32, limit, capacity int) (*Hit, error) {
 			if st == nil {
 				continue // another prompt under the same link
 			}
+			now := time.Now()
 			s.mu.Lock()
 			if e := s.entries[name]; e != nil {
 				s.clock++
-				e.used = s.clock
+				e.used, e.mtime = s.clock, now
 			}
 			s.stats.Hits++
 			s.stats.HitTokens += int64(p)
 			s.mu.Unlock()
-			now := time.Now()
 			_ = os.Chtimes(filepath.Join(s.cfg.Dir, name), now, now) // the LRU order outlives the process
 			return &Hit{State: st, Tokens: p, Key: strings.TrimSuffix(name, suffix)}, errors.Join(errs...)
 		}
@@ -631,7 +636,7 @@ func (w *Writer) Commit() error {
 		s.removeLocked(old) // superseded: the new entry holds all of it
 	}
 	s.clock++
-	s.add(&entry{name: name, link: link, pos: len(w.tokens), size: w.size, used: s.clock})
+	s.add(&entry{name: name, link: link, pos: len(w.tokens), size: w.size, used: s.clock, mtime: time.Now()})
 	s.stats.Inserts++
 	s.evictLocked(name)
 	return nil
