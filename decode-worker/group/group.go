@@ -109,7 +109,7 @@ func Start(ctx context.Context, opt Options) (*Group, error) {
 		return nil, err
 	}
 	for r := range g.ranks {
-		if err := g.startRank(r); err != nil {
+		if err := g.startRank(r, nil); err != nil {
 			g.Close()
 			return nil, err
 		}
@@ -122,8 +122,9 @@ func Start(ctx context.Context, opt Options) (*Group, error) {
 }
 
 // startRank loads rank r's shard (if needed) and starts its worker on its
-// server (listening again on its endpoint if it was stopped).
-func (g *Group) startRank(r int) error {
+// server (listening again on its endpoint if it was stopped), its
+// configuration changed by change when not nil.
+func (g *Group) startRank(r int, change func(*pipeline.Config)) error {
 	mb := g.ranks[r]
 	if mb.srv == nil {
 		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: g.Layout.Ranks[r].Endpoint, Timeouts: g.opt.Timeouts, Transport: g.transport(r)})
@@ -142,10 +143,14 @@ func (g *Group) startRank(r int) error {
 		}
 		mb.m = m
 	}
-	w, err := pipeline.Start(pipeline.Config{Rank: r, Layout: g.Layout, Model: mb.m.Model, Server: mb.srv, Secret: g.opt.Secret,
+	cfg := pipeline.Config{Rank: r, Layout: g.Layout, Model: mb.m.Model, Server: mb.srv, Secret: g.opt.Secret,
 		Timeouts: g.opt.Timeouts, MemoryBudget: g.opt.MemoryBudget, MicroBatches: g.opt.MicroBatches, MaxBatch: g.opt.MaxBatch,
 		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Log: g.opt.Log,
-		Transport: g.transport(r)})
+		Transport: g.transport(r)}
+	if change != nil {
+		change(&cfg)
+	}
+	w, err := pipeline.Start(cfg)
 	if err != nil {
 		return err
 	}
@@ -194,13 +199,19 @@ func (g *Group) Stop(r int) {
 }
 
 // Restart starts a stopped rank again on its endpoint.
-func (g *Group) Restart(r int) error {
+func (g *Group) Restart(r int) error { return g.RestartWith(r, nil) }
+
+// RestartWith starts a stopped rank again on its endpoint with its
+// configuration changed by change, as a process restarted with other
+// settings (another model identity, another cache dtype: change may set
+// cfg.Model.State, which stays with the rank's loaded shard).
+func (g *Group) RestartWith(r int, change func(*pipeline.Config)) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ranks[r].w != nil {
 		return fmt.Errorf("group: rank %d is running", r)
 	}
-	return g.startRank(r)
+	return g.startRank(r, change)
 }
 
 // Close stops every rank and unmaps the weights.

@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -455,6 +457,104 @@ func TestPrefixCachePaused(t *testing.T) {
 		if err := g.Head().SetPrefixCache(ctx, true); err != nil {
 			t.Fatal(err)
 		}
+	}
+	g.checkFreed(t)
+}
+
+// TestPrefixCacheKeyedByModelAndDType: a group's cache is keyed by the
+// model identity and the MLA cache dtype its ranks were started with. The
+// ranks are restarted one by one with another model identity, then with
+// another cache dtype, as an operator rolls out a new checkpoint or
+// --cache-dtype: the head that outlives its peers' restart loses its
+// entries with the ring (no rank keeps a state of the old model or
+// dtype), the restarted head advertises its new key's seed, no turn
+// resumes from an entry of the old key (the continuation of a cached
+// session prefills from scratch and gives the from-scratch ids of the
+// dtype it runs), and the next turn hits under the new key.
+func TestPrefixCacheKeyedByModelAndDType(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := testmodel.LoadReference(t, dir, 0)
+	ref32 := testmodel.LoadReference(t, dir, 0)
+	ref32.State.LatentDType = model.F32
+	vocab := ref.Cfg.VocabSize
+	const n = 6
+	opt := fastOpts(dir, 2)
+	opt.PrefixCache.ModelID = "model-a"
+	g := startGroup(t, opt)
+	ctx := testctx.Context(t)
+	advertises := func(salt prefixkey.Hash, tokens []int32) bool {
+		st := g.Head().Stats()
+		link := prefixkey.Chain(prefixkey.SHA256, salt, tokens)[len(tokens)/prefixcache.Block-1]
+		return st.CacheSalt == salt && slices.Contains(st.CacheLinks, prefixcache.Link{Hash: link, Tokens: len(tokens)})
+	}
+	p := prompt(140, vocab, 41)
+	out, err := g.Generate(ctx, "a-1", p, n)
+	if err != nil || !slices.Equal(out, ref.Greedy(t, p, n)) {
+		t.Fatalf("model-a: %v, %v; want %v", out, err, ref.Greedy(t, p, n))
+	}
+	for r := range 2 {
+		g.waitCache(t, r, "the first turn's entry", func(s prefixcache.Stats) bool { return s.Entries == 1 })
+	}
+	oldSalt := prefixkey.Salt("model-a", uint8(model.BF16))
+	if !advertises(oldSalt, p[:128]) {
+		t.Fatalf("the head advertises %x %v, want the first turn's 128 tokens under model-a's bf16 seed", g.Head().Stats().CacheSalt, g.Head().Stats().CacheLinks)
+	}
+	for i, step := range []struct {
+		modelID string
+		dtype   model.DType
+		ref     testmodel.Reference
+	}{{"model-b", model.BF16, ref}, {"model-b", model.F32, ref32}} {
+		change := func(c *pipeline.Config) {
+			c.PrefixCache.ModelID = step.modelID
+			c.Model.State.LatentDType = step.dtype
+		}
+		g.Stop(1)
+		g.waitCache(t, 0, "the head's entries gone with the ring", func(s prefixcache.Stats) bool { return s.Entries == 0 && s.Bytes == 0 })
+		if err := g.RestartWith(1, change); err != nil {
+			t.Fatal(err)
+		}
+		g.Stop(0)
+		if err := g.RestartWith(0, change); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Head().WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		salt := prefixkey.Salt(step.modelID, uint8(step.dtype))
+		// The session's next turn: no rank holds its history any more.
+		p = concat(p, out, prompt(40, vocab, 42+i))
+		out, err = g.Generate(ctx, fmt.Sprintf("step%d-1", i), p, n)
+		if want := step.ref.Greedy(t, p, n); err != nil || !slices.Equal(out, want) {
+			t.Fatalf("%s %s after the restart: %v, %v; want %v (from scratch)", step.modelID, step.dtype, out, err, want)
+		}
+		if st := g.Head().Stats().Cache; st.Hits != 0 || st.HitTokens != 0 {
+			t.Fatalf("%s %s: a hit after the restart: %+v", step.modelID, step.dtype, st)
+		}
+		for r := range 2 {
+			g.waitCache(t, r, "the turn's entry", func(s prefixcache.Stats) bool { return s.Entries == 1 })
+		}
+		at := len(p) / prefixcache.Block * prefixcache.Block
+		if at == len(p) {
+			at -= prefixcache.Block
+		}
+		if !advertises(salt, p[:at]) || advertises(oldSalt, p[:at]) {
+			t.Fatalf("%s %s: the head advertises %x %v, want the turn's %d tokens under the new seed %x only",
+				step.modelID, step.dtype, g.Head().Stats().CacheSalt, g.Head().Stats().CacheLinks, at, salt)
+		}
+		// The cache works under the new key.
+		p = concat(p, out, prompt(30, vocab, 52+i))
+		out, err = g.Generate(ctx, fmt.Sprintf("step%d-2", i), p, n)
+		if want := step.ref.Greedy(t, p, n); err != nil || !slices.Equal(out, want) {
+			t.Fatalf("%s %s, next turn: %v, %v; want %v", step.modelID, step.dtype, out, err, want)
+		}
+		if st := g.Head().Stats().Cache; st.Hits != 1 || st.HitTokens != int64(at) {
+			t.Fatalf("%s %s, next turn: %+v, want one hit of %d tokens", step.modelID, step.dtype, st, at)
+		}
+		for r := range 2 {
+			g.waitCache(t, r, "the next turn's entry", func(s prefixcache.Stats) bool { return s.Entries == 1 })
+		}
+		g.sameEntries(t)
+		oldSalt = salt
 	}
 	g.checkFreed(t)
 }
