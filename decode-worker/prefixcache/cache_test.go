@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/tandem-inference/tandem/configs"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
@@ -274,4 +275,57 @@ func TestBudget(t *testing.T) {
 	if b.Used() != 0 || pc.Stats().Entries != 0 {
 		t.Fatalf("budget %d, %+v", b.Used(), pc.Stats())
 	}
+}
+
+// TestListDescribesEntries: a listing (what an operator sees) gives each
+// entry its prefix's chain link at its length (only a cache with Index
+// knows it) and when it was kept or last resumed from, the most recently
+// used first.
+func TestListDescribesEntries(t *testing.T) {
+	c := tinyConfig(t)
+	base := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	var ticks time.Duration
+	clock := func() time.Time { ticks += time.Second; return base.Add(ticks) }
+	salt := Salt("m", model.F32)
+	head := New(Config{Model: c, Lo: 0, Hi: c.NumLayers, DType: model.F32, Salt: salt, Index: true, Now: clock})
+	member := New(Config{Model: c, Lo: 0, Hi: c.NumLayers, DType: model.F32, Salt: salt, Now: clock})
+	a, b := toks(200, 1), toks(150, 2)
+	for _, pc := range []*Cache{head, member} {
+		for _, e := range []struct {
+			id     uint64
+			prompt []int32
+			at     int
+		}{{1, a, 192}, {2, b, 128}} {
+			p := &Pending{ID: e.id, Plan: []int{e.at}}
+			pc.Snapshot(p, state(c, e.at, 0))
+			pc.Insert(p, state(c, len(e.prompt)-1, 0), e.prompt)
+		}
+	}
+	chainA, chainB := Chain(SHA256, salt, a[:192]), Chain(SHA256, salt, b[:128])
+	want := []Info{{ID: 2, Tokens: 128, LastUse: base.Add(2 * time.Second), Link: chainB[1]}, {ID: 1, Tokens: 192, LastUse: base.Add(time.Second), Link: chainA[2]}}
+	check := func(pc *Cache, want []Info) {
+		t.Helper()
+		l := pc.List()
+		if len(l) != len(want) {
+			t.Fatalf("list %+v, want %+v", l, want)
+		}
+		for i := range want {
+			if l[i].ID != want[i].ID || l[i].Tokens != want[i].Tokens || !l[i].LastUse.Equal(want[i].LastUse) || l[i].Link != want[i].Link || l[i].Bytes <= 0 {
+				t.Fatalf("entry %d: %+v, want %+v", i, l[i], want[i])
+			}
+		}
+	}
+	check(head, want)
+	rankWant := slices.Clone(want)
+	for i := range rankWant {
+		rankWant[i].Link = 0 // a rank keeps states, not the tokens they stand for
+		rankWant[i].LastUse = rankWant[i].LastUse.Add(2 * time.Second)
+	}
+	check(member, rankWant)
+	// Resuming from entry 1 makes it the most recently used, at that time.
+	dst := c.NewSeqState(0, c.NumLayers, model.StateOptions{LatentDType: model.F32, LatentCapacity: 300})
+	if err := head.Restore(dst, 1, 192); err != nil {
+		t.Fatal(err)
+	}
+	check(head, []Info{{ID: 1, Tokens: 192, LastUse: base.Add(5 * time.Second), Link: chainA[2]}, want[0]})
 }

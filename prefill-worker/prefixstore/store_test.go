@@ -6,8 +6,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-inference/tandem/configs"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
@@ -327,5 +329,54 @@ func TestStoreCollision(t *testing.T) {
 	}
 	if h, _ := s.Lookup(toks(100, 1), 99, 0); h == nil {
 		t.Fatal("the entry's own prompt missed")
+	}
+}
+
+// TestStoreListing: a listing (what an operator sees) gives each entry its
+// key, tokens, bytes, the chain link at its length and when it was kept or
+// last resumed from; that time is the file's modification time, so it
+// survives a reopen. A drop by key removes that entry only.
+func TestStoreListing(t *testing.T) {
+	c := tinyConfig(t)
+	dir := t.TempDir()
+	salt := prefixkey.Salt("m", uint8(model.BF16))
+	s := open(t, dir, c, 1<<30, salt)
+	a, b := toks(128, 1), toks(64, 2)
+	before := time.Now().Add(-time.Second)
+	write(t, s, a, state(c, 128, 1), "")
+	write(t, s, b, state(c, 64, 2), "")
+	l := s.List()
+	if len(l) != 2 || l[0].Tokens != 64 || l[1].Tokens != 128 {
+		t.Fatalf("list %+v, want the 64-token entry (the newer) first", l)
+	}
+	for _, e := range l {
+		tokens := map[int][]int32{64: b, 128: a}[e.Tokens]
+		chain := prefixkey.Chain(prefixkey.SHA256, salt, tokens)
+		if e.Link != chain[len(chain)-1] || e.Bytes <= 0 || e.LastUse.Before(before) || !strings.HasSuffix(e.Key, "-"+strconv.Itoa(e.Tokens)) {
+			t.Fatalf("entry %+v: want link %x, bytes and a last use after %v", e, chain[len(chain)-1], before)
+		}
+	}
+	// Resumed from at a known time (the file's time, as a lookup sets it),
+	// then reopened: the time is the file's.
+	then := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(dir, l[1].Key+suffix), then, then); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir, c, 1<<30, salt)
+	l = s.List()
+	if len(l) != 2 || l[1].Tokens != 128 || !l[1].LastUse.Equal(then) {
+		t.Fatalf("after a reopen: %+v, want the 128-token entry last used at %v", l, then)
+	}
+	if n := s.Drop(l[1].Key); n != 1 {
+		t.Fatalf("drop of %s: %d entries", l[1].Key, n)
+	}
+	if n := s.Drop(l[1].Key); n != 0 {
+		t.Fatalf("a second drop of %s: %d entries", l[1].Key, n)
+	}
+	if l2 := s.List(); len(l2) != 1 || l2[0].Key != l[0].Key {
+		t.Fatalf("after the drop: %+v", l2)
+	}
+	if h, err := s.Lookup(a, len(a), len(a)); err != nil || h != nil {
+		t.Fatalf("a dropped entry was found: %+v %v", h, err)
 	}
 }
