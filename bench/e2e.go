@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -89,7 +90,11 @@ type e2eOutput struct {
 	CacheSpeedup        float64 `json:"cache_ttft_speedup,omitempty"`
 	CacheHitTokensRatio float64 `json:"cache_hit_tokens_ratio,omitempty"`
 	TookS               float64 `json:"took_s"`
-	Out                 string  `json:"out,omitempty"`
+	// LoadAverage is the machine's 1-minute load average over the whole
+	// run, sampled (absent where it cannot be read): with 2 cores, 2 is
+	// busy, and anything above is other work the figures shared them with.
+	LoadAverage *loadAverage `json:"load_average,omitempty"`
+	Out         string       `json:"out,omitempty"`
 }
 
 type e2eWorkload struct {
@@ -122,6 +127,9 @@ type e2ePolicy struct {
 	RoundP50  []float64 `json:"round_ttft_p50_s"`
 	OtherLoad *float64  `json:"other_load,omitempty"`
 	ProbeLoad *float64  `json:"probe_other_load,omitempty"`
+	// LoadAverage is the machine's 1-minute load average during the
+	// replays, sampled.
+	LoadAverage *loadAverage `json:"load_average,omitempty"`
 	// CoordinatorP50 is the TTFT p50 by the coordinator's clock
 	// (accepted to first token), without the client's hops.
 	CoordinatorP50 float64 `json:"coordinator_ttft_p50_s"`
@@ -347,6 +355,8 @@ the profile alone is reported next to it.
 		return errors.New("--warmup, --probe, --ranks and --threads may not be negative")
 	}
 	start := time.Now()
+	loadAll := sampleLoad(loadEvery)
+	defer loadAll.Stop()
 
 	prof, err := sim.LoadProfile(f.profile)
 	if err != nil {
@@ -455,8 +465,12 @@ the profile alone is reported next to it.
 	nonce := make([]byte, 6)
 	_, _ = rand.Read(nonce)
 	key := "e2e-" + hex.EncodeToString(nonce)
+	warm := time.Now()
 	if err := e2eWarmup(ctx, d, nc, f.warmup, warmLens, vocab, key, f.jobTimeout); err != nil {
 		return err
+	}
+	if f.warmup > 0 && len(warmLens) > 0 {
+		say("e2e: the warm-up took %s", report.Duration(time.Since(warm).Seconds()))
 	}
 	// Each replay is predicted from the profile with what the probe jobs
 	// measured just before it (the profile alone with --probe 0).
@@ -526,6 +540,10 @@ the profile alone is reported next to it.
 		fmt.Println()
 	}
 	out.TookS = time.Since(start).Seconds()
+	if a, ok := loadAll.Stop(); ok {
+		out.LoadAverage = &a
+		say("e2e: took %s, the machine's load average %s (mean (min-max) over the run, %d cores)", report.Duration(out.TookS), a, runtime.NumCPU())
+	}
 	if f.out != "" {
 		if err := e2eReport(f.out, &out, tables, runs, args); err != nil {
 			return err
@@ -607,13 +625,15 @@ type replayed struct {
 	pred  *sim.Result
 	setup sim.Setup
 	// others is the share of the machine other processes used meanwhile
-	// (known false where it cannot be read).
+	// (known false where it cannot be read), load the load average.
 	others float64
 	known  bool
+	load   loadAverage
 }
 
 // replayRounds replays the jobs under every policy, rounds times, the
-// coordinator's cost model started afresh before each replay; probe gives
+// coordinator's cost model started afresh before each replay (not for jobs
+// in turn, the ladder); probe gives
 // the setup each replay is predicted with, predict the prediction.
 func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policies []router.Policy, rounds, vocab int,
 	key string, timeout time.Duration, inTurn bool, probe func(router.Policy, int) (sim.Setup, error),
@@ -634,19 +654,30 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if err != nil {
 				return nil, err
 			}
-			if err := d.resetRouter(ctx); err != nil {
-				return nil, err
+			// A replay's router starts afresh from the seed rates, as the
+			// simulator's does; but the ladder (jobs in turn) measures the
+			// router's own predictions after the warm-up, and a restart
+			// would drop what the warm-up taught it that the workers do not
+			// advertise (each path's control-plane overhead, the decode
+			// step, the link): its first job would be priced without them.
+			if !inTurn {
+				if err := d.resetRouter(ctx); err != nil {
+					return nil, err
+				}
 			}
 			if err := d.setCache(ctx, true); err != nil {
 				return nil, err
 			}
 			say("e2e: round %d, policy %s: replaying %d jobs over %s", round+1, p, len(jobs), report.Duration(span.Seconds()))
-			lm := startLoad()
+			lm, la := startLoad(), sampleLoad(loadEvery)
+			began := time.Now()
 			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), timeout, inTurn)
+			r := replayed{ms: ms, pred: pred, setup: ps}
+			r.load, _ = la.Stop()
 			if err != nil {
 				return nil, err
 			}
-			r := replayed{ms: ms, res: measuredResult(p, t0, ms, d.takePasses()), pred: pred, setup: ps}
+			r.res = measuredResult(p, t0, ms, d.takePasses())
 			r.others, r.known = lm.Others()
 			done[p] = append(done[p], r)
 			sum := sim.Summarize(r.res)
@@ -654,7 +685,11 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if r.known {
 				load = fmt.Sprintf("; other processes used %.0f%% of the machine", 100*r.others)
 			}
-			say("e2e: round %d, policy %s: TTFT p50 %s, %d of %d jobs completed%s", round+1, p, report.Duration(sum.TTFTP50), sum.Completed, sum.Jobs, load)
+			if r.load.Samples > 0 {
+				load += fmt.Sprintf("; load average %s", r.load)
+			}
+			say("e2e: round %d, policy %s: TTFT p50 %s, %d of %d jobs completed in %s%s", round+1, p, report.Duration(sum.TTFTP50), sum.Completed, sum.Jobs,
+				report.Duration(time.Since(began).Seconds()), load)
 		}
 	}
 	return done, nil
@@ -666,8 +701,10 @@ func summarizePolicy(p router.Policy, rs []replayed, po *sim.Result, tolerance f
 	var all []measured
 	var results, preds []*sim.Result
 	var others float64
+	var la loadAverage
 	known := true
 	for _, r := range rs {
+		la.merge(r.load)
 		all = append(all, r.ms...)
 		results = append(results, r.res)
 		preds = append(preds, r.pred)
@@ -681,6 +718,9 @@ func summarizePolicy(p router.Policy, rs []replayed, po *sim.Result, tolerance f
 	predRatios(&pol, all)
 	if known {
 		pol.OtherLoad = &others
+	}
+	if la.Samples > 0 {
+		pol.LoadAverage = &la
 	}
 	for _, r := range results {
 		pol.RoundP50 = append(pol.RoundP50, sim.Summarize(r).TTFTP50)

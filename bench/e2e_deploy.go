@@ -38,6 +38,10 @@ type deployOptions struct {
 	Log   *zap.Logger
 }
 
+// benchMeshIdle is how long a decode rank's link may stay silent before
+// the rank takes its peer for dead (see startDeployment).
+const benchMeshIdle = 30 * time.Second
+
 // prefillID is the prefill worker's id in the registry.
 const prefillID = "prefill-0"
 
@@ -76,8 +80,12 @@ func startDeployment(ctx context.Context, opt deployOptions) (d *deployment, err
 		opt.Log = zap.NewNop()
 	}
 	d = &deployment{opt: opt, registry: cp.RegistryConfig{Memory: true, TTL: 3 * time.Second}}
+	// The bench measures speed on a shared machine, not how fast a dead
+	// rank is noticed: a decode rank starved of the cores for the mesh's
+	// default 3 s (a warm-up job failed so at load average 10 on 2 cores)
+	// would fail the whole run.
 	d.c, err = cluster.Start(ctx, cluster.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Threads: opt.Threads,
-		NoPrefill: true, Registry: d.registry, Log: opt.Log,
+		NoPrefill: true, Registry: d.registry, Log: opt.Log, MeshIdle: benchMeshIdle,
 		Coordinator: service.Config{Rates: opt.Rates}})
 	if err != nil {
 		return nil, err

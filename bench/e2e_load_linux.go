@@ -48,3 +48,13 @@ func cpuTimes() (machine, self time.Duration, ok bool) {
 	// supports.
 	return time.Duration(busy) * (time.Second / 100), self, true
 }
+
+// loadAvg is the machine's 1-minute load average.
+func loadAvg() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	v, err := parseLoadAvg(b)
+	return v, err == nil
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -72,16 +73,21 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step.",
 		"The parts are the coordinator's marks as measured, the TTFT the client's. Workers report to the coordinator on their own connections, so a remote job's commit (or a local job's first token) can be marked after the client already has its first token: such a job's parts add up to more than its TTFT by as much (the last column; late_mark_s in jobs.jsonl), and its first step counts 0."}
 	rt := &report.Table{Title: "The router's predicted TTFT against the measured one, per job (measured / predicted)",
-		Header: []string{"policy", "p10", "p50", "p90", "jobs: prompt tokens, path, predicted -> measured"}}
+		Header: []string{"policy", "p10", "p50", "p90", "jobs: prompt tokens, path, predicted -> measured", "load average"}}
 	for _, r := range runs {
 		x := out.Policies[string(r.policy)]
 		var js []string
 		for _, j := range x.PredJobs {
 			js = append(js, fmt.Sprintf("%d %s %s -> %s", j.Prompt, j.Target, report.Duration(j.PredictedS), report.Duration(j.MeasuredS)))
 		}
-		rt.Add(string(r.policy), fmt.Sprintf("%.2f", x.PredRatioP10), fmt.Sprintf("%.2f", x.PredRatioP50), fmt.Sprintf("%.2f", x.PredRatioP90), strings.Join(js, "; "))
+		la := "-"
+		if x.LoadAverage != nil {
+			la = x.LoadAverage.String()
+		}
+		rt.Add(string(r.policy), fmt.Sprintf("%.2f", x.PredRatioP10), fmt.Sprintf("%.2f", x.PredRatioP50), fmt.Sprintf("%.2f", x.PredRatioP90), strings.Join(js, "; "), la)
 	}
-	rt.Notes = []string{"The prediction is the coordinator's own, made when it routed the job (the routed event), from the workers' fitted cost-model terms at that moment; measured is the client's TTFT, submission sent to first token received."}
+	rt.Notes = []string{"The prediction is the coordinator's own, made when it routed the job (the routed event), from the workers' fitted cost-model terms at that moment; measured is the client's TTFT, submission sent to first token received.",
+		fmt.Sprintf("Load average: the machine's 1-minute load average during the policy's replays, mean (min-max), on %d cores; above the core count, other work shared them.", runtime.NumCPU())}
 	pr := &report.Table{Title: "The router's predicted parts against the measured ones (sums over the jobs above)",
 		Header: []string{"policy", "part", "jobs", "predicted", "measured", "measured - predicted, median per job", "largest"}}
 	for _, r := range runs {
@@ -174,6 +180,10 @@ func e2eReport(dir string, out *e2eOutput, tables []*report.Table, runs []e2eRun
 	d.Heading(1, "bench e2e: "+out.Model)
 	d.Para("The whole system on this machine (embedded NATS, coordinator, CPU prefill worker, %d decode ranks, %d compute thread(s) per service), the workload replayed %d time(s) per policy, the policies in turn. Reproduce with:", out.Ranks, out.Threads, out.Rounds)
 	d.Code("sh", strings.TrimSpace("go run ./bench e2e "+strings.Join(args, " ")))
+	if a := out.LoadAverage; a != nil {
+		d.Para("It took %s; the machine's 1-minute load average over the run was %.1f on average, %.1f to %.1f (%d cores: above that, other work shared them).",
+			report.Duration(out.TookS), a.Mean, a.Min, a.Max, runtime.NumCPU())
+	}
 	d.Heading(2, "Measured")
 	d.Table(tables[0])
 	d.Image("TTFT against prompt length", "ttft_by_prompt.png")

@@ -305,3 +305,39 @@ func TestPredRatiosAndLadder(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadAverage: /proc/loadavg's first figure is read, anything else is
+// refused naming the file; samples merge into mean, min and max; a
+// sampler stopped at once still has its first and last samples where the
+// machine tells its load.
+func TestLoadAverage(t *testing.T) {
+	if v, err := parseLoadAvg([]byte("12.50 9.03 16.96 7/156 1142\n")); err != nil || v != 12.5 {
+		t.Fatalf("parse: %v %v", v, err)
+	}
+	for _, bad := range []string{"", "  \n", "x 1 2", "-1 0 0", "NaN 1 1", "+Inf 1 1"} {
+		if _, err := parseLoadAvg([]byte(bad)); err == nil || !strings.Contains(err.Error(), "/proc/loadavg") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	var a loadAverage
+	a.merge(loadAverage{})
+	if a.Samples != 0 {
+		t.Fatalf("an empty merge counted: %+v", a)
+	}
+	for _, v := range []float64{4, 2, 9} {
+		a.add(v)
+	}
+	b := loadAverage{Min: 1, Mean: 3, Max: 3, Samples: 1}
+	a.merge(b)
+	if a.Min != 1 || a.Max != 9 || a.Mean != 4.5 || a.Samples != 4 || a.String() != "4.5 (1.0-9.0)" {
+		t.Fatalf("merged %+v %q", a, a)
+	}
+	s := sampleLoad(time.Hour)
+	got, ok := s.Stop()
+	if _, known := loadAvg(); known != ok || (ok && (got.Samples < 2 || got.Min > got.Max)) {
+		t.Fatalf("sampler: %+v %v (load average readable: %v)", got, ok, known)
+	}
+	if again, _ := s.Stop(); again.Samples < got.Samples {
+		t.Fatalf("a second Stop: %+v", again)
+	}
+}
