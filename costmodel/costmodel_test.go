@@ -306,3 +306,74 @@ func TestFewSizesDoNotFitThreeTerms(t *testing.T) {
 		t.Errorf("one size: %v, worst %v, %v", one, worst, err)
 	}
 }
+
+// TestFitterOutlivesAColdFirstPass: a prefill worker's first pass, cold
+// (64 tokens in 2.6x their time), then a longer pass that took barely
+// longer: fitted together the time "does not grow with the work". The
+// fitter used to keep that error and its one-sample fit for good (every
+// later pass refused with it; a 1024-token job priced at 2.7x its time);
+// now the oldest sample gives way, and the passes after it are fitted.
+func TestFitterOutlivesAColdFirstPass(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	// Layer calls cut by work, as the executor cuts them: they grow with
+	// the tokens as the work does.
+	pass := func(n int, slow float64) Sample {
+		calls := (n + 63) / 64 * m.Layers
+		return Sample{Work: m.Work(0, n), Calls: calls, Took: time.Duration(float64(truth.Time(m.Work(0, n), calls)) * slow)}
+	}
+	cold, next := pass(63, 2.6), pass(255, 1.03)
+	if _, _, err := Fit(Compute{}, []Sample{cold, next}); err == nil || !strings.Contains(err.Error(), "does not grow") {
+		t.Fatalf("the cold pass and the next fitted together: %v (the test no longer exercises the disagreement)", err)
+	}
+	f := NewFitter(Compute{})
+	for _, s := range []Sample{cold, next, pass(1023, 1), pass(63, 1), pass(255, 1), pass(1023, 1)} {
+		if err := f.Add(s); err != nil {
+			t.Fatalf("%v: %v", s, err)
+		}
+	}
+	c, n, _ := f.Compute()
+	if n < 4 {
+		t.Fatalf("%d samples kept after six passes", n)
+	}
+	for _, k := range []int{63, 255, 1023} {
+		s := pass(k, 1)
+		if r := c.Time(s.Work, s.Calls).Seconds() / s.Took.Seconds(); r < 0.9 || r > 1.1 {
+			t.Errorf("%d tokens: priced at %.2f of the passes after the cold one (%v)", k, r, c)
+		}
+	}
+}
+
+// TestFitterLetsTheFirstSampleGo: a worker's first prefill, at 3.5x its
+// time (the weights paged in, buffers made), prices the prompts until a
+// second sample comes, and no longer after: the prompts of its size are
+// priced from the samples after it.
+func TestFitterLetsTheFirstSampleGo(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	ss := samplesOf(m, truth, []int{64, 256, 1024, 64, 256, 1024}, func(i int) float64 {
+		if i == 0 {
+			return 3.5
+		}
+		return 1
+	})
+	f := NewFitter(Compute{})
+	if err := f.Add(ss[0]); err != nil {
+		t.Fatal(err)
+	}
+	if c, n, _ := f.Compute(); n != 1 || c.Time(ss[0].Work, ss[0].Calls) < ss[0].Took*99/100 {
+		t.Fatalf("the first sample alone: %v from %d samples", c, n)
+	}
+	for _, s := range ss[1:] {
+		if err := f.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, n, worst := f.Compute()
+	if n != len(ss)-1 || worst > 0.01 {
+		t.Fatalf("%d samples kept (want all but the first), worst error %v", n, worst)
+	}
+	for _, s := range ss[3:] {
+		if r := c.Time(s.Work, s.Calls).Seconds() / s.Took.Seconds(); r < 0.99 || r > 1.01 {
+			t.Errorf("priced at %.3f of the samples after the first", r)
+		}
+	}
+}

@@ -60,7 +60,14 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 			return Compute{}, 0, errors.New("fit: the time does not grow with the work; measure longer prompts")
 		}
 	}
-	best, bestErr := fitForms[0], math.Inf(1)
+	// The forms by their error on the sizes left out, simplest first on a
+	// tie; the first whose fit to every sample has the time grow with the
+	// work (the single factor always does).
+	type ranked struct {
+		f   fitForm
+		err float64
+	}
+	var forms []ranked
 	for _, f := range fitForms {
 		if len(sizes) <= f.terms() && f != fitForms[0] {
 			continue
@@ -68,16 +75,29 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 		if f.attn && !hasAttn(rows) {
 			continue
 		}
-		e := f.crossError(rows, sizes)
-		if e < bestErr*(1-1e-9) {
-			best, bestErr = f, e
+		forms = append(forms, ranked{f, f.crossError(rows, sizes)})
+	}
+	slices.SortStableFunc(forms, func(a, b ranked) int {
+		if a.err < b.err*(1-1e-9) {
+			return -1
+		}
+		if b.err < a.err*(1-1e-9) {
+			return 1
+		}
+		return 0
+	})
+	var x []float64
+	for _, r := range forms {
+		y, err := r.f.solve(rows)
+		if err != nil {
+			return Compute{}, 0, fmt.Errorf("fit: %w", err)
+		}
+		if y[0] > 0 {
+			x = y
+			break
 		}
 	}
-	x, err := best.solve(rows)
-	if err != nil {
-		return Compute{}, 0, fmt.Errorf("fit: %w", err)
-	}
-	if !(x[0] > 0) {
+	if x == nil {
 		return Compute{}, 0, errors.New("fit: the time does not grow with the work; measure longer prompts")
 	}
 	attn := x[1]
@@ -223,16 +243,30 @@ func hasAttn(rows []fitRow) bool {
 // Fitter keeps a worker's recent samples and its fit: at most PerBucket
 // samples of each size class (powers of two of the work), the newest, so
 // that a stream of short jobs keeps the long ones that taught the
-// attention term, and one long job weighs as one sample. Safe for
-// concurrent use.
+// attention term, and one long job weighs as one sample. When the kept
+// samples cannot be fitted together (a cold first pass slower than a
+// longer one after it: "the time does not grow with the work"), the oldest
+// give way until they can, the new sample always kept: one odd sample
+// cannot hold the fit where it was. The first sample a Fitter is given
+// paid the process's one-time costs (page-ins of the weights, buffers,
+// connections: a worker's first pass or prefill took 2-4x what the same
+// prompt took later): it serves alone until the second comes, which
+// replaces it. Safe for concurrent use.
 type Fitter struct {
 	base Compute
 
 	mu      sync.Mutex
-	buckets map[int][]Sample
+	buckets map[int][]kept
+	seq     uint64
 	fit     Compute
 	worst   float64
 	n       int
+}
+
+// kept is a sample and the order it came in.
+type kept struct {
+	Sample
+	seq uint64
 }
 
 // PerBucket is how many samples of one size class a Fitter keeps.
@@ -241,7 +275,7 @@ const PerBucket = 4
 // NewFitter starts with base's ratios between the linear terms (equal
 // rates when base is unknown) and no fit.
 func NewFitter(base Compute) *Fitter {
-	return &Fitter{base: base, buckets: map[int][]Sample{}}
+	return &Fitter{base: base, buckets: map[int][]kept{}}
 }
 
 // Add records a sample and refits; a sample that is not a measurement is
@@ -253,11 +287,29 @@ func (f *Fitter) Add(s Sample) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	_, e := math.Frexp(s.Work.Total())
-	b := append(f.buckets[e], s)
+	f.seq++
+	if f.seq == 2 {
+		clear(f.buckets) // the first, cold
+	}
+	b := append(f.buckets[e], kept{s, f.seq})
 	if len(b) > PerBucket {
 		b = b[len(b)-PerBucket:]
 	}
 	f.buckets[e] = b
+	for {
+		fit, worst, err := Fit(f.base, f.samples())
+		if err == nil {
+			f.fit, f.worst, f.n = fit, worst, f.count()
+			return nil
+		}
+		if !f.dropOldest() {
+			return err // not reached: the new sample alone fits
+		}
+	}
+}
+
+// samples are the kept samples, by size class, oldest first in each.
+func (f *Fitter) samples() []Sample {
 	keys := make([]int, 0, len(f.buckets))
 	for k := range f.buckets {
 		keys = append(keys, k)
@@ -265,14 +317,38 @@ func (f *Fitter) Add(s Sample) error {
 	slices.Sort(keys)
 	var all []Sample
 	for _, k := range keys {
-		all = append(all, f.buckets[k]...)
+		for _, x := range f.buckets[k] {
+			all = append(all, x.Sample)
+		}
 	}
-	fit, worst, err := Fit(f.base, all)
-	if err != nil {
-		return err
+	return all
+}
+
+func (f *Fitter) count() int {
+	n := 0
+	for _, b := range f.buckets {
+		n += len(b)
 	}
-	f.fit, f.worst, f.n = fit, worst, len(all)
-	return nil
+	return n
+}
+
+// dropOldest drops the oldest kept sample unless it is the only one left.
+func (f *Fitter) dropOldest() bool {
+	if f.count() <= 1 {
+		return false
+	}
+	key, oldest := 0, uint64(math.MaxUint64)
+	for k, b := range f.buckets {
+		if b[0].seq < oldest { // each bucket is oldest first
+			key, oldest = k, b[0].seq
+		}
+	}
+	if b := f.buckets[key][1:]; len(b) > 0 {
+		f.buckets[key] = b
+	} else {
+		delete(f.buckets, key)
+	}
+	return true
 }
 
 // Compute is the current fit (zero before the first sample), the samples it

@@ -246,28 +246,24 @@ func (w *Worker) onPass(rep scheduler.PassReport) {
 }
 
 // passSample is a whole pass as a sample of the compute terms: the work of
-// its pieces, one layer call per layer and tile, its compute time. A pass
-// that failed or that jobs left before its end ran less work than planned
-// and is not one.
+// its pieces, its layers, its compute time. It counts one call per layer,
+// as the router and the simulator price a pass: the executor cuts a layer
+// into calls by their work (and rows), so those calls grow with the work
+// like the linear terms, and counted as calls they made the fixed cost
+// per call and the linear rate inseparable (the fit could move the work
+// into a per-call cost that the router, pricing one call per layer, then
+// left out). A pass that failed or that jobs left before its end ran less
+// work than planned and is not one.
 func passSample(m *costmodel.Model, rep scheduler.PassReport) (costmodel.Sample, bool) {
 	st, plan := rep.Stats, rep.Plan
 	if rep.Err != nil || st.Layers != m.Layers || st.Compute <= 0 || st.Tokens != plan.Tokens || len(plan.Pieces) == 0 {
 		return costmodel.Sample{}, false
 	}
 	var work costmodel.FLOPs
-	lens := make([]int, len(plan.Pieces))
-	for i, pc := range plan.Pieces {
+	for _, pc := range plan.Pieces {
 		work = work.Add(m.Work(pc.Lo, pc.Hi))
-		lens[i] = pc.Len()
 	}
-	calls := st.Calls
-	if calls <= 0 {
-		calls = m.Layers
-		if plan.Tile > 0 && plan.Tokens > plan.Tile {
-			calls *= len(planner.Tiles(lens, plan.Tile))
-		}
-	}
-	return costmodel.Sample{Work: work, Calls: calls, Took: st.Compute}, true
+	return costmodel.Sample{Work: work, Calls: m.Layers, Took: st.Compute}, true
 }
 
 // Stats are the worker's counters and rates.
