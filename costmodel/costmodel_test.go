@@ -377,3 +377,39 @@ func TestFitterLetsTheFirstSampleGo(t *testing.T) {
 		}
 	}
 }
+
+// TestLadderSamplesPriceTheLongPrompt: the samples a ladder run gives a
+// worker before its 16k prompt (a cold first pass, the warm-up's 64, 256
+// and 1024 tokens, the ladder's 64 to 4096), each off by 3% one way or
+// the other as on a quiet machine, teach the attention well enough to
+// price 16k within the target (0.75 to 1.33 of its time); one factor for
+// all the work, the fit's choice when it cannot tell, prices it under 0.75.
+func TestLadderSamplesPriceTheLongPrompt(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	long := truth.Time(m.Work(0, 16383), m.Layers).Seconds()
+	lens := []int{63, 255, 1023, 63, 255, 1023, 4095}
+	for p, pattern := range [][]float64{{1, -1, 1, -1, 1, -1, 1}, {-1, 1, -1, 1, -1, 1, -1}, {1, 1, -1, -1, 1, 1, -1}, {-1, -1, 1, 1, -1, 1, 1}} {
+		f := NewFitter(Compute{})
+		cold := Sample{Work: m.Work(0, 63), Calls: m.Layers, Took: 3 * truth.Time(m.Work(0, 63), m.Layers)}
+		for _, s := range append([]Sample{cold}, samplesOf(m, truth, lens, func(i int) float64 { return 1 + 0.03*pattern[i] })...) {
+			if err := f.Add(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, _, _ := f.Compute()
+		r := long / c.Time(m.Work(0, 16383), m.Layers).Seconds()
+		if r < 0.75 || r > 1.33 {
+			t.Errorf("noise pattern %d: 16k measured/predicted %.2f (%v)", p, r, c)
+		}
+		t.Logf("noise pattern %d: 16k measured/predicted %.2f", p, r)
+	}
+	one, _, err := Fit(Compute{}, samplesOf(m, truth, lens[2:3], func(int) float64 { return 1 })) // one size: one factor
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := long / one.Time(m.Work(0, 16383), m.Layers).Seconds()
+	t.Logf("one factor: 16k measured/predicted %.2f", r)
+	if r < 1.33 {
+		t.Fatalf("one factor fitted to 1k prices 16k at %.2f of its time: the test does not need the attention term", 1/r)
+	}
+}
