@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -109,6 +110,7 @@ func (o *Options) natsOptions() ([]nats.Option, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	var failing atomic.Bool
 	opts := []nats.Option{
 		nats.Name(o.Name),
 		nats.Timeout(connectTimeout),
@@ -120,7 +122,16 @@ func (o *Options) natsOptions() ([]nats.Option, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			failing.Store(false)
 			log.Info("nats reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
+		}),
+		// Only the first failed attempt after a loss is logged, not one
+		// every reconnectWait: it says the server is gone, not merely
+		// restarting under the process.
+		nats.ReconnectErrHandler(func(nc *nats.Conn, err error) {
+			if !failing.Swap(true) {
+				log.Warn("nats reconnect failed; retrying", zap.Error(err), zap.Duration("every", reconnectWait))
+			}
 		}),
 		nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
 			fields := []zap.Field{zap.Error(err)}

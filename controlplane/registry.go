@@ -278,7 +278,7 @@ func (r *Registry) Watch(ctx context.Context) (<-chan WorkerChange, error) {
 	out := make(chan WorkerChange, 64)
 	go func() {
 		defer close(out)
-		defer func() { _ = w.Stop() }()
+		defer stopWatch(r.nc, w)
 		for {
 			var e jetstream.KeyValueEntry
 			var ok bool
@@ -305,6 +305,21 @@ func (r *Registry) Watch(ctx context.Context) (<-chan WorkerChange, error) {
 		}
 	}()
 	return out, nil
+}
+
+// stopWatch stops a key-value watcher. Stopping deletes its consumer with a
+// JetStream API request, which, with the server out of reach, waits out the
+// API's 5 s timeout: a coordinator took that long to exit after SIGTERM
+// once its NATS server was gone. Disconnected, the watcher is stopped on a
+// goroutine of its own, which ends when that request fails (at the latest
+// when the connection closes); the server drops an idle ephemeral
+// consumer by itself.
+func stopWatch(nc *nats.Conn, w jetstream.KeyWatcher) {
+	if nc.IsConnected() {
+		_ = w.Stop()
+		return
+	}
+	go func() { _ = w.Stop() }()
 }
 
 func toChange(e jetstream.KeyValueEntry) WorkerChange {

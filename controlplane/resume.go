@@ -129,6 +129,7 @@ type ResultsConfig struct {
 // client whose connection dropped while its job ended asks any
 // coordinator and gets the event from here.
 type Results struct {
+	nc *nats.Conn
 	kv jetstream.KeyValue
 }
 
@@ -154,7 +155,7 @@ func OpenResults(ctx context.Context, nc *nats.Conn, cfg ResultsConfig) (*Result
 	if err != nil {
 		return nil, fmt.Errorf("job results: bucket %s: %w", cfg.Bucket, err)
 	}
-	return &Results{kv: kv}, nil
+	return &Results{nc: nc, kv: kv}, nil
 }
 
 // resultKey is where client's job id is kept: under the client's name, so
@@ -216,7 +217,7 @@ func (r *Results) List(ctx context.Context, client string, visit func(*JobEvent)
 	if err != nil {
 		return 0, fmt.Errorf("job results: list: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
+	defer stopWatch(r.nc, w)
 	for {
 		select {
 		case e, ok := <-w.Updates():

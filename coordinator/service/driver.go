@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -545,6 +546,15 @@ func (r *run) request(worker string, a *cp.Assignment) jobrun.Event {
 
 // cancelOn asks one worker to drop the job.
 func (r *run) cancelOn(worker, reason string) {
+	if !r.c.nc.IsConnected() {
+		// The request could only wait out its timeout (a coordinator
+		// stopping after its NATS server went away did, past its
+		// grace). The worker keeps the job; whoever takes the job over
+		// finds it there (a job id is admitted once).
+		r.log.Warn("cancel on worker skipped: not connected to NATS", zap.String("worker", worker),
+			zap.String("nats", strings.ToLower(r.c.nc.Status().String())))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.AssignTimeout)
 	defer cancel()
 	rep, err := cancelRequest(ctx, r.c.nc, worker, r.id, reason)
