@@ -79,7 +79,8 @@ func TestMetricsAndHistoryAcrossRestart(t *testing.T) {
 	}{
 		{"tandem_coordinator_jobs_total", []string{"state", "done"}, 1},
 		{"tandem_coordinator_ttft_seconds", []string{"target", "remote"}, 1},
-		{"tandem_coordinator_inter_token_seconds", []string{"target", "remote"}, 1},
+		// One observation for the job, not one per gap between its 6 tokens.
+		{"tandem_coordinator_job_mean_inter_token_seconds", []string{"target", "remote"}, 1},
 		{"tandem_coordinator_tokens_total", []string{"kind", "prompt"}, 40},
 		{"tandem_coordinator_tokens_total", []string{"kind", "output"}, 6},
 		{"tandem_coordinator_route_decisions_total", []string{"target", "remote"}, 1},

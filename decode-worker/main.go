@@ -179,12 +179,9 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	})
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
-	var metricsAddr string
-	if cfg.Metrics.Addr != "" {
-		if metricsAddr, _, err = hs.Serve(httpCtx, "metrics", cfg.Metrics); err != nil {
-			return err
-		}
-		log.Info("metrics and health", zap.String("url", "http://"+metricsAddr+"/metrics"))
+	metricsAddr, err := hs.Start(httpCtx, "metrics", cfg.Metrics, log)
+	if err != nil {
+		return err
 	}
 	if cfg.NATS.URL == "" {
 		if err := w.WaitReady(ctx); err == nil {
@@ -211,22 +208,7 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 			adapter.Beat() // the coordinator learns at once that the ring is formed
 		}
 	}()
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: draining", zap.Duration("drain_grace", cfg.DrainGrace))
-	case <-adapter.Draining():
-		log.Info("drain requested: draining, then exiting", zap.Duration("drain_grace", cfg.DrainGrace))
-	}
-	dctx, cancelDrain := context.WithTimeout(context.Background(), cfg.DrainGrace)
-	if err := adapter.Drain(dctx); err != nil {
-		log.Warn("drain grace over: cancelling what is left", zap.Error(err))
-	}
-	cancelDrain()
-	cctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-	defer cancel()
-	if err := adapter.Close(cctx); err != nil {
-		log.Warn("control plane: leaving", zap.Error(err))
-	}
+	controlplane.Leave(ctx, adapter, cfg.DrainGrace, cfg.ShutdownGrace, log)
 	stopServing()
 	wg.Wait()
 	return nil

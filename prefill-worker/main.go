@@ -162,12 +162,9 @@ func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log 
 	hs.Ready("worker", func() error { return errors.New("starting: opening the model and joining the control plane") })
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
-	var metricsAddr string
-	if cfg.Metrics.Addr != "" {
-		if metricsAddr, _, err = hs.Serve(httpCtx, "metrics", cfg.Metrics); err != nil {
-			return err
-		}
-		log.Info("metrics and health", zap.String("url", "http://"+metricsAddr+"/metrics"))
+	metricsAddr, err := hs.Start(httpCtx, "metrics", cfg.Metrics, log)
+	if err != nil {
+		return err
 	}
 	w, err := worker.New(wc)
 	if err != nil {
@@ -200,22 +197,7 @@ func controlPlane(ctx context.Context, cfg *workerConfig, wc worker.Config, log 
 	}
 	hs.Ready("worker", a.NotReady)
 	log.Info("control plane joined", zap.String("worker", id), zap.String("nats", nc.ConnectedUrlRedacted()))
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: draining", zap.Duration("drain_grace", cfg.DrainGrace))
-	case <-a.Draining():
-		log.Info("drain requested: draining, then exiting", zap.Duration("drain_grace", cfg.DrainGrace))
-	}
-	dctx, cancelDrain := context.WithTimeout(context.Background(), cfg.DrainGrace)
-	if err := a.Drain(dctx); err != nil {
-		log.Warn("drain grace over: cancelling what is left", zap.Error(err))
-	}
-	cancelDrain()
-	cctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-	defer cancel()
-	if err := a.Close(cctx); err != nil {
-		log.Warn("control plane: leaving", zap.Error(err))
-	}
+	controlplane.Leave(ctx, a, cfg.DrainGrace, cfg.ShutdownGrace, log)
 	return nil
 }
 

@@ -212,7 +212,7 @@ func TestServeAndClientCommands(t *testing.T) {
 	for _, want := range []string{`tandem_coordinator_jobs_total{state="done"} 1`, `tandem_coordinator_route_decisions_total{policy="remote",target="remote"} 1`,
 		"tandem_coordinator_ttft_seconds_count", "tandem_coordinator_submit_to_assign_seconds_count 1", `tandem_coordinator_workers{kind="decode"} 2`,
 		`tandem_coordinator_tokens_total{kind="prompt"} 4`, `tandem_coordinator_tokens_total{kind="output"} 6`,
-		`tandem_coordinator_inter_token_seconds_count{target="remote"} 1`} {
+		`tandem_coordinator_job_mean_inter_token_seconds_count{target="remote"} 1`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

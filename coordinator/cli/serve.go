@@ -137,11 +137,9 @@ func runServe(cmd *cobra.Command, _ []string) error {
 				return errors.New("starting: opening the job queue, the registry and the results")
 			}
 		})
-		addr, _, err := hs.Serve(ctx, "metrics", mo)
-		if err != nil {
+		if _, err := hs.Start(ctx, "metrics", mo, log); err != nil {
 			return err
 		}
-		log.Info("metrics and health", zap.String("url", "http://"+addr+"/metrics"))
 	}
 	if listen == "" {
 		return co.Run(ctx)

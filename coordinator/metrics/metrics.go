@@ -1,6 +1,6 @@
 // Package metrics holds the coordinator's Prometheus metrics: queue depth,
 // jobs by outcome, routing decisions and their predictions, time to first
-// token, inter-token latency, prompt and output tokens, prefill pass times,
+// token, each job's mean inter-token latency, prompt and output tokens, prefill pass times,
 // transfer tails, decode rates and the control plane's own overhead
 // (submission to assignment). The process serves them on /metrics with
 // package internal/health.
@@ -79,8 +79,12 @@ func New() *Metrics {
 		decodeRate: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "decode_tokens_per_second",
 			Help:    "Decode rate of each finished job (tokens after the first, per second).",
 			Buckets: prometheus.ExponentialBuckets(0.5, 2, 16)}),
-		interToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "inter_token_seconds",
-			Help:    "Mean time between two output tokens of each finished job with two or more (its decode time over its tokens after the first), by where it was prefilled.",
+		// The coordinator does not see the tokens (rank 0 publishes them
+		// to the job's client): it knows a job's decode time and token
+		// count only at its end, so this is one mean per job. Every gap
+		// is rank 0's tandem_decode_inter_token_seconds.
+		interToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "job_mean_inter_token_seconds",
+			Help:    "Per finished job with two or more output tokens, the mean time between two of them (its first token to its last, over the tokens after the first), by where it was prefilled; one observation per job, not per token (rank 0's tandem_decode_inter_token_seconds has every gap).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}, []string{"target"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tokens_total",
 			Help: "Tokens of finished jobs, by kind: prompt (all of it), cached (prompt tokens a prefix cache served) and output."}, []string{"kind"}),

@@ -92,13 +92,10 @@ type Adapter struct {
 	cancel  context.CancelFunc
 	maxSeq  int
 
-	mu       sync.Mutex
-	streams  map[string]*stream
-	ended    *cp.Ended
-	closing  bool
-	draining bool
-	drained  chan struct{}  // closed when a drain starts
-	wg       sync.WaitGroup // streams
+	life    *cp.Lifecycle // taking jobs, draining or closing; the streams
+	mu      sync.Mutex
+	streams map[string]*stream
+	ended   *cp.Ended
 
 	// The group's own prefill as the cost model's terms, fitted to its
 	// finished local prefills (rank 0 advertises them).
@@ -140,9 +137,11 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	}
 	spec := cfg.Layout.Ranks[cfg.Rank]
 	a := &Adapter{cfg: cfg, lo: spec.Lo, hi: spec.Hi, started: time.Now(), streams: map[string]*stream{}, ended: cp.NewEnded(0, cfg.Remember),
-		drained: make(chan struct{}),
-		log:     cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20,
+		log: cfg.Log.With(zap.String("worker", cfg.WorkerID)), maxSeq: 1 << 20,
 		cost: costmodel.New(&cfg.Model.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
+	// A rank holds its share of every sequence of the group, whichever
+	// rank took the job.
+	a.life = cp.NewLifecycle(cfg.WorkerID, "decode rank", func() int { return cfg.Worker.Stats().Sequences }, func() { a.hb.Beat() }, a.log)
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
@@ -188,7 +187,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	}
 	// Every rank drains on request: the group takes no jobs while any of
 	// its ranks drains.
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), "tandem-worker-"+cfg.WorkerID, a.drainRequest); err != nil {
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), "tandem-worker-"+cfg.WorkerID, a.life.DrainRequest); err != nil {
 		cancel()
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("decode adapter: %w", err)
@@ -208,8 +207,8 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 // (their coordinators learn it from their progress), waits until their last
 // messages are out, and deregisters the rank.
 func (a *Adapter) Close(ctx context.Context) error {
+	a.life.Close()
 	a.mu.Lock()
-	a.closing = true
 	ids := make([]string, 0, len(a.streams))
 	for id := range a.streams {
 		ids = append(ids, id)
@@ -219,13 +218,9 @@ func (a *Adapter) Close(ctx context.Context) error {
 	for _, id := range ids {
 		_ = a.cfg.Worker.Cancel(ctx, id)
 	}
-	done := make(chan struct{})
-	go func() { a.wg.Wait(); close(done) }()
 	var errs []error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		errs = append(errs, fmt.Errorf("decode adapter: %d jobs still ending: %w", len(ids), ctx.Err()))
+	if err := a.life.Wait(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("decode adapter: %d jobs still ending: %w", len(ids), err))
 	}
 	errs = append(errs, a.hb.Stop(ctx))
 	return errors.Join(errs...)
@@ -237,13 +232,9 @@ func (a *Adapter) Close(ctx context.Context) error {
 // until the sequences this rank holds end, or ctx ends. Close then cancels
 // whatever is left.
 func (a *Adapter) Drain(ctx context.Context) error {
-	a.startDrain("")
-	done := make(chan struct{})
-	go func() { a.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("decode adapter: drain: jobs still running: %w", ctx.Err())
+	a.life.StartDrain("")
+	if err := a.life.Wait(ctx); err != nil {
+		return fmt.Errorf("decode adapter: drain: jobs still running: %w", err)
 	}
 	// The other ranks hold their share of the head's sequences until the
 	// head frees them around the ring: a moment after the head's streams
@@ -265,46 +256,10 @@ func (a *Adapter) Drain(ctx context.Context) error {
 
 // Draining is closed once a drain has started (Drain, or a coordinator's
 // DrainRequest): the process should drain and exit.
-func (a *Adapter) Draining() <-chan struct{} { return a.drained }
+func (a *Adapter) Draining() <-chan struct{} { return a.life.Draining() }
 
 // NotReady says why the rank takes no jobs now (nil: it takes them).
-func (a *Adapter) NotReady() error {
-	a.mu.Lock()
-	closing, draining := a.closing, a.draining
-	a.mu.Unlock()
-	switch {
-	case closing:
-		return errors.New("shutting down")
-	case draining:
-		return errors.New("draining: it takes no new jobs")
-	}
-	return nil
-}
-
-// startDrain marks the rank draining and beats at once; it returns the
-// sequences the rank holds.
-func (a *Adapter) startDrain(reason string) int {
-	a.mu.Lock()
-	if !a.draining {
-		a.draining = true
-		close(a.drained)
-		a.log.Info("draining: no new jobs", zap.Int("running", len(a.streams)), zap.String("reason", reason))
-	}
-	a.mu.Unlock()
-	a.hb.Beat()
-	return a.cfg.Worker.Stats().Sequences
-}
-
-// drainRequest answers a coordinator's DrainRequest.
-func (a *Adapter) drainRequest(_ context.Context, req *cp.DrainRequest) (*cp.DrainReply, error) {
-	rep := &cp.DrainReply{WorkerID: a.cfg.WorkerID}
-	if req.WorkerID != a.cfg.WorkerID {
-		rep.SetError(cp.CodeBadRequest, fmt.Sprintf("decode rank %s: the drain request is addressed to %s", a.cfg.WorkerID, req.WorkerID))
-		return rep, nil
-	}
-	rep.Running = a.startDrain(req.Reason)
-	return rep, nil
-}
+func (a *Adapter) NotReady() error { return a.life.NotReady() }
 
 // Beat sends a heartbeat now (e.g. once the ring is formed).
 func (a *Adapter) Beat() { a.hb.Beat() }
@@ -312,9 +267,6 @@ func (a *Adapter) Beat() { a.hb.Beat() }
 // info is this rank's heartbeat.
 func (a *Adapter) info() cp.WorkerInfo {
 	st := a.cfg.Worker.Stats()
-	a.mu.Lock()
-	closing := a.closing || a.draining
-	a.mu.Unlock()
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindDecode, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, GroupID: a.cfg.Layout.Group, Rank: a.cfg.Rank, GroupSize: len(a.cfg.Layout.Ranks),
 		Layers:     cp.LayerRange{First: a.lo, End: a.hi},
@@ -322,7 +274,7 @@ func (a *Adapter) info() cp.WorkerInfo {
 		Endpoints: cp.Endpoints{Transfer: a.cfg.Advertise, Pipeline: a.cfg.Advertise, Metrics: a.cfg.MetricsAddr},
 		Started:   a.started, Time: time.Now(),
 		// A rank whose ring is not formed cannot admit: it takes no jobs.
-		Draining: closing || !st.Formed,
+		Draining: a.life.Leaving() || !st.Formed,
 	}
 	if st.BudgetBytes > 0 {
 		w.MemoryTotal = uint64(st.BudgetBytes)
@@ -409,15 +361,16 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
 	a.mu.Lock()
-	if a.closing || a.draining {
+	if err := a.life.Admit(); err != nil {
 		a.mu.Unlock()
 		// The coordinator places the job elsewhere.
-		return refuse(cp.CodeUnavailable, "draining: it takes no new jobs")
+		return refuse(cp.CodeUnavailable, "%v", err)
 	}
 	// A job id is admitted once: a coordinator that took the job over
 	// after its predecessor crashed gets the job as it is here, never a
 	// second run.
 	if p, held := a.knownLocked(as.JobID); p != nil {
+		a.life.Done()
 		a.mu.Unlock()
 		rep.Accepted, rep.Resumed, rep.Progress = true, true, p
 		a.log.Info("assignment of a job held or ended here: resumed", zap.String("job", as.JobID),
@@ -425,9 +378,8 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		a.cfg.Metrics.assignment("resumed")
 		return rep, nil
 	}
-	s := a.newStream(as, req)
+	s := a.newStream(as, req) // its end calls done
 	a.streams[as.JobID] = s
-	a.wg.Add(1)
 	a.mu.Unlock()
 	req.Sink = s
 
@@ -581,7 +533,7 @@ func (a *Adapter) done(id string, final *cp.Progress) {
 		a.ended.Put(final, time.Now())
 	}
 	a.mu.Unlock()
-	a.wg.Done()
+	a.life.Done()
 }
 
 func cancelRefused(job string, code cp.ErrorCode, msg string) *cp.CancelReply {

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/kvtransfer"
 )
 
@@ -19,7 +20,7 @@ const ns = "tandem_decode"
 type Metrics struct {
 	reg         *prometheus.Registry
 	interToken  prometheus.Histogram
-	assignments *prometheus.CounterVec
+	assignments *health.Assignments
 }
 
 // NewMetrics makes the metrics on reg; call Watch once the rank's pipeline
@@ -29,13 +30,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		interToken: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "inter_token_seconds",
 			Help:    "Rank 0: time between two consecutive tokens of a job, as they are published.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}),
-		assignments: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "assignments_total",
-			Help: "Rank 0: assignments answered, by outcome: accepted, resumed (a job held or ended here) or refused."}, []string{"outcome"}),
+		assignments: health.NewAssignments(reg, ns,
+			"Rank 0: assignments answered, by outcome: accepted, resumed (a job held or ended here) or refused."),
 	}
-	for _, o := range []string{"accepted", "resumed", "refused"} {
-		m.assignments.WithLabelValues(o) // exported at 0 before the first
-	}
-	reg.MustRegister(m.interToken, m.assignments)
+	reg.MustRegister(m.interToken)
 	return m
 }
 
@@ -43,13 +41,13 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 // at each scrape.
 func (m *Metrics) Watch(w *pipeline.Worker, srv *kvtransfer.Server) {
 	if m != nil {
-		m.reg.MustRegister(&statsCollector{w: w, srv: srv})
+		m.reg.MustRegister(health.Collector{Descs: descs, Read: func(s health.Sink) { collect(s, w, srv) }})
 	}
 }
 
 func (m *Metrics) assignment(outcome string) {
 	if m != nil {
-		m.assignments.WithLabelValues(outcome).Inc()
+		m.assignments.Count(outcome)
 	}
 }
 
@@ -57,11 +55,6 @@ func (m *Metrics) gap(d time.Duration) {
 	if m != nil {
 		m.interToken.Observe(d.Seconds())
 	}
-}
-
-type statsCollector struct {
-	w   *pipeline.Worker
-	srv *kvtransfer.Server
 }
 
 var (
@@ -83,21 +76,13 @@ var (
 	descTHeld     = prometheus.NewDesc(ns+"_transfer_held_bytes", "State buffers kvtransfer allocated and has not yet handed over or freed.", nil, nil)
 )
 
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFormed, descSeqs, descReserved, descBudget, descCache, descSteps, descCompute, descSeqTotal,
-		descTokens, descQueued, descDSteps, descStepTime, descRecvBytes, descSessions, descTErrors, descTHeld} {
-		ch <- d
-	}
-}
+var descs = []*prometheus.Desc{descFormed, descSeqs, descReserved, descBudget, descCache, descSteps, descCompute, descSeqTotal,
+	descTokens, descQueued, descDSteps, descStepTime, descRecvBytes, descSessions, descTErrors, descTHeld}
 
-func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.w.Stats()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
-	}
+// collect reads the pipeline's and the kvtransfer server's counters.
+func collect(s health.Sink, w *pipeline.Worker, srv *kvtransfer.Server) {
+	st := w.Stats()
+	gauge, counter := s.Gauge, s.Counter
 	formed := 0.0
 	if st.Formed {
 		formed = 1
@@ -118,7 +103,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for part, d := range map[string]time.Duration{"round_trip": st.StepTime, "compute": st.StepComputeTime, "mesh": st.StepMeshTime} {
 		counter(descStepTime, d.Seconds(), part)
 	}
-	ts := c.srv.Stats()
+	ts := srv.Stats()
 	counter(descRecvBytes, float64(ts.BytesVerified))
 	counter(descSessions, float64(ts.Committed), "committed")
 	counter(descSessions, float64(ts.Failed), "failed")

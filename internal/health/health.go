@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/internal/config"
@@ -220,4 +221,19 @@ func (s *Server) Serve(ctx context.Context, prefix string, o Options) (addr stri
 		}
 	}()
 	return ln.Addr().String(), stopped, nil
+}
+
+// Start serves the endpoint as Serve does when o.Addr is set (else it
+// does nothing and returns ""), and logs its URL: the line operators and
+// the process tests look for.
+func (s *Server) Start(ctx context.Context, prefix string, o Options, log *zap.Logger) (string, error) {
+	if o.Addr == "" {
+		return "", nil
+	}
+	addr, _, err := s.Serve(ctx, prefix, o)
+	if err != nil {
+		return "", err
+	}
+	log.Info("metrics and health", zap.String("url", "http://"+addr+"/metrics"))
+	return addr, nil
 }

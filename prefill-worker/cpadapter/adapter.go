@@ -68,13 +68,11 @@ type Adapter struct {
 	hb      *cp.Heartbeat
 	cancel  context.CancelFunc
 
-	mu       sync.Mutex
-	jobs     map[string]*job
-	ended    *cp.Ended
-	closing  bool
-	draining bool
-	drained  chan struct{} // closed when a drain starts
-	wg       sync.WaitGroup
+	life *cp.Lifecycle // taking jobs, draining or closing; the jobs taken
+
+	mu    sync.Mutex
+	jobs  map[string]*job
+	ended *cp.Ended
 }
 
 // job is one assignment in progress.
@@ -114,8 +112,9 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, ended: cp.NewEnded(0, cfg.Remember), drained: make(chan struct{}),
+	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, ended: cp.NewEnded(0, cfg.Remember),
 		log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
+	a.life = cp.NewLifecycle(cfg.WorkerID, "prefill worker", a.running, func() { a.hb.Beat() }, a.log)
 	// Registered before serving: an assignment can reach this process only
 	// once the registry shows it (the coordinator tells a restarted
 	// worker's old jobs from its new ones by that order).
@@ -142,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), queue, a.drainRequest); err != nil {
+	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), queue, a.life.DrainRequest); err != nil {
 		cancel()
 		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
@@ -161,82 +160,42 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 // place their jobs elsewhere) and waits until the jobs running here end,
 // or ctx ends. Close then cancels whatever is left.
 func (a *Adapter) Drain(ctx context.Context) error {
-	a.startDrain("")
-	done := make(chan struct{})
-	go func() { a.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		a.mu.Lock()
-		n := len(a.jobs)
-		a.mu.Unlock()
-		return fmt.Errorf("prefill adapter: drain: %d jobs still running: %w", n, ctx.Err())
-	}
-}
-
-// Draining is closed once a drain has started (Drain, or a coordinator's
-// DrainRequest): the process should drain and exit.
-func (a *Adapter) Draining() <-chan struct{} { return a.drained }
-
-// NotReady says why the worker takes no jobs now (nil: it takes them).
-func (a *Adapter) NotReady() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	switch {
-	case a.closing:
-		return errors.New("shutting down")
-	case a.draining:
-		return errors.New("draining: it takes no new jobs")
+	a.life.StartDrain("")
+	if err := a.life.Wait(ctx); err != nil {
+		return fmt.Errorf("prefill adapter: drain: %d jobs still running: %w", a.running(), err)
 	}
 	return nil
 }
 
-// startDrain marks the worker draining and beats at once; it returns the
-// jobs still running.
-func (a *Adapter) startDrain(reason string) int {
-	a.mu.Lock()
-	if !a.draining {
-		a.draining = true
-		close(a.drained)
-		a.log.Info("draining: no new jobs", zap.Int("running", len(a.jobs)), zap.String("reason", reason))
-	}
-	n := len(a.jobs)
-	a.mu.Unlock()
-	a.hb.Beat()
-	return n
-}
+// Draining is closed once a drain has started (Drain, or a coordinator's
+// DrainRequest): the process should drain and exit.
+func (a *Adapter) Draining() <-chan struct{} { return a.life.Draining() }
 
-// drainRequest answers a coordinator's DrainRequest.
-func (a *Adapter) drainRequest(_ context.Context, req *cp.DrainRequest) (*cp.DrainReply, error) {
-	rep := &cp.DrainReply{WorkerID: a.cfg.WorkerID}
-	if req.WorkerID != a.cfg.WorkerID {
-		rep.SetError(cp.CodeBadRequest, fmt.Sprintf("prefill worker %s: the drain request is addressed to %s", a.cfg.WorkerID, req.WorkerID))
-		return rep, nil
-	}
-	rep.Running = a.startDrain(req.Reason)
-	return rep, nil
+// NotReady says why the worker takes no jobs now (nil: it takes them).
+func (a *Adapter) NotReady() error { return a.life.NotReady() }
+
+// running is the number of jobs the worker holds.
+func (a *Adapter) running() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.jobs)
 }
 
 // Close stops taking assignments, cancels the jobs in progress (their
 // coordinators learn it from their progress) and deregisters the worker.
 // The worker itself is the caller's to close.
 func (a *Adapter) Close(ctx context.Context) error {
+	a.life.Close()
 	a.mu.Lock()
-	a.closing = true
 	for id := range a.jobs {
 		a.cfg.Worker.Cancel(id)
 	}
 	n := len(a.jobs)
 	a.mu.Unlock()
 	a.cancel()
-	done := make(chan struct{})
-	go func() { a.wg.Wait(); close(done) }()
 	var errs []error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		errs = append(errs, fmt.Errorf("prefill adapter: %d jobs still ending: %w", n, ctx.Err()))
+	if err := a.life.Wait(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("prefill adapter: %d jobs still ending: %w", n, err))
 	}
 	errs = append(errs, a.hb.Stop(ctx))
 	return errors.Join(errs...)
@@ -244,14 +203,11 @@ func (a *Adapter) Close(ctx context.Context) error {
 
 func (a *Adapter) info() cp.WorkerInfo {
 	st := a.cfg.Worker.Stats()
-	a.mu.Lock()
-	closing := a.closing || a.draining
-	a.mu.Unlock()
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindPrefill, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress, Endpoints: cp.Endpoints{Metrics: a.cfg.MetricsAddr},
 		Rates: cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor, ReadBytesPerSec: st.ReadBytesPerSec,
 			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst)},
-		Started: a.started, Time: time.Now(), Draining: closing}
+		Started: a.started, Time: time.Now(), Draining: a.life.Leaving()}
 	if a.cfg.MemoryTotal > 0 {
 		w.MemoryTotal = uint64(a.cfg.MemoryTotal)
 		w.MemoryFree = w.MemoryTotal // the budget is planned per pass, not reserved per job
@@ -290,14 +246,15 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closing || a.draining {
+	if err := a.life.Admit(); err != nil {
 		// The coordinator places the job elsewhere.
-		return refuse(cp.CodeUnavailable, "draining: it takes no new jobs")
+		return refuse(cp.CodeUnavailable, "%v", err)
 	}
 	// A job id is admitted once: a coordinator that took the job over
 	// after its predecessor crashed gets the job as it is here, never a
 	// second prefill (the new assignment's transfer session is unused).
 	if p, held := a.knownLocked(as.JobID); p != nil {
+		a.life.Done()
 		rep.Accepted, rep.Resumed, rep.Progress = true, true, p
 		a.log.Info("assignment of a job held or ended here: resumed", zap.String("job", as.JobID),
 			zap.Bool("running", held), zap.String("stage", string(p.Stage)))
@@ -315,6 +272,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	}
 	snd, err := kvtransfer.NewSender(sc)
 	if err != nil {
+		a.life.Done()
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
 	j := &job{id: as.JobID, sender: snd, tokens: len(as.TokenIDs), assigned: time.Now(), layers: a.cfg.Worker.Model().NumLayers}
@@ -322,11 +280,11 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		Progress: func(p scheduler.Progress) { a.progress(j, p) }})
 	if err != nil {
 		snd.Abort(err)
+		a.life.Done()
 		return refuse(cp.CodeUnavailable, "%v", err)
 	}
 	j.handle = h
 	a.jobs[as.JobID] = j
-	a.wg.Add(1)
 	go a.wait(j)
 	rep.Accepted = true
 	a.cfg.Metrics.assignment("accepted")
@@ -409,7 +367,7 @@ func (a *Adapter) progress(j *job, p scheduler.Progress) {
 
 // wait reports the job's end: done once every rank committed its state.
 func (a *Adapter) wait(j *job) {
-	defer a.wg.Done()
+	defer a.life.Done()
 	err := j.handle.Wait(context.Background())
 	res := j.handle.Result()
 	now := time.Now()

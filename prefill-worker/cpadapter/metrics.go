@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
@@ -22,7 +23,7 @@ type Metrics struct {
 	budget        int64
 	layer         prometheus.Histogram
 	pass          prometheus.Histogram
-	assignments   *prometheus.CounterVec
+	assignments   *health.Assignments
 	transferBytes prometheus.Counter
 	transferErrs  *prometheus.CounterVec
 }
@@ -37,28 +38,24 @@ func NewMetrics(reg *prometheus.Registry, budget int64) *Metrics {
 			Help: "Time to bind and run one layer of a pass over all its jobs' rows (without the wait for its weights).", Buckets: secs}),
 		pass: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "pass_seconds",
 			Help: "Weight pass wall time: its start to its last layer done.", Buckets: secs}),
-		assignments: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "assignments_total",
-			Help: "Assignments answered, by outcome: accepted, resumed (a job held or ended here) or refused."}, []string{"outcome"}),
+		assignments: health.NewAssignments(reg, ns,
+			"Assignments answered, by outcome: accepted, resumed (a job held or ended here) or refused."),
 		transferBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "transfer_bytes_total",
 			Help: "State bytes sent to decode ranks over kvtransfer (chunk payloads, resends included), counted when each job ends."}),
 		transferErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "transfer_errors_total",
 			Help: "kvtransfer errors the senders recovered from, by kind: connection (lost and redialed) or checksum (a chunk a receiver rejected)."}, []string{"kind"}),
 	}
-	// Exported at 0 before the first.
-	for _, o := range []string{"accepted", "resumed", "refused"} {
-		m.assignments.WithLabelValues(o)
-	}
 	for _, k := range []string{"connection", "checksum"} {
-		m.transferErrs.WithLabelValues(k)
+		m.transferErrs.WithLabelValues(k) // exported at 0 before the first
 	}
-	reg.MustRegister(m.layer, m.pass, m.assignments, m.transferBytes, m.transferErrs)
+	reg.MustRegister(m.layer, m.pass, m.transferBytes, m.transferErrs)
 	return m
 }
 
 // Watch exports w's counters, read at each scrape.
 func (m *Metrics) Watch(w *worker.Worker) {
 	if m != nil {
-		m.reg.MustRegister(&statsCollector{w: w, budget: m.budget})
+		m.reg.MustRegister(health.Collector{Descs: descs, Read: func(s health.Sink) { collect(s, w, m.budget) }})
 	}
 }
 
@@ -78,7 +75,7 @@ func (m *Metrics) Pass(r scheduler.PassReport) {
 
 func (m *Metrics) assignment(outcome string) {
 	if m != nil {
-		m.assignments.WithLabelValues(outcome).Inc()
+		m.assignments.Count(outcome)
 	}
 }
 
@@ -90,12 +87,6 @@ func (m *Metrics) transfer(st kvtransfer.SenderStats) {
 	m.transferBytes.Add(float64(max(st.BytesSent, 0)))
 	m.transferErrs.WithLabelValues("connection").Add(float64(max(st.ConnErrors, 0)))
 	m.transferErrs.WithLabelValues("checksum").Add(float64(max(st.ChecksumErrors, 0)))
-}
-
-// statsCollector exports the worker's Stats at each scrape.
-type statsCollector struct {
-	w      *worker.Worker
-	budget int64
 }
 
 var (
@@ -111,20 +102,12 @@ var (
 	descReadRate = prometheus.NewDesc(ns+"_read_bytes_per_second", "Weight read rate measured over every pass (bytes over the time reads were in flight); 0 before the first.", nil, nil)
 )
 
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueued, descRunning, descJobs, descPasses, descTokens, descRead, descTime, descBudget, descPlanned, descReadRate} {
-		ch <- d
-	}
-}
+var descs = []*prometheus.Desc{descQueued, descRunning, descJobs, descPasses, descTokens, descRead, descTime, descBudget, descPlanned, descReadRate}
 
-func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.w.Stats()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
-	}
+// collect reads the worker's Stats; budget is its memory budget.
+func collect(s health.Sink, w *worker.Worker, budget int64) {
+	st := w.Stats()
+	gauge, counter := s.Gauge, s.Counter
 	gauge(descQueued, float64(st.Queued))
 	gauge(descRunning, float64(st.InProgress))
 	counter(descJobs, float64(st.Completed), "done")
@@ -136,7 +119,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for part, d := range map[string]time.Duration{"compute": st.ComputeTime, "pass": st.PassTime, "read_wait": st.ReadWait} {
 		counter(descTime, d.Seconds(), part)
 	}
-	gauge(descBudget, float64(c.budget))
+	gauge(descBudget, float64(budget))
 	var mem struct{ ring, states, act, tmp, draining, total int64 }
 	if lp := st.LastPass; lp != nil {
 		pm := lp.Plan.Mem
