@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 )
 
 // TestWorkerIdentityCannotReconfigureBuckets: over the embedded server and
@@ -202,5 +203,97 @@ func expectViolation(t *testing.T, ch <-chan string, subject string) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no refusal of a publish to %s", subject)
+	}
+}
+
+// TestOnlyTheCoordinatorDrains: over the embedded server and a real
+// nats-server with ServerAuthorization's block, a worker's drain subject
+// answers the coordinator's DrainRequest, and the server refuses a
+// client's (it may not drain a worker) and another worker's, named or
+// shared, which may neither publish it nor listen on a named worker's
+// subject of another worker.
+func TestOnlyTheCoordinatorDrains(t *testing.T) {
+	ids := append(NewIdentities(), NewIdentity(PrincipalWorker, "w1"), NewIdentity(PrincipalWorker, "w2"))
+	block, err := ServerAuthorization(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"embedded", "process"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			var url string
+			if kind == "embedded" {
+				s, err := StartServer(ctx, ServerConfig{DataDir: t.TempDir(), Identities: ids})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+				url = s.ClientURL()
+			} else {
+				url = startAuthorized(t, block, &ids[0])
+			}
+			w1 := connect(t, Options{URL: url, Identity: Find(ids[3:], PrincipalWorker), InboxPrefix: InboxPrefix(PrincipalWorker, "w1")})
+			life := NewLifecycle("w1", "prefill worker", func() int { return 0 }, func() {}, zap.NewNop())
+			if _, err := Serve(ctx, w1, WorkerDrain("w1"), "", life.DrainRequest); err != nil {
+				t.Fatal(err)
+			}
+			if err := w1.Flush(); err != nil {
+				t.Fatal(err)
+			}
+
+			violations := make(chan string, 16)
+			intruder := func(o Options) *nats.Conn {
+				nc := connect(t, o)
+				nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+					if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(err.Error(), "Permissions Violation") {
+						violations <- err.Error()
+					}
+				})
+				return nc
+			}
+			for _, x := range []struct {
+				who string
+				o   Options
+			}{
+				{"a client", Options{URL: url, Identity: Find(ids, PrincipalClient)}},
+				{"the shared worker identity", Options{URL: url, Identity: Find(ids, PrincipalWorker), InboxPrefix: InboxPrefix(PrincipalWorker, "w2")}},
+				{"worker w2", Options{URL: url, Identity: &ids[4], InboxPrefix: InboxPrefix(PrincipalWorker, "w2")}},
+			} {
+				nc := intruder(x.o)
+				short, stop := context.WithTimeout(ctx, time.Second)
+				rep, err := Drain(short, nc, "w1", "not yours")
+				stop()
+				if err == nil {
+					t.Fatalf("%s drained w1: %+v", x.who, rep)
+				}
+				expectViolation(t, violations, WorkerDrain("w1"))
+				select {
+				case <-life.Draining():
+					t.Fatalf("%s's drain request reached w1", x.who)
+				default:
+				}
+			}
+			// A named worker listens on its own drain subject only.
+			w2 := intruder(Options{URL: url, Identity: &ids[4], InboxPrefix: InboxPrefix(PrincipalWorker, "w2")})
+			if _, err := w2.SubscribeSync(WorkerDrain("w1")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case v := <-violations:
+				if !strings.Contains(strings.ToLower(v), "subscription") || !strings.Contains(v, `"`+WorkerDrain("w1")+`"`) {
+					t.Fatalf("refusal %q, want the subscription to %s", v, WorkerDrain("w1"))
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("worker w2 subscribed to w1's drain subject")
+			}
+
+			coord := connect(t, Options{URL: url, Identity: Find(ids, PrincipalCoordinator)})
+			rep, err := Drain(ctx, coord, "w1", "maintenance")
+			if err != nil || rep.WorkerID != "w1" {
+				t.Fatalf("the coordinator's drain: %+v %v", rep, err)
+			}
+			<-life.Draining()
+		})
 	}
 }
