@@ -15,8 +15,9 @@ import (
 )
 
 // CopyFile records, in a directory Copy made, which part of the model it
-// holds and which shards are header-only stubs.
-const CopyFile = "tandem-shards.json"
+// holds and which shards are header-only stubs; the checkpoint reader
+// refuses to read a stub's data (safetensors.StubsFile).
+const CopyFile = safetensors.StubsFile
 
 // Copied is CopyFile's content.
 type Copied struct {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -312,10 +313,31 @@ func TestCopyARanksShards(t *testing.T) {
 			t.Fatalf("tensor %s differs", name)
 		}
 	}
+	// The whole model from the rank's copy is refused where it needs a
+	// stub's data, naming the stub: it would read zeros for weights.
+	m3, err := model.Load(dst, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
+	if err == nil {
+		m3.Close()
+		t.Fatal("the whole model loaded from a rank's copy")
+	}
+	var se *safetensors.Error
+	if !errors.Is(err, safetensors.ErrStub) || !errors.As(err, &se) || !slices.Contains(stubs(t, dst), filepath.Base(se.File)) {
+		t.Fatalf("the whole model from a rank's copy: %v, want the stub named", err)
+	}
 	// A non-empty destination is refused.
 	if _, err := Copy(context.Background(), src, dst, r); err == nil || !strings.Contains(err.Error(), "not empty") {
 		t.Fatalf("copy into a non-empty directory: %v", err)
 	}
+}
+
+// stubs is the stubs CopyFile names in dir.
+func stubs(t *testing.T, dir string) []string {
+	t.Helper()
+	c, err := readCopied(dir)
+	if err != nil || c == nil {
+		t.Fatalf("%s: %v", CopyFile, err)
+	}
+	return c.Stubs
 }
 
 func mustIndex(t *testing.T, dir string) *safetensors.Index {

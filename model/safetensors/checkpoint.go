@@ -40,6 +40,7 @@ type shard struct {
 	size   int64
 	header *Header
 	mapped []byte // whole file, once Bytes needed it
+	stub   bool   // header only (StubsFile): its data are not here
 }
 
 // Open opens the checkpoint in dir. With model.safetensors.index.json it
@@ -87,8 +88,7 @@ func openScan(dir string) (*Checkpoint, error) {
 			c.add(s, t)
 		}
 	}
-	c.finish()
-	return c, nil
+	return c.finish()
 }
 
 func openIndexed(dir, idxPath string, idx *Index) (*Checkpoint, error) {
@@ -144,8 +144,7 @@ func openIndexed(dir, idxPath string, idx *Index) (*Checkpoint, error) {
 		name := c.firstMissing(idx)
 		return fail(filepath.Join(dir, idx.WeightMap[name]), name, fmt.Errorf("%w: %s maps it to this shard, whose header lacks it", ErrMissing, IndexName))
 	}
-	c.finish()
-	return c, nil
+	return c.finish()
 }
 
 // firstMissing returns the smallest index name no shard holds.
@@ -207,12 +206,18 @@ func (c *Checkpoint) add(s *shard, t TensorInfo) {
 	c.total += t.Size
 }
 
-func (c *Checkpoint) finish() {
+// finish sorts the names and marks the stubs; on error it closes c.
+func (c *Checkpoint) finish() (*Checkpoint, error) {
 	c.names = make([]string, 0, len(c.tensors))
 	for n := range c.tensors {
 		c.names = append(c.names, n)
 	}
 	slices.Sort(c.names)
+	if err := c.markStubs(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // Tensor returns a tensor's location.
@@ -267,7 +272,7 @@ func (c *Checkpoint) lookup(name string) (entry, error) {
 // zero-copy view of the mapped shard: read-only (writing to it faults) and
 // valid until Close. Elsewhere the bytes are read into a new slice.
 func (c *Checkpoint) Bytes(name string) ([]byte, error) {
-	e, err := c.lookup(name)
+	e, err := c.data(name)
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +308,7 @@ func (c *Checkpoint) mapping(s *shard) ([]byte, error) {
 // size, with a positioned read that leaves no state behind: it is safe to
 // call concurrently.
 func (c *Checkpoint) ReadTensor(name string, dst []byte) error {
-	e, err := c.lookup(name)
+	e, err := c.data(name)
 	if err != nil {
 		return err
 	}

@@ -19,11 +19,12 @@ type span struct {
 
 // Runs returns the byte ranges of the named tensors, coalesced into maximal
 // contiguous runs per file and ordered by (file, offset). Empty tensors add
-// nothing; a name given twice counts once; an unknown name is an error.
+// nothing; a name given twice counts once; an unknown name, or one whose
+// shard is a stub (StubsFile), is an error.
 func (c *Checkpoint) Runs(names []string) ([]Run, error) {
 	spans := make([]span, 0, len(names))
 	for _, n := range names {
-		e, err := c.lookup(n)
+		e, err := c.data(n)
 		if err != nil {
 			return nil, err
 		}
@@ -34,7 +35,7 @@ func (c *Checkpoint) Runs(names []string) ([]Run, error) {
 
 // GroupRuns partitions the tensors by key (those for which key reports
 // false are left out) and returns each group's coalesced runs, as Runs
-// would. With a key that maps a tensor name to its decoder layer, this is
+// would, stubs included (NeedData checks a group's tensors). With a key that maps a tensor name to its decoder layer, this is
 // the per-layer byte-range index a weight streamer reads by.
 func (c *Checkpoint) GroupRuns(key func(name string) (group int, ok bool)) map[int][]Run {
 	groups := make(map[int][]span)

@@ -165,6 +165,11 @@ func TestSparseHasTheDenseHeaders(t *testing.T) {
 			t.Fatalf("shard %d: sparse %d bytes, dense %d", i+1, y.Size(), x.Size())
 		}
 	}
+	// Holes on purpose, not a rank's copy (no safetensors.StubsFile): every
+	// tensor reads, as zeros.
+	if st := sc.Stubs(); len(st) != 0 {
+		t.Fatalf("a sparse checkpoint has stubs: %q", st)
+	}
 	for _, n := range append(dc.Names(), "mm_projector.post_norm.weight") { // the text tower, and a vision tensor
 		b, err := sc.Bytes(n)
 		if err != nil {

@@ -81,6 +81,11 @@ func NewLayout(ck *safetensors.Checkpoint, layers, align int) (*Layout, error) {
 		if L >= layers {
 			return nil, fmt.Errorf("streamer: tensor %s belongs to layer %d, but the model has %d layers", name, L, layers)
 		}
+		// The streamer reads the files itself: a stub's hole would
+		// stream as zero weights.
+		if err := ck.NeedData(name); err != nil {
+			return nil, fmt.Errorf("streamer: %w", err)
+		}
 		t, _ := ck.Tensor(name)
 		byLayer[L] = append(byLayer[L], t)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/layout"
 	"github.com/tandem-inference/tandem/model/safetensors"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
@@ -419,5 +420,34 @@ func TestDirectRequired(t *testing.T) {
 	defer s.Close()
 	if !s.Direct() {
 		t.Fatal("IODirect streamer is not direct")
+	}
+}
+
+// TestLayoutRefusesStubs: a decode rank's copy of a checkpoint (its shards
+// whole, the others header-only stubs) cannot be streamed by a prefill
+// worker, which needs every layer: the layout is refused naming a stub,
+// instead of streaming the stubs' holes as zero weights.
+func TestLayoutRefusesStubs(t *testing.T) {
+	src := testmodel.Dir(t, "tiny", 1, 0) // one shard per layer
+	dst := filepath.Join(t.TempDir(), "rank0")
+	if _, err := layout.Copy(context.Background(), src, dst, layout.Range{Lo: 0, Hi: 2, Globals: true}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := model.LoadConfig(filepath.Join(dst, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	_, err = streamer.NewLayout(ck, cfg.NumLayers, streamer.DefaultAlign)
+	var se *safetensors.Error
+	if !errors.Is(err, safetensors.ErrStub) || !errors.As(err, &se) || !strings.Contains(err.Error(), filepath.Base(se.File)) {
+		t.Fatalf("a rank's copy streamed: %v", err)
+	}
+	if len(ck.Stubs()) == 0 {
+		t.Fatal("the copy has no stubs")
 	}
 }
