@@ -19,9 +19,12 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/health/healthtest"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -330,5 +333,102 @@ func TestMetricsAndDrain(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("the worker's log lacks %q", want)
 		}
+	}
+}
+
+// TestShutdownOrders: a registered prefill worker on a nats-server of its
+// own is sent SIGTERM after its coordinator stopped, and with its
+// coordinator still running: either way it exits 0 within its graces,
+// saying it shuts down, having deregistered (the registry sees its key
+// deleted, not expired) without cancelling anything.
+func TestShutdownOrders(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	info, err := modelinfo.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, coordinatorFirst := range []bool{true, false} {
+		name := "coordinator-running"
+		if coordinatorFirst {
+			name = "coordinator-gone-first"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := testctx.Context(t)
+			srv := natstest.StartProcess(t, natstest.Config{})
+			nc, err := cp.Connect(ctx, cp.Options{URL: srv.URL, Name: "coordinator"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			rc := cp.RegistryConfig{TTL: 2 * time.Second}
+			co, err := service.New(nc, service.Config{Model: info, Queue: cp.QueueConfig{Memory: true}, Registry: rc, ShutdownGrace: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			ran := make(chan error, 1)
+			go func() { ran <- co.Run(runCtx) }()
+			t.Cleanup(stop)
+			<-co.Ready()
+			reg, err := cp.OpenRegistry(ctx, nc, rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			changes, err := reg.Watch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			const id = "prefill-orders"
+			const drainGrace, shutdownGrace = 2 * time.Second, 5 * time.Second
+			w := startChild(t, "--model", dir, "--memory-budget", "128MiB", "--nats-url", srv.URL, "--worker-id", id,
+				"--registry-ttl", "2s", "--log-format", "json", "--metrics-listen", "127.0.0.1:0",
+				"--drain-grace", drainGrace.String(), "--shutdown-grace", shutdownGrace.String())
+			w.waitReadyz(t, w.metricsURL(t), http.StatusOK, "ready")
+			if coordinatorFirst {
+				stop()
+				if err := <-ran; err != nil {
+					t.Fatalf("the coordinator: %v", err)
+				}
+			}
+
+			if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-w.done:
+			case <-time.After(drainGrace + shutdownGrace):
+				t.Fatalf("the worker did not exit within its graces (%v + %v) after SIGTERM", drainGrace, shutdownGrace)
+			}
+			if w.err != nil {
+				t.Fatalf("exit: %v", w.err)
+			}
+			for left := false; !left; {
+				select {
+				case ch := <-changes:
+					if ch.ID != id {
+						continue
+					}
+					switch ch.Op {
+					case cp.WorkerUp:
+					case cp.WorkerLeft:
+						left = true
+					default:
+						t.Fatalf("registry change %s, want the worker to deregister", ch.Op)
+					}
+				case <-ctx.Done():
+					t.Fatal("the worker did not leave the registry")
+				}
+			}
+			log := w.log.String()
+			if !strings.Contains(log, `"msg":"shutting down: draining"`) {
+				t.Errorf("the worker's log does not say it shuts down:\n%s", log)
+			}
+			for _, bad := range []string{"drain grace over", "control plane: leaving"} {
+				if strings.Contains(log, bad) {
+					t.Errorf("the worker's log has %q:\n%s", bad, log)
+				}
+			}
+		})
 	}
 }
