@@ -80,7 +80,7 @@ func cacheListCmd() *cobra.Command {
 				}
 			}
 			asJSON, _ := cmd.Flags().GetBool("json")
-			return withWorkers(cmd, func(ctx context.Context, nc *nats.Conn, ws []cp.WorkerInfo) error {
+			return withWorkers(cmd, "tandem-cache", func(ctx context.Context, nc *nats.Conn, ws []cp.WorkerInfo) error {
 				targets, err := listTargets(ws, args)
 				if err != nil {
 					return err
@@ -115,7 +115,7 @@ func cacheDropCmd() *cobra.Command {
 				return err
 			}
 			asJSON, _ := cmd.Flags().GetBool("json")
-			return withWorkers(cmd, func(ctx context.Context, nc *nats.Conn, ws []cp.WorkerInfo) error {
+			return withWorkers(cmd, "tandem-cache", func(ctx context.Context, nc *nats.Conn, ws []cp.WorkerInfo) error {
 				targets, err := dropTargets(ws, worker)
 				if err != nil {
 					return err
@@ -163,13 +163,16 @@ func dropArgs(args []string, all bool) (worker, key string, err error) {
 	return worker, key, nil
 }
 
-// withWorkers connects as the coordinator, reads the registry and runs fn.
-func withWorkers(cmd *cobra.Command, fn func(context.Context, *nats.Conn, []cp.WorkerInfo) error) error {
+// withWorkers connects as the coordinator (a connection named name), reads
+// the registry and runs fn. One bad entry (a client that wrote to the
+// bucket, a worker of another version) must not hide every good one: it
+// is skipped with a warning.
+func withWorkers(cmd *cobra.Command, name string, fn func(context.Context, *nats.Conn, []cp.WorkerInfo) error) error {
 	v, err := resolve(cmd, natsSettings)
 	if err != nil {
 		return err
 	}
-	nc, err := connect(cmd, v, "tandem-cache", cp.PrincipalCoordinator)
+	nc, err := connect(cmd, v, name, cp.PrincipalCoordinator)
 	if err != nil {
 		return err
 	}

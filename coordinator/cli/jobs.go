@@ -101,26 +101,10 @@ func workersCmd() *cobra.Command {
 			settingsHelp(natsSettings),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := resolve(cmd, natsSettings)
-			if err != nil {
-				return err
-			}
-			nc, err := connect(cmd, v, "tandem-workers", cp.PrincipalCoordinator)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			ws, skipped, err := listWorkers(cmd.Context(), nc)
-			if err != nil {
-				return err
-			}
-			// One bad entry (a client that wrote to the bucket, a worker of
-			// another version) must not hide every good one.
-			for _, why := range skipped {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s (skipped)\n", why)
-			}
-			printWorkers(cmd.OutOrStdout(), ws, time.Now())
-			return nil
+			return withWorkers(cmd, "tandem-workers", func(_ context.Context, _ *nats.Conn, ws []cp.WorkerInfo) error {
+				printWorkers(cmd.OutOrStdout(), ws, time.Now())
+				return nil
+			})
 		},
 	}
 	addFlags(cmd.Flags(), natsSettings)
