@@ -206,6 +206,34 @@ func checkName(name string) error {
 
 // startAuthorized runs a real nats-server with the authorization block and
 // returns its URL once JetStream answers as identity id.
+// onBothServers runs fn as a subtest on the embedded server with ids and on
+// a nats-server process configured by ServerAuthorization's block for ids
+// (ids[0] the coordinator, who checks it is up), each with a 60 s context.
+func onBothServers(t *testing.T, ids []Identity, fn func(t *testing.T, ctx context.Context, url string)) {
+	block, err := ServerAuthorization(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"embedded", "process"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			var url string
+			if kind == "embedded" {
+				s, err := StartServer(ctx, ServerConfig{DataDir: t.TempDir(), Identities: ids})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+				url = s.ClientURL()
+			} else {
+				url = startAuthorized(t, block, &ids[0])
+			}
+			fn(t, ctx, url)
+		})
+	}
+}
+
 func startAuthorized(t *testing.T, block string, id *Identity) string {
 	t.Helper()
 	return natstest.Start(t, natstest.Config{Extra: block, Ready: func(url string) error {
