@@ -15,11 +15,13 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/heldbackend"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -41,7 +43,7 @@ func TestCacheCommands(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 1)
 	ctx := testctx.Context(t)
-	held := newHeldPrefill(1, 3, false)
+	held := heldbackend.New(cpu.New(1), 3, false)
 	opt := cluster.Options{ModelDir: dir, Threads: 1,
 		Queue:    cp.QueueConfig{Memory: true, AckWait: 3 * time.Second},
 		Registry: cp.RegistryConfig{Memory: true, TTL: 2 * time.Second},

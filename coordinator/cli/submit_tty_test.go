@@ -21,8 +21,10 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/heldbackend"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kernels/cpu"
 )
 
 // openPTY opens a pseudo-terminal pair through /dev/ptmx: the program
@@ -114,7 +116,7 @@ func TestSubmitShowsProgressOnATerminal(t *testing.T) {
 	ids := cp.NewIdentities()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	held := newHeldPrefill(1, 3, true)
+	held := heldbackend.New(cpu.New(1), 3, true)
 	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, Threads: 1, Identities: ids,
 		Queue: cp.QueueConfig{Memory: true}, Registry: cp.RegistryConfig{Memory: true, TTL: 2 * time.Second},
 		PrefillBackend: func() kernels.Backend { return held }})

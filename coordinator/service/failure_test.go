@@ -12,10 +12,10 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/heldbackend"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
-	"github.com/tandem-inference/tandem/model"
 )
 
 // follow runs a job in the background and calls on for each event.
@@ -60,52 +60,14 @@ func onceWhen(cond func(cp.JobEvent) bool, do func()) func(cp.JobEvent) {
 	}
 }
 
-// heldBackend is the prefill worker's CPU backend, holding a pass before
-// it binds the weights of one layer while a hold is on: the pass reports
-// its earlier layers and then waits, so that a test's kill or cancel lands
-// during the prefill whatever the machine's speed.
-type heldBackend struct {
-	kernels.Backend
-	prefix string
-	mu     sync.Mutex
-	gate   chan struct{} // closed: no hold
-}
-
-// holdPrefillAt makes opt's prefill worker hold its passes at layer
-// (from now on, until Resume).
-func holdPrefillAt(opt *cluster.Options, layer int) *heldBackend {
-	h := &heldBackend{Backend: cpu.New(max(opt.Threads, 1)), prefix: model.LayerPrefix(layer)}
-	h.Hold()
+// holdPrefillAt makes opt's prefill worker hold its passes at layer (from
+// now on, until Resume): the pass reports its earlier layers and then
+// waits, so that a test's kill or cancel lands during the prefill whatever
+// the machine's speed.
+func holdPrefillAt(opt *cluster.Options, layer int) *heldbackend.Backend {
+	h := heldbackend.New(cpu.New(max(opt.Threads, 1)), layer, true)
 	opt.PrefillBackend = func() kernels.Backend { return h }
 	return h
-}
-
-func (h *heldBackend) Bind(m *kernels.Matrix) error {
-	if strings.HasPrefix(m.Name, h.prefix) {
-		h.mu.Lock()
-		gate := h.gate
-		h.mu.Unlock()
-		<-gate
-	}
-	return h.Backend.Bind(m)
-}
-
-// Hold holds the passes that reach the layer from now on.
-func (h *heldBackend) Hold() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.gate = make(chan struct{})
-}
-
-// Resume lets the held passes go on, and the next ones pass.
-func (h *heldBackend) Resume() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	select {
-	case <-h.gate:
-	default:
-		close(h.gate)
-	}
 }
 
 // checkFreed waits until the decode group and the prefill worker hold no
