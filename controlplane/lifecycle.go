@@ -160,5 +160,7 @@ func Leave(ctx context.Context, w Leaver, drainGrace, shutdownGrace time.Duratio
 	defer cancel()
 	if err := w.Close(cctx); err != nil {
 		log.Warn("control plane: leaving", zap.Error(err))
+		return
 	}
+	log.Info("left the control plane: deregistered")
 }

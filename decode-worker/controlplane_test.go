@@ -264,7 +264,8 @@ func TestDrainRankWithAJobInFlight(t *testing.T) {
 			c.procs[drained] = nil // exited: nothing to stop
 
 			log := pr.out.String()
-			for _, line := range []string{`"msg":"drain requested: draining, then exiting"`, `"msg":"draining: no new jobs"`} {
+			for _, line := range []string{`"msg":"drain requested: draining, then exiting"`, `"msg":"draining: no new jobs"`,
+				`"msg":"left the control plane: deregistered"`} {
 				if !strings.Contains(log, line) {
 					t.Errorf("%s's log lacks %s", id, line)
 				}

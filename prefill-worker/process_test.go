@@ -421,8 +421,10 @@ func TestShutdownOrders(t *testing.T) {
 				}
 			}
 			log := w.log.String()
-			if !strings.Contains(log, `"msg":"shutting down: draining"`) {
-				t.Errorf("the worker's log does not say it shuts down:\n%s", log)
+			for _, line := range []string{`"msg":"shutting down: draining"`, `"msg":"left the control plane: deregistered"`} {
+				if !strings.Contains(log, line) {
+					t.Errorf("the worker's log lacks %s:\n%s", line, log)
+				}
 			}
 			for _, bad := range []string{"drain grace over", "control plane: leaving"} {
 				if strings.Contains(log, bad) {
