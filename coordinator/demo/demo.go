@@ -120,9 +120,11 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 	defer nc.Close()
 
 	// Measure this machine both ways before routing anything: the workers
-	// fit their cost-model terms to these prefills and advertise them.
+	// fit their cost-model terms to these prefills and advertise them. A
+	// worker's first prefill pays its process's one-time costs and gives
+	// way to the next sample (costmodel.Fitter): a throwaway 64 first.
 	warm := c.Tokenizer.Encode(string(tokenizer.DefaultCorpus()))
-	for _, n := range []int{64, 512} {
+	for _, n := range []int{64, 64, 512} {
 		for _, pol := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
 			if _, err := quiet(ctx, nc, ids(warm[:min(len(warm), n)]), pol); err != nil {
 				return fmt.Errorf("warm-up (%s): %w", pol, err)
@@ -133,7 +135,7 @@ func Run(ctx context.Context, opt Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	p("\nmeasured on warm-up prompts of 64 and 512 tokens, both ways (each worker fits its compute per cost term to its own prefills):\n"+
+	p("\nmeasured on warm-up prompts of 64 and 512 tokens (after a first 64 that pays the one-time costs), both ways (each worker fits its compute per cost term to its own prefills):\n"+
 		"  prefill worker: %s; pass floor %s (its weights at the %.2f GB/s its reads ran)\n  decode group's own prefill: %s\n",
 		pf.Compute.Compute(), client.Duration(pf.PassFloor), pf.ReadBytesPerSec/1e9, g.Compute.Compute())
 

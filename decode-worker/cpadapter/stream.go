@@ -55,6 +55,7 @@ type item struct {
 	abandon bool
 	index   int
 	token   int32
+	at      time.Time // when the group's loop gave the token
 	res     pipeline.Result
 }
 
@@ -81,7 +82,12 @@ func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
 }
 
 // Token queues a token (from the group's loop).
-func (s *stream) Token(_ string, index int, token int32) { s.push(item{index: index, token: token}) }
+// The token is timed here, not when the stream's goroutine gets to it: on
+// a loaded machine that can come after the group's end (Result.Timing),
+// which would make the job's decode time negative.
+func (s *stream) Token(_ string, index int, token int32) {
+	s.push(item{index: index, token: token, at: time.Now()})
+}
 
 // End queues the end (from the group's loop).
 func (s *stream) End(_ string, r pipeline.Result) { s.push(item{end: true, res: r}) }
@@ -157,17 +163,16 @@ func (s *stream) run() {
 				s.end(it.res)
 				return
 			default:
-				s.token(it.index, it.token)
+				s.token(it.index, it.token, it.at)
 			}
 		}
 	}
 }
 
-func (s *stream) token(index int, id int32) {
+func (s *stream) token(index int, id int32, now time.Time) {
 	if s.stopped {
 		return // tokens already in flight when a stop text ended the job
 	}
-	now := time.Now()
 	if s.first.IsZero() {
 		s.first = now
 	} else {
