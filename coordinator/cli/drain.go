@@ -16,8 +16,8 @@ func drainCmd() *cobra.Command {
 		Short: "drain a worker: it takes no new jobs, finishes the running ones, and exits",
 		Long: "Ask a worker (a prefill worker or a decode rank, by its id in `coordinator workers`) to drain:\n" +
 			"it stops taking jobs at once (the registry shows it draining, so routers pass it by), lets the\n" +
-			"jobs it runs finish within its drain.grace (then cancels the rest, which their coordinators\n" +
-			"place again), and exits. SIGTERM to the worker does the same. A decode group takes no jobs while\n" +
+			"jobs it runs finish within its drain.grace (then cancels the rest: those jobs fail, naming the\n" +
+			"worker), deregisters and exits. SIGTERM to the worker does the same. A decode group takes no jobs while\n" +
 			"any of its ranks drains. Draining is the operator's: this command logs in as the coordinator\n" +
 			"(this machine's coordinator.json when no credentials are given).\n\n" + settingsHelp(natsSettings),
 		Args: cobra.ExactArgs(1),
