@@ -274,7 +274,7 @@ func (m *Machine) inquired(e Inquired) {
 		m.reinquired = true
 		m.retryAt = e.At.Add(m.cfg.RetryPause)
 	case dec != nil:
-		m.adopt(e.At, dec.Worker, dec.Group, dec.Ranks, dec.Reply.Progress, pre)
+		m.adopt(e.At, dec.Worker, dec.Group, dec.Ranks, dec.Reply.Progress, pre, silentPrefill)
 	case pre != nil && pre.Reply.Held:
 		// Its decode group lost the job (restarted): the prefill has
 		// nowhere to go. Stop it, and run the job afresh.
@@ -287,17 +287,22 @@ func (m *Machine) inquired(e Inquired) {
 
 // adopt takes over a job that decode group head (of group, with ranks)
 // holds or ended, as p reports it; pre is the prefill worker's account of
-// it (nil: none).
-func (m *Machine) adopt(at time.Time, head, group string, ranks []string, p *cp.Progress, pre *WorkerReport) {
+// it (nil: none; silent: a prefill worker did not answer).
+func (m *Machine) adopt(at time.Time, head, group string, ranks []string, p *cp.Progress, pre *WorkerReport, silent bool) {
 	m.adopted = true
 	m.group, m.head = group, head
 	target := cp.TargetLocal
-	if pre != nil {
+	reason := fmt.Sprintf("adopted: an earlier delivery of the job assigned it to decode group %s, which has it", group)
+	switch {
+	case pre != nil:
 		target = cp.TargetRemote
 		m.prefill = pre.Worker
+	case silent:
+		// The route says local, the only path it can name without a
+		// prefill worker; the reason says what is not known.
+		reason += "; a prefill worker did not answer, so whether the job was prefilled there is not known"
 	}
-	rd := &cp.RouteDecision{Policy: m.policy, Target: target, DecodeGroup: group, PrefillWorker: m.prefill,
-		Reason: fmt.Sprintf("adopted: an earlier delivery of the job assigned it to decode group %s, which has it", group)}
+	rd := &cp.RouteDecision{Policy: m.policy, Target: target, DecodeGroup: group, PrefillWorker: m.prefill, Reason: reason}
 	m.advance(at, cp.StateRouted, jobs.Update{Route: rd, Detail: rd.Reason})
 	m.phase = phaseFollowing
 	m.placeBy, m.retryAt = time.Time{}, time.Time{} // placed
@@ -423,7 +428,7 @@ func (m *Machine) assigned(e Assigned) {
 		m.phase = phaseInquiring
 		m.emit(Inquire{})
 	case rep.Resumed && !prefill:
-		m.adopt(e.At, p.Head, p.Group, p.Ranks, rep.Progress, nil)
+		m.adopt(e.At, p.Head, p.Group, p.Ranks, rep.Progress, nil, false)
 	case !prefill && p.Prefill != "":
 		m.prefillAssigned = true
 		// The prefill worker sends the state after the rows the group took

@@ -620,3 +620,23 @@ func TestInquiryAsksASilentPrefillWorkerAgain(t *testing.T) {
 	step(t, m, Tick{At: at(251)}, "Inquire")
 	step(t, m, Inquired{At: at(260), Reports: []WorkerReport{{Worker: "pf", Kind: cp.KindPrefill}, held}}, "Publish(routed) LoadForget Publish(decoding)")
 }
+
+// A job adopted while a prefill worker stays silent (it was reconnecting
+// through both inquiries): the route cannot name the prefill worker, and
+// its reason says the path is not known.
+func TestAdoptedWithASilentPrefillWorker(t *testing.T) {
+	m := newMachine()
+	step(t, m, Start{At: at(0), Delivery: Delivery{NumDelivered: 2}}, "Inquire")
+	reports := []WorkerReport{
+		{Worker: "pf", Kind: cp.KindPrefill}, // no answer
+		{Worker: "g-r0", Kind: cp.KindDecode, Group: "g", Ranks: []string{"g-r0", "g-r1"},
+			Reply: &cp.JobStatusReply{JobID: "j1", WorkerID: "g-r0", Held: true, Progress: progress("g-r0", cp.StateDecoding, 40)}},
+	}
+	step(t, m, Inquired{At: at(5), Reports: reports}, "") // asked again after a pause
+	step(t, m, Tick{At: at(5).Add(cfg.RetryPause)}, "Inquire")
+	acts := step(t, m, Inquired{At: at(300), Reports: reports}, "Publish(routed) LoadForget Publish(decoding)")
+	rd := acts[0].(Publish).Event.Route
+	if rd.Target != cp.TargetLocal || rd.PrefillWorker != "" || !strings.Contains(rd.Reason, "not known") {
+		t.Fatalf("adopted route %+v, want local with the unknown prefill said", rd)
+	}
+}

@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -82,27 +84,45 @@ func TestSessionTurnsFromThePrefixCache(t *testing.T) {
 // waitMetric waits until the coordinator's gauge name for worker reads want.
 func waitMetric(t *testing.T, m *metrics.Metrics, worker, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	waitGauge(t, m, worker, name, fmt.Sprint(want), func(v float64) bool { return v == want })
+}
+
+// waitGauge waits until the gauge name{worker} reads a value ok accepts
+// (what says which, for the failure).
+func waitGauge(t *testing.T, m *metrics.Metrics, worker, name, what string, ok func(float64) bool) float64 {
+	t.Helper()
+	ctx := testctx.Context(t)
 	for {
-		mfs, err := m.Registry().Gather()
-		if err != nil {
-			t.Fatal(err)
+		v, found := gauge(t, m, worker, name)
+		if found && ok(v) {
+			return v
 		}
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, x := range mf.GetMetric() {
-				for _, l := range x.GetLabel() {
-					if l.GetName() == "worker" && l.GetValue() == worker && x.GetGauge().GetValue() == want {
-						return
-					}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s{worker=%q} never read %s (last %v)", name, worker, what, v)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// gauge reads the gauge name{worker} now.
+func gauge(t *testing.T, m *metrics.Metrics, worker, name string) (float64, bool) {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, x := range mf.GetMetric() {
+			for _, l := range x.GetLabel() {
+				if l.GetName() == "worker" && l.GetValue() == worker {
+					return x.GetGauge().GetValue(), true
 				}
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s{worker=%q} never read %v", name, worker, want)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	return 0, false
 }

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -54,8 +55,14 @@ func TestRemoteSuffixThroughTheSystem(t *testing.T) {
 	}
 	turn(1, prompt(150, vocab, 1), 0, 0) // both keep 128
 	entries(1, 1)
+	held, _ := gauge(t, opt.Metrics, head, "tandem_coordinator_prefix_cache_bytes")
 	turn(2, prompt(120, vocab, 2), 128, 128) // 276 tokens: the worker prefills [128, 256)
 	entries(1, 1)
+	// The group's one entry now holds 256 tokens: more bytes, once its
+	// heartbeat says so (the count alone was 1 before too, and the next
+	// turn priced by the old entry appends to 128).
+	waitGauge(t, opt.Metrics, head, "tandem_coordinator_prefix_cache_bytes", fmt.Sprintf("more than %v", held),
+		func(v float64) bool { return v > held })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.PrefillWorker().StoreDrop(""); err != nil {
