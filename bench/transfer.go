@@ -45,6 +45,7 @@ type transferFlags struct {
 	loss          float64
 	slotSize      int
 	slots         int
+	cpuProfile    string
 }
 
 // transferResult is the JSON line. Throughputs are in Gbit/s.
@@ -110,6 +111,7 @@ func runTransfer(ctx context.Context, args []string) error {
 	fs.Float64Var(&f.loss, "loss", 0, "with --transport rdma-fake: the probability that the wire loses a message")
 	fs.IntVar(&f.slotSize, "slot-size", rdma.DefaultSlotSize, "with --transport rdma-fake: bytes per slot of the link (and of the bare wire)")
 	fs.IntVar(&f.slots, "slots", rdma.DefaultSlots, "with --transport rdma-fake: slots per ring")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "with --transport rdma-fake: write a CPU profile of the timed runs (raw wire and link alike) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench transfer [flags]
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"time"
 	"unsafe"
 
@@ -105,6 +106,17 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		f.model, f.tokens, float64(res.StateBytes)/1e6, f.ranks, f.conns, res.Slots, res.SlotBytes>>10, 100*f.loss)
 	all := kvtest.AllLayers(cfg.NumLayers)
 	var rawBest, xferBest time.Duration
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for rep := 0; rep < f.reps; rep++ {
 		d, err := rawFakeWire(src, all, res.SlotBytes, res.Slots)
 		if err != nil {
