@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tandem-inference/tandem/internal/crc32c"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 )
 
@@ -44,6 +43,8 @@ type LinkStats struct {
 	OutOfOrder, Duplicates   int64 // slots dropped for their sequence number
 	LenErrors                int64 // receive completions with a length error
 	AcksSent                 int64 // control slots sent
+	Packed                   int64 // frames that joined a slot already holding another
+	PackedRetransmits        int64 // slots holding more than one frame sent again
 }
 
 func (s *LinkStats) add(o LinkStats) {
@@ -57,6 +58,8 @@ func (s *LinkStats) add(o LinkStats) {
 	s.Duplicates += o.Duplicates
 	s.LenErrors += o.LenErrors
 	s.AcksSent += o.AcksSent
+	s.Packed += o.Packed
+	s.PackedRetransmits += o.PackedRetransmits
 }
 
 // link is one UC queue pair to one peer, made reliable with credit-based
@@ -87,6 +90,7 @@ type link struct {
 	peerCredit uint64 // the highest seq the peer can take
 	ready      []bool // per data slot: filled and sealed
 	inflight   []bool // per data slot: posted, send completion not yet polled
+	packed     []bool // per data slot: holds more than one frame
 	ctlBusy    []bool
 	ctlNext    int
 	goBack     uint64 // base of the last go-back on a NAK
@@ -99,7 +103,7 @@ type link struct {
 	tries      int
 	rtxAt      time.Time // when the retransmission timer expires (zero: off)
 	rtxTimer   *time.Timer
-	credWait   bool // a writer waits for credit
+	credWait   bool // a filled slot waits for credit
 	// receive side
 	expected              uint64 // next in-order seq
 	consumed              uint64 // in-order sequenced slots released
@@ -512,6 +516,15 @@ func (l *link) sendControl(flags uint8) {
 // pump posts filled data slots in sequence order from postNext; with mu
 // held.
 func (l *link) pump() {
+	defer func() {
+		// A filled slot beyond the peer's credit keeps the timer running:
+		// a lost credit update is asked for by a probe.
+		wait := l.err == nil && l.postNext < l.nextSeq && l.postNext > l.peerCredit && l.ready[int(l.postNext%uint64(l.win))]
+		if wait != l.credWait {
+			l.credWait = wait
+			l.armRetransmit(false)
+		}
+	}()
 	for l.err == nil && l.postNext < l.nextSeq {
 		i := int(l.postNext % uint64(l.win))
 		if !l.ready[i] || l.inflight[i] || l.postNext > l.peerCredit {
@@ -529,6 +542,9 @@ func (l *link) pump() {
 		l.stats.SlotsSent++
 		if l.postNext < l.maxPosted {
 			l.stats.Retransmits++
+			if l.packed[i] {
+				l.stats.PackedRetransmits++
+			}
 			l.resent[i] = true
 		} else {
 			l.maxPosted = l.postNext + 1
@@ -621,31 +637,45 @@ func (l *link) onRetransmit() {
 	l.armRetransmit(true)
 }
 
-// reserve waits until the next data slot is free and within the peer's
-// credit and assigns it a sequence number. The caller fills the slot
-// outside the lock and then calls commit.
-func (l *link) reserve(deadline *deadline, s *stream) (seq uint64, buf []byte, err error) {
+// reserve waits for a data slot for s's writer and returns it with its
+// header so far. A frame (start) joins the stream's last slot when that
+// slot is filled but not yet posted (it waits for the peer's credit or
+// for an earlier slot) and has room for the whole frame, or for its
+// prefix and header when the frame needs more than a slot anyway: packing
+// never holds back a slot that could go now. Otherwise, and for a frame's
+// later fragments, it takes the next slot, free once the slot a window
+// earlier is acknowledged. The pump, not the writer, waits for credit, so
+// a writer fills the slots the peer acknowledged but has not yet read
+// (the ack runs ahead of the credit): those wait, and later frames join
+// them. The caller fills the slot outside the lock and calls commit.
+func (l *link) reserve(deadline *deadline, s *stream, start bool, frame, head int) (seq uint64, h slotHeader, buf []byte, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
 		if l.err != nil {
-			return 0, nil, l.err
+			return 0, h, nil, l.err
 		}
 		if err := s.writeErr(); err != nil {
-			return 0, nil, err
+			return 0, h, nil, err
+		}
+		if t := s.tail; start && t != 0 {
+			i := int(t % uint64(l.win))
+			room := l.capacity - int(s.tailHdr.n)
+			if t >= l.maxPosted && t > l.acked && t < l.nextSeq && l.ready[i] && !l.inflight[i] &&
+				(frame <= room || (frame > l.capacity && head <= room)) {
+				l.ready[i] = false
+				l.stats.Packed++
+				l.users.Add(1)
+				return t, s.tailHdr, l.sendData[i], nil
+			}
 		}
 		seq = l.nextSeq
 		i := int(seq % uint64(l.win))
-		free := seq <= l.acked+uint64(l.win) && !l.inflight[i] && !l.ready[i]
-		if free && seq <= l.peerCredit {
-			l.credWait = false
+		if seq <= l.acked+uint64(l.win) && !l.inflight[i] && !l.ready[i] {
 			l.nextSeq++
+			l.packed[i] = false
 			l.users.Add(1)
-			return seq, l.sendData[i], nil
-		}
-		if free && !l.credWait {
-			l.credWait = true
-			l.armRetransmit(false)
+			return seq, slotHeader{stream: s.id, kind: kindData}, l.sendData[i], nil
 		}
 		ch := l.changed
 		l.mu.Unlock()
@@ -653,18 +683,17 @@ func (l *link) reserve(deadline *deadline, s *stream) (seq uint64, buf []byte, e
 		case <-ch:
 		case <-deadline.wait():
 			l.mu.Lock()
-			return 0, nil, errTimeout
+			return 0, h, nil, errTimeout
 		}
 		l.mu.Lock()
 	}
 }
 
-// commit seals a reserved slot and posts what is ready in order.
-func (l *link) commit(seq uint64, h slotHeader, buf []byte) {
+// commit seals a slot reserve gave s's writer (h.pcrc already covers its
+// payload), makes it the stream's last slot if it has room left, and
+// posts what is ready in order.
+func (l *link) commit(seq uint64, h slotHeader, buf []byte, s *stream) {
 	h.epoch, h.seq = l.epoch, seq
-	if h.n > 0 {
-		h.pcrc = crc32c.Checksum(buf[hdrSize : hdrSize+int(h.n)])
-	}
 	h.put(buf)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -672,19 +701,26 @@ func (l *link) commit(seq uint64, h slotHeader, buf []byte) {
 	if l.err != nil {
 		return
 	}
-	l.ready[int(seq%uint64(l.win))] = true
+	i := int(seq % uint64(l.win))
+	l.ready[i] = true
+	l.packed[i] = h.nfrag > 1 || (h.nfrag == 1 && h.frag > 0)
+	s.tail, s.tailHdr = 0, slotHeader{}
+	if int(h.n) < l.capacity {
+		s.tail, s.tailHdr = seq, h
+	}
 	l.pump()
 }
 
-// sendSequenced sends an empty OPEN or CLOSE slot if one is free now;
+// sendSequenced queues an empty OPEN or CLOSE slot if one is free now;
 // with mu held. It reports whether it could.
 func (l *link) sendSequenced(k kind, stream uint32) bool {
 	seq := l.nextSeq
 	i := int(seq % uint64(l.win))
-	if l.err != nil || seq > l.acked+uint64(l.win) || l.inflight[i] || l.ready[i] || seq > l.peerCredit {
+	if l.err != nil || seq > l.acked+uint64(l.win) || l.inflight[i] || l.ready[i] {
 		return false
 	}
 	l.nextSeq++
+	l.packed[i] = false
 	h := slotHeader{epoch: l.epoch, seq: seq, stream: stream, kind: k}
 	h.put(l.sendData[i])
 	l.ready[i] = true

@@ -16,7 +16,9 @@ import (
 //	24 u64 credit: the highest seq the sender of this slot can take now
 //	32 u32 stream id
 //	36 u8  kind, 37 u8 flags, 38 u16 zero
-//	40 u32 fragment index, 44 u32 fragment count
+//	40 u32 data: bytes at the start of the payload continuing a frame
+//	       begun in an earlier slot of the stream
+//	44 u32 data: frames that start in this slot (each with its prefix)
 //	48 u32 length of the payload in this slot
 //	52 u32 CRC-32C of the payload
 //	56 u32 CRC-32C of bytes 0..56
@@ -53,7 +55,7 @@ type slotHeader struct {
 	stream      uint32
 	kind        kind
 	flags       uint8
-	frag, nfrag uint32
+	frag, nfrag uint32 // data: continuation bytes at the start, frames starting here
 	n           uint32
 	pcrc        uint32
 }

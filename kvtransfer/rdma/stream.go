@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/tandem-inference/tandem/internal/crc32c"
 )
 
 // errTimeout is a deadline passing; like the net package's, it is
@@ -96,12 +98,17 @@ type stream struct {
 	wd *deadline
 
 	rmu, wmu sync.Mutex // one reader, one writer at a time
+	rerr     error      // guarded by rmu: a frame was abandoned, the stream is out of step
 
 	// Guarded by l.mu.
-	queue      []rslot
-	closed     bool // closed locally
-	peerClosed bool
-	notify     chan struct{}
+	queue       []rslot
+	off, frames int        // read position in queue[0] and the frames started before it
+	busy        bool       // the reader is reading queue[0]
+	tail        uint64     // the writer's last slot, which a next frame may join (0: none)
+	tailHdr     slotHeader // its header so far
+	closed      bool       // closed locally
+	peerClosed  bool
+	notify      chan struct{}
 }
 
 func newStream(l *link, id uint32) *stream {
@@ -127,57 +134,76 @@ func (s *stream) writeErr() error {
 	return nil
 }
 
-// next waits for the stream's next received slot and marks the caller a
-// user of the arena; the caller copies out, then calls done.
-func (s *stream) next() (rslot, error) {
+// next waits for the stream's head slot and marks the caller a user of
+// the arena; it returns the slot, the read position in it and the frames
+// that started before that. The caller reads, then calls done.
+func (s *stream) next() (r rslot, off, frames int, err error) {
 	l := s.l
 	l.mu.Lock()
 	for {
 		if s.closed {
 			l.mu.Unlock()
-			return rslot{}, ErrClosed
+			return rslot{}, 0, 0, ErrClosed
 		}
 		if len(s.queue) > 0 {
-			r := s.queue[0]
-			s.queue = s.queue[1:]
 			if l.err != nil {
 				l.mu.Unlock()
-				return rslot{}, l.err
+				return rslot{}, 0, 0, l.err
 			}
+			s.busy = true
 			l.users.Add(1)
+			r, off, frames = s.queue[0], s.off, s.frames
 			l.mu.Unlock()
-			return r, nil
+			return r, off, frames, nil
 		}
 		if l.err != nil {
 			l.mu.Unlock()
-			return rslot{}, l.err
+			return rslot{}, 0, 0, l.err
 		}
 		if s.peerClosed {
 			l.mu.Unlock()
-			return rslot{}, io.EOF
+			return rslot{}, 0, 0, io.EOF
 		}
 		l.mu.Unlock()
 		select {
 		case <-s.notify:
 		case <-l.done:
 		case <-s.rd.wait():
-			return rslot{}, errTimeout
+			return rslot{}, 0, 0, errTimeout
 		}
 		l.mu.Lock()
 	}
 }
 
-// done releases a slot the reader has copied out of.
-func (s *stream) done(r rslot) {
+// done records how far the reader got in the head slot r; a slot read to
+// its end, or dropped, goes back to the link.
+func (s *stream) done(r rslot, off, frames int, drop bool) {
 	l := s.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.users.Done()
-	l.releaseLocked(r.idx)
+	s.busy = false
+	if s.closed {
+		// Close left the head slot to the reader.
+		for _, q := range s.queue {
+			l.releaseLocked(q.idx)
+		}
+		s.queue = nil
+		return
+	}
+	if drop || off >= int(r.h.n) {
+		s.queue = s.queue[1:]
+		s.off, s.frames = 0, 0
+		l.releaseLocked(r.idx)
+		return
+	}
+	s.off, s.frames = off, frames
 }
 
-// WriteFrame sends hdr then payload as one frame: the first fragment
-// starts with the u32 header length and u32 payload length.
+// WriteFrame sends hdr then payload as one frame: an 8-byte prefix (u32
+// header length, u32 payload length), the header and the payload. It
+// joins the stream's last slot when reserve allows, and continues into
+// whole slots when it is larger than what is left of one.
 func (s *stream) WriteFrame(hdr, payload []byte) error {
 	l := s.l
 	if len(hdr) == 0 || len(hdr) > l.cfg.MaxHeader || 8+len(hdr) > l.capacity {
@@ -192,73 +218,100 @@ func (s *stream) WriteFrame(hdr, payload []byte) error {
 	binary.LittleEndian.PutUint32(pre[0:], uint32(len(hdr)))
 	binary.LittleEndian.PutUint32(pre[4:], uint32(len(payload)))
 	total := 8 + len(hdr) + len(payload)
-	nfrag := (total + l.capacity - 1) / l.capacity
 	parts := [3][]byte{pre[:], hdr, payload}
 	pi, po := 0, 0 // position in parts
-	for f := 0; f < nfrag; f++ {
-		seq, buf, err := l.reserve(s.wd, s)
+	for written := 0; written < total; {
+		start := written == 0
+		seq, h, buf, err := l.reserve(s.wd, s, start, total, 8+len(hdr))
 		if err != nil {
 			return err
 		}
-		n := min(l.capacity, total-f*l.capacity)
-		dst := buf[hdrSize : hdrSize+n]
-		for len(dst) > 0 {
-			c := copy(dst, parts[pi][po:])
-			dst = dst[c:]
+		n := min(l.capacity-int(h.n), total-written)
+		dst := buf[hdrSize+int(h.n) : hdrSize+int(h.n)+n]
+		for d := dst; len(d) > 0; {
+			c := copy(d, parts[pi][po:])
+			d = d[c:]
 			po += c
 			if po == len(parts[pi]) {
 				pi, po = pi+1, 0
 			}
 		}
-		l.commit(seq, slotHeader{stream: s.id, kind: kindData, frag: uint32(f), nfrag: uint32(nfrag), n: uint32(n)}, buf)
+		if start {
+			h.nfrag++ // frames starting in the slot
+		} else {
+			h.frag = uint32(n) // bytes continuing a frame, at the start of a fresh slot
+		}
+		h.pcrc = crc32c.Update(h.pcrc, dst)
+		h.n += uint32(n)
+		l.commit(seq, h, buf, s)
+		written += n
 	}
 	return nil
 }
 
 // ReadFrame reads one frame, copying its payload from the receive slots
-// into the buffer place returns.
+// into the buffer place returns. It checks the framing against each
+// slot's header: a frame starts where the slot's leading continuation
+// ends or where the previous frame ended, a frame that goes on fills its
+// slot, the next slot continues it with exactly the bytes due, and a slot
+// holds as many frame starts as its header says.
 func (s *stream) ReadFrame(place func(header []byte, n int) ([]byte, error)) error {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
+	if s.rerr != nil {
+		return s.rerr
+	}
 	l := s.l
-	r, err := s.next()
+	r, off, frames, err := s.next()
 	if err != nil {
 		return err
 	}
+	bad := func(r rslot, format string, args ...any) error {
+		s.done(r, 0, 0, true)
+		s.rerr = fmt.Errorf("%w: stream %d: "+format, append([]any{errFrame, s.id}, args...)...)
+		return s.rerr
+	}
 	b := l.recv[r.idx][hdrSize : hdrSize+int(r.h.n)]
-	if r.h.frag != 0 || len(b) < 8 {
-		s.done(r)
-		return fmt.Errorf("%w: stream %d: fragment %d of %d starts a frame", errFrame, s.id, r.h.frag, r.h.nfrag)
+	if off == 0 && r.h.frag != 0 {
+		return bad(r, "a slot starts with %d bytes of a frame where a frame starts", r.h.frag)
 	}
-	hl := int(binary.LittleEndian.Uint32(b[0:]))
-	pl := int(binary.LittleEndian.Uint32(b[4:]))
-	if hl == 0 || hl > l.cfg.MaxHeader || 8+hl > len(b) || pl > l.cfg.MaxPayload {
-		s.done(r)
-		return fmt.Errorf("%w: stream %d: header of %d bytes, payload of %d", errFrame, s.id, hl, pl)
+	rest := b[off:]
+	if len(rest) < 8 {
+		return bad(r, "%d bytes left in a slot, short of a frame's prefix", len(rest))
 	}
-	total := 8 + hl + pl
-	nfrag := (total + l.capacity - 1) / l.capacity
-	if int(r.h.nfrag) != nfrag || (nfrag == 1 && len(b) != total) || (nfrag > 1 && len(b) != l.capacity) {
-		s.done(r)
-		return fmt.Errorf("%w: stream %d: %d fragments for a %d-byte frame", errFrame, s.id, r.h.nfrag, total)
+	hl := int(binary.LittleEndian.Uint32(rest[0:]))
+	pl := int(binary.LittleEndian.Uint32(rest[4:]))
+	if hl == 0 || hl > l.cfg.MaxHeader || 8+hl > len(rest) || pl > l.cfg.MaxPayload {
+		return bad(r, "header of %d bytes, payload of %d, %d bytes left in the slot", hl, pl, len(rest))
 	}
-	dst, err := place(b[8:8+hl], pl)
+	frames++
+	in := min(pl, len(rest)-8-hl) // payload bytes in this slot
+	end := off + 8 + hl + in
+	switch {
+	case frames > int(r.h.nfrag):
+		return bad(r, "frame %d starts in a slot of %d frames", frames, r.h.nfrag)
+	case in < pl && len(b) != l.capacity:
+		return bad(r, "a %d-byte frame goes on after a slot of %d bytes", 8+hl+pl, len(b))
+	case end == len(b) && frames != int(r.h.nfrag):
+		return bad(r, "a slot of %d frames ends after %d", r.h.nfrag, frames)
+	}
+	dst, err := place(rest[8:8+hl], pl)
 	if err == nil && dst != nil && len(dst) != pl {
 		err = fmt.Errorf("rdma: read frame: destination of %d bytes for a %d-byte payload", len(dst), pl)
 	}
 	if err != nil {
-		s.done(r)
+		// The frame is abandoned; what follows it is out of step.
+		s.done(r, 0, 0, true)
+		s.rerr = fmt.Errorf("rdma: stream %d: a frame was abandoned: %w", s.id, err)
 		return err
 	}
-	got := 0
 	if dst != nil {
-		got = copy(dst, b[8+hl:])
-	} else {
-		got = len(b) - 8 - hl
+		copy(dst, rest[8+hl:8+hl+in])
 	}
-	s.done(r)
-	for f := 1; f < nfrag; f++ {
-		r, err := s.next()
+	got := in
+	s.done(r, end, frames, false)
+	for got < pl {
+		r, _, _, err := s.next()
 		if err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
@@ -266,16 +319,20 @@ func (s *stream) ReadFrame(place func(header []byte, n int) ([]byte, error)) err
 			return err
 		}
 		b := l.recv[r.idx][hdrSize : hdrSize+int(r.h.n)]
-		want := min(l.capacity, total-f*l.capacity)
-		if int(r.h.frag) != f || int(r.h.nfrag) != nfrag || len(b) != want {
-			s.done(r)
-			return fmt.Errorf("%w: stream %d: fragment %d/%d of %d bytes where %d/%d of %d was due", errFrame, s.id, r.h.frag, r.h.nfrag, len(b), f, nfrag, want)
+		want := min(pl-got, len(b))
+		switch {
+		case int(r.h.frag) != want:
+			return bad(r, "a slot continues %d bytes of a frame where %d are due", r.h.frag, want)
+		case want < pl-got && len(b) != l.capacity:
+			return bad(r, "a %d-byte frame goes on after a slot of %d bytes", 8+hl+pl, len(b))
+		case want == len(b) && r.h.nfrag != 0:
+			return bad(r, "%d frames start in a slot a frame fills", r.h.nfrag)
 		}
 		if dst != nil {
-			copy(dst[got:], b)
+			copy(dst[got:], b[:want])
 		}
-		got += len(b)
-		s.done(r)
+		got += want
+		s.done(r, want, 0, false)
 	}
 	return nil
 }
@@ -292,10 +349,14 @@ func (s *stream) Close() error {
 		return nil
 	}
 	s.closed = true
-	for _, r := range s.queue {
+	keep := 0
+	if s.busy && len(s.queue) > 0 {
+		keep = 1 // the reader's: done releases it
+	}
+	for _, r := range s.queue[keep:] {
 		l.releaseLocked(r.idx)
 	}
-	s.queue = nil
+	s.queue = s.queue[:keep]
 	peerClosed := s.peerClosed
 	s.wake()
 	l.broadcast()

@@ -726,6 +726,7 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 	l.ackSent, l.creditSent = 0, uint64(l.win)
 	l.ready = make([]bool, l.win)
 	l.inflight = make([]bool, l.win)
+	l.packed = make([]bool, l.win)
 	l.sentAt = make([]time.Time, l.win)
 	l.resent = make([]bool, l.win)
 	l.ctlBusy = make([]bool, l.ctl)
