@@ -42,7 +42,16 @@ func startDeployment(ctx context.Context, t *testing.T, dir string) *deployment 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	d := &deployment{url: srv.ClientURL(), creds: filepath.Join(t.TempDir(), "worker.json")}
+	return newDeployment(ctx, t, dir, srv.ClientURL(), ids)
+}
+
+// newDeployment sets up a deployment on the server at url; with ids nil
+// the server admits anyone (a plain nats-server on loopback) and the ranks
+// connect without credentials.
+func newDeployment(ctx context.Context, t *testing.T, dir, url string, ids []cp.Identity) *deployment {
+	t.Helper()
+	d := &deployment{url: url}
+	var err error
 	for _, x := range []struct {
 		nc **nats.Conn
 		p  cp.Principal
@@ -52,8 +61,11 @@ func startDeployment(ctx context.Context, t *testing.T, dir string) *deployment 
 		}
 		t.Cleanup((*x.nc).Close)
 	}
-	if err := cp.SaveIdentity(d.creds, cp.Find(ids, cp.PrincipalWorker)); err != nil {
-		t.Fatal(err)
+	if ids != nil {
+		d.creds = filepath.Join(t.TempDir(), "worker.json")
+		if err := cp.SaveIdentity(d.creds, cp.Find(ids, cp.PrincipalWorker)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if d.model, err = modelinfo.Load(dir); err != nil {
 		t.Fatal(err)
@@ -88,7 +100,11 @@ func startDeployment(ctx context.Context, t *testing.T, dir string) *deployment 
 // control plane, with extra flags.
 func (d *deployment) group(t *testing.T, dir string, ranks int, extra ...string) *cluster {
 	t.Helper()
-	return startCluster(t, dir, ranks, nil, append([]string{"--nats-url", d.url, "--nats-credentials", d.creds, "--registry-ttl", "2s"}, extra...)...)
+	flags := []string{"--nats-url", d.url, "--registry-ttl", "2s"}
+	if d.creds != "" {
+		flags = append(flags, "--nats-credentials", d.creds)
+	}
+	return startCluster(t, dir, ranks, nil, append(flags, extra...)...)
 }
 
 // waitRegistered waits until ranks ranks of group ptest are registered
