@@ -57,7 +57,10 @@ func TestRoundTrip(t *testing.T) {
 						t.Fatalf("rank %d: %v", i, err)
 					}
 				}
-				if st := s.Stats(); st.HeldBytes != 0 || st.ChunksResent != 0 {
+				// A chunk is resent only after its connection failed: on a
+				// loaded machine (the race detector, the RDMA link on fake
+				// verbs) a connection can stall past its 1.5 s idle timeout.
+				if st := s.Stats(); st.HeldBytes != 0 || st.ChunksResent != 0 && st.ConnErrors == 0 {
 					t.Errorf("sender: %+v", st)
 				}
 				r.checkFreed()
