@@ -149,11 +149,12 @@ func TestShutdownAfterNATSDies(t *testing.T) {
 				}
 				want := []string{`"msg":"shutting down: draining"`}
 				if running && r == 0 {
-					// Rank 0 held the job: it was cancelled once the
-					// drain grace was over (NATS might have come back).
-					// Rank 1 may see its share freed by that cancel
-					// before its own grace is over.
-					want = append(want, `"msg":"drain grace over: cancelling what is left"`)
+					// Rank 0 still held the job when it began to drain
+					// (for its drain grace: NATS might have come back).
+					// How the job then ended races with rank 1's exit
+					// at the same grace's end (cancelled, or the ring
+					// broken), and either is fine.
+					want = append(want, `"msg":"draining: no new jobs","worker":"ptest-r0","running":1,`)
 				}
 				for _, line := range want {
 					if !strings.Contains(log, line) {
