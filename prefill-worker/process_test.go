@@ -249,7 +249,11 @@ func TestMetricsAndDrain(t *testing.T) {
 	if res.Final.State != cp.StateDone || res.Final.Route.PrefillWorker != id || !slices.Equal(res.Tokens, want) {
 		t.Fatalf("job %+v: tokens %v, want %v", res.Final, res.Tokens, want)
 	}
-	after, err := healthtest.Scrape(base)
+	// The worker counts the job once its transfer is acknowledged, which
+	// the client need not have waited for.
+	after, err := healthtest.ScrapeWhen(testctx.Context(t), base, func(f healthtest.Families) bool {
+		return f.Value("tandem_prefill_jobs_total", "state", "done") == 1
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -581,7 +581,9 @@ func (r *run) publish(ev cp.JobEvent) {
 		}
 		cancel()
 	}
-	c.publish(ev)
+	// Counted before it is announced: a client that saw its job end and
+	// then scrapes /metrics finds the job there.
+	defer c.publish(ev)
 	switch {
 	case ev.State == cp.StateRouted && ev.Route != nil:
 		rd := ev.Route

@@ -4,6 +4,7 @@
 package healthtest
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -47,6 +48,27 @@ func Scrape(base string) (Families, error) {
 		return nil, fmt.Errorf("%s/metrics: %w", base, err)
 	}
 	return fams, nil
+}
+
+// ScrapeWhen scrapes base until ok accepts what it read, or ctx ends: a
+// process may count what a test just saw end a moment later (a worker
+// records a job once its own part is over, which the client need not wait
+// for).
+func ScrapeWhen(ctx context.Context, base string, ok func(Families) bool) (Families, error) {
+	for {
+		f, err := Scrape(base)
+		if err == nil && ok(f) {
+			return f, nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				return f, nil // the caller's checks say what is wrong
+			}
+			return nil, err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Value is the sum over family name's samples whose labels include every
