@@ -11,28 +11,55 @@ import (
 )
 
 // Lifecycle is a worker's part of the drain protocol, which both workers'
-// adapters share: whether it still takes jobs, the jobs it has taken, and
-// its way out (a drain, asked by a coordinator's DrainRequest or by the
-// process, then Close).
+// adapters share: whether it takes jobs yet or still, the jobs it has
+// taken, and its way out (a drain, asked by a coordinator's DrainRequest or
+// by the process, then Close).
+//
+// A worker serves its subjects before it registers (so that a coordinator
+// that finds it in the registry finds it serving) and takes jobs only once
+// it has registered (Registered): an assignment that reaches a restarted
+// worker's new process before the registry shows the restart was meant
+// for the old one, and is refused.
 type Lifecycle struct {
 	id, what string         // the worker's id, and what it is ("prefill worker")
 	running  func() int     // the jobs it holds, for the log and DrainReply
-	beat     func()         // sends a heartbeat now
 	log      *zap.Logger    // already names the worker
 	jobs     sync.WaitGroup // jobs admitted and not done
 
-	mu       sync.Mutex
-	closing  bool
-	draining bool
-	drained  chan struct{} // closed when a drain starts
+	mu         sync.Mutex
+	beat       func() // sends a heartbeat now; nil until registered
+	registered bool
+	closing    bool
+	draining   bool
+	drained    chan struct{} // closed when a drain starts
 }
 
 // NewLifecycle makes the lifecycle of worker id (what names it in
 // replies: "prefill worker", "decode rank"); running counts the jobs it
-// holds, beat sends a heartbeat at once (so that routers learn of a drain
-// without waiting for the next beat).
-func NewLifecycle(id, what string, running func() int, beat func(), log *zap.Logger) *Lifecycle {
-	return &Lifecycle{id: id, what: what, running: running, beat: beat, log: log, drained: make(chan struct{})}
+// holds. It takes no job until Registered.
+func NewLifecycle(id, what string, running func() int, log *zap.Logger) *Lifecycle {
+	return &Lifecycle{id: id, what: what, running: running, log: log, drained: make(chan struct{})}
+}
+
+// Registered says that the registry shows the worker: it takes jobs from
+// now on (unless it is leaving), and beat sends a heartbeat at once (so
+// that routers learn of a drain or a dropped cache entry without waiting
+// for the next beat).
+func (l *Lifecycle) Registered(beat func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.beat, l.registered = beat, true
+}
+
+// Beat sends a heartbeat now, once the worker has registered (before, its
+// first heartbeat is still to come and will carry the news).
+func (l *Lifecycle) Beat() {
+	l.mu.Lock()
+	beat := l.beat
+	l.mu.Unlock()
+	if beat != nil {
+		beat()
+	}
 }
 
 // Admit counts a job in unless the worker is leaving; then it says why,
@@ -74,6 +101,8 @@ func (l *Lifecycle) notReadyLocked() error {
 		return errors.New("shutting down")
 	case l.draining:
 		return errors.New("draining: it takes no new jobs")
+	case !l.registered:
+		return errors.New("starting: not registered yet")
 	}
 	return nil
 }
@@ -94,7 +123,7 @@ func (l *Lifecycle) StartDrain(reason string) int {
 		l.log.Info("draining: no new jobs", zap.Int("running", n), zap.String("reason", reason))
 	}
 	l.mu.Unlock()
-	l.beat()
+	l.Beat()
 	return n
 }
 

@@ -15,9 +15,16 @@ import (
 // worker is refused; Close refuses jobs as shutting down.
 func TestLifecycle(t *testing.T) {
 	var beats, running int
-	l := NewLifecycle("w-1", "prefill worker", func() int { return running }, func() { beats++ }, zap.NewNop())
-	if err := l.NotReady(); err != nil || l.Leaving() {
-		t.Fatalf("a new worker is not ready: %v", err)
+	l := NewLifecycle("w-1", "prefill worker", func() int { return running }, zap.NewNop())
+	// Until it has registered, the worker takes no job (it serves first)
+	// and has no heartbeat to send.
+	if err := l.Admit(); err == nil || !strings.Contains(err.Error(), "not registered yet") || l.Leaving() {
+		t.Fatalf("a job offered before the worker registered: %v", err)
+	}
+	l.Beat()
+	l.Registered(func() { beats++ })
+	if err := l.NotReady(); err != nil || l.Leaving() || beats != 0 {
+		t.Fatalf("a registered worker is not ready: %v (%d beats)", err, beats)
 	}
 	if err := l.Admit(); err != nil {
 		t.Fatal(err)

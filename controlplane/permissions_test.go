@@ -197,7 +197,7 @@ func TestOnlyTheCoordinatorDrains(t *testing.T) {
 	ids := append(NewIdentities(), NewIdentity(PrincipalWorker, "w1"), NewIdentity(PrincipalWorker, "w2"))
 	onBothServers(t, ids, func(t *testing.T, ctx context.Context, url string) {
 		w1 := connect(t, Options{URL: url, Identity: Find(ids[3:], PrincipalWorker), InboxPrefix: InboxPrefix(PrincipalWorker, "w1")})
-		life := NewLifecycle("w1", "prefill worker", func() int { return 0 }, func() {}, zap.NewNop())
+		life := NewLifecycle("w1", "prefill worker", func() int { return 0 }, zap.NewNop())
 		if _, err := Serve(ctx, w1, WorkerDrain("w1"), "", life.DrainRequest); err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -150,4 +151,14 @@ func errorCode(err error) ErrorCode {
 		return CodeBadRequest
 	}
 	return CodeInternal
+}
+
+// Flushed waits until the server has processed what nc sent so far, its
+// subscriptions included. A worker registers only then, so that whoever
+// finds it in the registry finds it serving.
+func Flushed(nc *nats.Conn) error {
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		return fmt.Errorf("waiting for the NATS server to confirm the subscriptions: %w", err)
+	}
+	return nil
 }

@@ -26,19 +26,9 @@ import (
 // monolithic model's), and deregisters when stopped.
 func TestControlPlaneMode(t *testing.T) {
 	t.Setenv("TANDEM_PREFILL_WORKER_MEMORY_LIMIT", "false")
-	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	reg := cp.RegistryConfig{TTL: 2 * time.Second}
-	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NoPrefill: true, Threads: 1, Registry: reg,
-		Queue: cp.QueueConfig{Memory: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dir, c, reg := decodeCluster(ctx, t)
 
 	// The worker logs in with the deployment's worker identity, which it
 	// finds without a flag in this machine's credentials directory (here
@@ -79,16 +69,20 @@ func TestControlPlaneMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if w, err := registry.Get(ctx, "prefill-test"); err == nil && w.Kind == cp.KindPrefill && w.Model == c.Model.ID {
-			break
-		}
+	// Watched, not polled: the requests below go out the moment the
+	// registry shows the worker, which must find it serving.
+	changes, err := registry.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for registered := false; !registered; {
 		select {
+		case ch := <-changes:
+			registered = ch.Op == cp.WorkerUp && ch.ID == "prefill-test" && ch.Info.Kind == cp.KindPrefill && ch.Info.Model == c.Model.ID
 		case err := <-done:
 			t.Fatalf("the worker stopped: %v\n%s", err, stderr.String())
 		case <-ctx.Done():
 			t.Fatal("the worker did not register")
-		case <-time.After(20 * time.Millisecond):
 		}
 	}
 
@@ -129,4 +123,23 @@ func TestControlPlaneMode(t *testing.T) {
 	if _, err := registry.Get(ctx, "prefill-test"); err == nil {
 		t.Fatal("the stopped worker is still registered")
 	}
+}
+
+// decodeCluster starts a coordinator and a decode group on a tiny
+// checkpoint, without a prefill worker (the test brings its own), and
+// waits until they serve; the registry entries live 2 s.
+func decodeCluster(ctx context.Context, t *testing.T) (dir string, c *cluster.Cluster, reg cp.RegistryConfig) {
+	t.Helper()
+	dir = testmodel.Dir(t, "tiny", 1, 2)
+	reg = cp.RegistryConfig{TTL: 2 * time.Second}
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NoPrefill: true, Threads: 1, Registry: reg,
+		Queue: cp.QueueConfig{Memory: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return dir, c, reg
 }

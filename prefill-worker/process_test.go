@@ -18,7 +18,6 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
-	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/health/healthtest"
@@ -183,19 +182,9 @@ func TestShutdownAfterNATSDies(t *testing.T) {
 // /readyz says why), the job completes exactly once with the reference
 // model's tokens, and the worker exits by itself.
 func TestMetricsAndDrain(t *testing.T) {
-	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	reg := cp.RegistryConfig{TTL: 2 * time.Second}
-	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NoPrefill: true, Threads: 1, Registry: reg,
-		Queue: cp.QueueConfig{Memory: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dir, c, _ := decodeCluster(ctx, t)
 	creds := filepath.Join(t.TempDir(), "worker.json")
 	if err := cp.SaveIdentity(creds, cp.Find(c.Identities(), cp.PrincipalWorker)); err != nil {
 		t.Fatal(err)

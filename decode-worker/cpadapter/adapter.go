@@ -141,25 +141,23 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 		cost: costmodel.New(&cfg.Model.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
 	// A rank holds its share of every sequence of the group, whichever
 	// rank took the job.
-	a.life = cp.NewLifecycle(cfg.WorkerID, "decode rank", func() int { return cfg.Worker.Stats().Sequences }, func() { a.hb.Beat() }, a.log)
-	// Registered before serving: an assignment can reach this process only
-	// once the registry shows it (the coordinator tells a restarted
-	// worker's old jobs from its new ones by that order).
-	hb, err := cp.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
-	if err != nil {
-		return nil, fmt.Errorf("decode adapter: %w", err)
-	}
-	a.hb = hb
+	a.life = cp.NewLifecycle(cfg.WorkerID, "decode rank", func() int { return cfg.Worker.Stats().Sequences }, a.log)
+	// Serving before registering: a coordinator that finds the rank in the
+	// registry finds it serving. Assignments are refused until the registry
+	// shows it (the coordinator tells a restarted worker's old jobs from
+	// its new ones by that order).
 	serveCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
+	queue := "tandem-worker-" + cfg.WorkerID
+	// A failed subscription fails New; the others end with serveCtx.
+	var errs []error
 	if cfg.Rank == 0 {
-		queue := "tandem-worker-" + cfg.WorkerID
 		// Each assignment is answered on a goroutine of its own, up to
 		// Handlers at once (a handler per subscription queued a burst
 		// of 200 behind 16 admissions in progress); the rest are refused
 		// busy at once.
 		admitting := make(chan struct{}, cfg.Handlers)
-		if _, err := cp.Subscribe(cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, serveCtx.Done(), func(m *nats.Msg) {
+		_, err := cp.Subscribe(cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, serveCtx.Done(), func(m *nats.Msg) {
 			select {
 			case admitting <- struct{}{}:
 				go func() {
@@ -169,35 +167,28 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 			default:
 				cp.Answer(serveCtx, m, a.busy)
 			}
-		}); err != nil {
-			cancel()
-			_ = hb.Stop(ctx)
-			return nil, fmt.Errorf("decode adapter: %w", err)
-		}
-		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
-			cancel()
-			_ = hb.Stop(ctx)
-			return nil, fmt.Errorf("decode adapter: %w", err)
-		}
-		if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerStatus(cfg.WorkerID), queue, a.status); err != nil {
-			cancel()
-			_ = hb.Stop(ctx)
-			return nil, fmt.Errorf("decode adapter: %w", err)
-		}
+		})
+		_, errCancel := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob)
+		_, errStatus := cp.Serve(serveCtx, cfg.Conn, cp.WorkerStatus(cfg.WorkerID), queue, a.status)
+		errs = append(errs, err, errCancel, errStatus)
 	}
-	// Every rank drains on request: the group takes no jobs while any of
-	// its ranks drains.
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), "tandem-worker-"+cfg.WorkerID, a.life.DrainRequest); err != nil {
+	// Every rank drains on request (the group takes no jobs while any of
+	// its ranks drains) and lists and drops its share of the group's
+	// prefix cache.
+	_, errDrain := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), queue, a.life.DrainRequest)
+	_, errCache := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCache(cfg.WorkerID), queue, a.cacheRequest)
+	errs = append(errs, errDrain, errCache)
+	if err := errors.Join(append(errs, cp.Flushed(cfg.Conn))...); err != nil {
 		cancel()
-		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("decode adapter: %w", err)
 	}
-	// Every rank lists and drops its share of the group's prefix cache.
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCache(cfg.WorkerID), "tandem-worker-"+cfg.WorkerID, a.cacheRequest); err != nil {
+	hb, err := cp.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	if err != nil {
 		cancel()
-		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("decode adapter: %w", err)
 	}
+	a.hb = hb
+	a.life.Registered(hb.Beat)
 	a.log.Info("decode rank registered", zap.String("group", cfg.Layout.Group), zap.Int("rank", cfg.Rank),
 		zap.Int("lo", a.lo), zap.Int("hi", a.hi), zap.String("advertise", cfg.Advertise))
 	return a, nil
@@ -262,7 +253,7 @@ func (a *Adapter) Draining() <-chan struct{} { return a.life.Draining() }
 func (a *Adapter) NotReady() error { return a.life.NotReady() }
 
 // Beat sends a heartbeat now (e.g. once the ring is formed).
-func (a *Adapter) Beat() { a.hb.Beat() }
+func (a *Adapter) Beat() { a.life.Beat() }
 
 // info is this rank's heartbeat.
 func (a *Adapter) info() cp.WorkerInfo {

@@ -57,7 +57,7 @@ func (a *Adapter) cacheRequest(ctx context.Context, req *cp.CacheRequest) (*cp.C
 		}
 		rep.Dropped = n
 		a.log.Info("prefix cache entries dropped on request", zap.String("key", req.Key), zap.Int("dropped", n))
-		a.hb.Beat()
+		a.life.Beat()
 	}
 	list, err := w.CacheEntries(ctx)
 	if err != nil {

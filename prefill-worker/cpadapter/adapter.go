@@ -114,43 +114,32 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	}
 	a := &Adapter{cfg: cfg, started: time.Now(), jobs: map[string]*job{}, ended: cp.NewEnded(0, cfg.Remember),
 		log: cfg.Log.With(zap.String("worker", cfg.WorkerID))}
-	a.life = cp.NewLifecycle(cfg.WorkerID, "prefill worker", a.running, func() { a.hb.Beat() }, a.log)
-	// Registered before serving: an assignment can reach this process only
-	// once the registry shows it (the coordinator tells a restarted
-	// worker's old jobs from its new ones by that order).
-	hb, err := cp.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
-	if err != nil {
-		return nil, fmt.Errorf("prefill adapter: %w", err)
-	}
-	a.hb = hb
+	a.life = cp.NewLifecycle(cfg.WorkerID, "prefill worker", a.running, a.log)
+	// Serving before registering: a coordinator that finds the worker in
+	// the registry finds it serving (an assignment sent to a worker that
+	// did not serve yet failed its job). Assignments are refused until the
+	// registry shows the worker (the coordinator tells a restarted worker's
+	// old jobs from its new ones by that order).
 	serveCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	queue := "tandem-worker-" + cfg.WorkerID
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign); err != nil {
+	// A failed subscription fails New; the others end with serveCtx.
+	_, errAssign := cp.Serve(serveCtx, cfg.Conn, cp.WorkerAssign(cfg.WorkerID), queue, a.assign)
+	_, errCancel := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob)
+	_, errStatus := cp.Serve(serveCtx, cfg.Conn, cp.WorkerStatus(cfg.WorkerID), queue, a.status)
+	_, errDrain := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), queue, a.life.DrainRequest)
+	_, errCache := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCache(cfg.WorkerID), queue, a.cacheRequest)
+	if err := errors.Join(errAssign, errCancel, errStatus, errDrain, errCache, cp.Flushed(cfg.Conn)); err != nil {
 		cancel()
-		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCancel(cfg.WorkerID), queue, a.cancelJob); err != nil {
+	hb, err := cp.StartHeartbeat(ctx, cfg.Registry, cfg.Heartbeat, a.info, a.log)
+	if err != nil {
 		cancel()
-		_ = hb.Stop(ctx)
 		return nil, fmt.Errorf("prefill adapter: %w", err)
 	}
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerStatus(cfg.WorkerID), queue, a.status); err != nil {
-		cancel()
-		_ = hb.Stop(ctx)
-		return nil, fmt.Errorf("prefill adapter: %w", err)
-	}
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerDrain(cfg.WorkerID), queue, a.life.DrainRequest); err != nil {
-		cancel()
-		_ = hb.Stop(ctx)
-		return nil, fmt.Errorf("prefill adapter: %w", err)
-	}
-	if _, err := cp.Serve(serveCtx, cfg.Conn, cp.WorkerCache(cfg.WorkerID), queue, a.cacheRequest); err != nil {
-		cancel()
-		_ = hb.Stop(ctx)
-		return nil, fmt.Errorf("prefill adapter: %w", err)
-	}
+	a.hb = hb
+	a.life.Registered(hb.Beat)
 	a.log.Info("prefill worker registered", zap.String("model", cfg.ModelID))
 	return a, nil
 }

@@ -33,7 +33,7 @@ func (a *Adapter) cacheRequest(_ context.Context, req *cp.CacheRequest) (*cp.Cac
 	if req.Op == cp.CacheDrop {
 		rep.Dropped = st.Drop(req.Key) // "" with All: every entry
 		a.log.Info("prefix store entries dropped on request", zap.String("key", req.Key), zap.Int("dropped", rep.Dropped))
-		a.hb.Beat()
+		a.life.Beat()
 	}
 	s := st.Stats()
 	rep.Total, rep.Bytes = s.Entries, s.Bytes
