@@ -49,18 +49,7 @@ func TestValidateCPU(t *testing.T) {
 	if p := rep.Pass; p == nil || p.Layers != 9 || p.Tokens != 64 || !(p.PassS > 0) || !(p.Ratio > 0) {
 		t.Errorf("pass %+v", rep.Pass)
 	}
-	md, err := os.ReadFile(filepath.Join(out, "validate.md"))
-	if err != nil || !strings.Contains(string(md), "Streamed pass") || !strings.Contains(string(md), "matmul/F32") {
-		t.Errorf("validate.md: %v\n%s", err, md)
-	}
-	f, err := os.Open(filepath.Join(out, "validate.png"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := png.Decode(f); err != nil {
-		t.Errorf("validate.png: %v", err)
-	}
+	checkValidateReport(t, out, "Streamed pass", "matmul/F32")
 }
 
 // Without a usable GPU, validate --backend cuda fails at once, saying why.
@@ -106,18 +95,7 @@ func TestValidateDecodeCPU(t *testing.T) {
 	if len(rep.Ops) != 0 || rep.Pass != nil {
 		t.Errorf("prefill figures in a decode run: %d ops, pass %+v", len(rep.Ops), rep.Pass)
 	}
-	md, err := os.ReadFile(filepath.Join(out, "validate.md"))
-	if err != nil || !strings.Contains(string(md), "Decode rank") || !strings.Contains(string(md), "of the ceiling") {
-		t.Errorf("validate.md: %v\n%s", err, md)
-	}
-	f, err := os.Open(filepath.Join(out, "validate.png"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := png.Decode(f); err != nil {
-		t.Errorf("validate.png: %v", err)
-	}
+	checkValidateReport(t, out, "Decode rank", "of the ceiling")
 }
 
 // Off macOS, validate --backend metal fails at once, saying why.
@@ -128,5 +106,28 @@ func TestValidateNoMetal(t *testing.T) {
 	err := runValidate(context.Background(), []string{"--backend", "metal", "--out", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "Metal is only available on macOS on Apple Silicon") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// checkValidateReport checks the files validate writes next to its JSON:
+// validate.md holding each of the phrases, and a validate.png that decodes.
+func checkValidateReport(t *testing.T, out string, phrases ...string) {
+	t.Helper()
+	md, err := os.ReadFile(filepath.Join(out, "validate.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range phrases {
+		if !strings.Contains(string(md), p) {
+			t.Errorf("validate.md lacks %q:\n%s", p, md)
+		}
+	}
+	f, err := os.Open(filepath.Join(out, "validate.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Errorf("validate.png: %v", err)
 	}
 }

@@ -111,12 +111,19 @@ func copyFile(ctx context.Context, from, to string) (int64, error) {
 		return 0, err
 	}
 	defer in.Close()
+	return writeFile(to, func(out *os.File) (int64, error) { return io.Copy(out, ctxReader{ctx, in}) })
+}
+
+// writeFile writes a file through a temporary name, renamed into place
+// once write and the close succeeded (a copy cut short leaves no file
+// that looks whole). It returns what write returned.
+func writeFile(to string, write func(*os.File) (int64, error)) (int64, error) {
 	tmp := to + ".part"
 	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return 0, err
 	}
-	n, err := io.Copy(out, ctxReader{ctx, in})
+	n, err := write(out)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -167,26 +174,14 @@ func stub(from, to string) (int64, error) {
 	if _, err := io.ReadFull(in, hdr[8:]); err != nil {
 		return 0, fmt.Errorf("reading the header: %w", err)
 	}
-	tmp := to + ".part"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return 0, err
-	}
-	_, err = out.Write(hdr)
-	if err == nil {
-		err = out.Truncate(st.Size())
-	}
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, to)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return 0, err
-	}
-	return int64(len(hdr)), nil
+	// The rest of the shard is a hole of its size.
+	return writeFile(to, func(out *os.File) (int64, error) {
+		n, err := out.Write(hdr)
+		if err == nil {
+			err = out.Truncate(st.Size())
+		}
+		return int64(n), err
+	})
 }
 
 // readCopied reads dir's CopyFile; nil when there is none.
