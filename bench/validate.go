@@ -402,20 +402,27 @@ func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf f
 	return nil
 }
 
+// checkpoint is --pass-model, or a synthetic one made (once, cached) for
+// the run: small on the device the measurement is for (the GPU's figures
+// want more work than the tiny preset gives), tiny elsewhere.
+func (f validateFlags) checkpoint(ctx context.Context, device string) (string, error) {
+	if f.passModel != "" {
+		return f.passModel, nil
+	}
+	preset := "tiny"
+	if f.backend == device {
+		preset = "small"
+	}
+	return synth.Ensure(ctx, synth.CacheDir(), preset, 1, 1)
+}
+
 // measurePass runs one prompt through every layer of a checkpoint streamed
 // from disk, and holds pass_s to max(every layer's upload at the pinned
 // rate, the pass's compute).
 func measurePass(ctx context.Context, be kernels.Backend, f validateFlags, rep *validateReport, logf func(string, ...any)) error {
-	dir := f.passModel
-	if dir == "" {
-		preset := "tiny"
-		if f.backend == "cuda" {
-			preset = "small"
-		}
-		var err error
-		if dir, err = synth.Ensure(ctx, synth.CacheDir(), preset, 1, 1); err != nil {
-			return err
-		}
+	dir, err := f.checkpoint(ctx, "cuda")
+	if err != nil {
+		return err
 	}
 	budget, err := config.ParseBytes(f.budget)
 	if err != nil {

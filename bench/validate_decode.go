@@ -10,7 +10,6 @@ import (
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
-	"github.com/tandem-inference/tandem/model/synth"
 )
 
 // Targets of issue 17 (each a ratio measured in the same run, on a Mac).
@@ -93,16 +92,9 @@ func stepBytes(m *model.Model) (step, resident int64) {
 // measureRankDecode loads the whole model on the backend and measures local
 // prefill, decode steps at batch 1 and 16, and greedy ids against the CPU.
 func measureRankDecode(ctx context.Context, be kernels.Backend, f validateFlags, rep *validateReport, logf func(string, ...any)) error {
-	dir := f.passModel
-	if dir == "" {
-		preset := "tiny"
-		if f.backend == "metal" {
-			preset = "small"
-		}
-		var err error
-		if dir, err = synth.Ensure(ctx, synth.CacheDir(), preset, 1, 1); err != nil {
-			return err
-		}
+	dir, err := f.checkpoint(ctx, "metal")
+	if err != nil {
+		return err
 	}
 	m, err := model.Load(dir, be, model.LoadOptions{Embed: true, Head: true})
 	if err != nil {
