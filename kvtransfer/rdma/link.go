@@ -27,11 +27,16 @@ var (
 
 // Work request ids: the kind in the top byte, the slot index below.
 const (
-	idRecv = 1 << 56
-	idData = 2 << 56
-	idCtl  = 3 << 56
-	idMask = 1<<56 - 1
+	idRecv    = 1 << 56 // a data slot's receive (data pair)
+	idData    = 2 << 56 // a data slot's send (data pair)
+	idCtl     = 3 << 56 // an ack-only slot's send (companion pair)
+	idCtlRecv = 4 << 56 // an ack-only slot's receive (companion pair)
+	idMask    = 1<<56 - 1
 )
+
+// ctlSlot is the size of an ack-only slot: one 4 KiB frame, the least a
+// SEND can fill, so that an ack costs a page on the wire, not a data slot.
+const ctlSlot = verbs.Frame
 
 // LinkStats count a link's reliability work.
 type LinkStats struct {
@@ -63,12 +68,14 @@ func (s *LinkStats) add(o LinkStats) {
 }
 
 // link is one UC queue pair to one peer, made reliable with credit-based
-// go-back-N, carrying the frames of many streams.
+// go-back-N, carrying the frames of many streams, and a companion queue
+// pair of 4 KiB slots that carries only acks, credit and probes.
 type link struct {
 	cfg    *Config
-	name   string // for errors: the peer's bootstrap address
-	qp     verbs.QP
-	cq     verbs.CQ
+	name   string   // for errors: the peer's bootstrap address
+	qp     verbs.QP // data pair: sequenced slots of slot bytes
+	cqp    verbs.QP // companion pair: ack-only slots of ctlSlot bytes
+	cq     verbs.CQ // both pairs' completions
 	mr     verbs.MR
 	arena  []byte
 	anchor net.Conn
@@ -76,10 +83,10 @@ type link struct {
 
 	slot, capacity int // slot bytes, payload bytes per slot
 	epoch, peer    uint32
-	ctl            int // control slots (receive reserve) on each side
+	ctl            int // ack-only slots on each side of the companion pair
 	win            int // data slots: the most sequenced slots unacked or unconsumed
 
-	sendData, sendCtl, recv [][]byte
+	sendData, sendCtl, recv, recvCtl [][]byte
 
 	mu sync.Mutex
 	// send side
@@ -167,6 +174,7 @@ func (l *link) teardown() {
 	<-l.anchorOut
 	l.users.Wait()
 	l.qp.Close()
+	l.cqp.Close()
 	l.cq.Close()
 	l.mr.Close()
 	unmapArena(l.arena)
@@ -227,27 +235,46 @@ func (l *link) poll() {
 
 type arrival struct {
 	idx int
+	ctl bool // on the companion pair
 	h   slotHeader
 	ok  bool
 }
 
+// received returns the receive buffer of a receive request id, whether it
+// is the companion pair's, and the bytes a SEND into it must carry; nil
+// for an id the link never posted.
+func (l *link) received(id uint64) (b []byte, ctl bool, size int) {
+	idx := int(id & idMask)
+	switch id &^ idMask {
+	case idRecv:
+		if idx < len(l.recv) {
+			return l.recv[idx], false, l.slot
+		}
+	case idCtlRecv:
+		if idx < len(l.recvCtl) {
+			return l.recvCtl[idx], true, ctlSlot
+		}
+	}
+	return nil, false, 0
+}
+
 // handle processes a batch of completions. Received slots are checked
-// outside the lock (the poller owns them until they are reposted).
+// outside the lock (the poller owns them until they are reposted). An
+// ack-only slot counts only on the companion pair and any other kind only
+// on the data pair: a slot on the wrong pair is damaged.
 func (l *link) handle(wcs []verbs.WC) {
 	var arr [64]arrival
 	got := arr[:0]
 	for _, wc := range wcs {
-		if wc.ID&^idMask != idRecv || wc.Status != verbs.StatusSuccess {
+		k := wc.ID &^ idMask
+		if k != idRecv && k != idCtlRecv || wc.Status != verbs.StatusSuccess {
 			continue
 		}
-		idx := int(wc.ID & idMask)
-		if idx >= len(l.recv) {
-			continue
-		}
-		a := arrival{idx: idx}
-		if int(wc.ByteLen) == l.slot {
-			a.h, a.ok = parse(l.recv[idx], l.capacity)
-			a.ok = a.ok && a.h.epoch == l.peer
+		b, ctl, size := l.received(wc.ID)
+		a := arrival{idx: int(wc.ID & idMask), ctl: ctl}
+		if b != nil && int(wc.ByteLen) == size {
+			a.h, a.ok = parse(b, size-hdrSize)
+			a.ok = a.ok && a.h.epoch == l.peer && (a.h.kind == kindCtl) == ctl
 		}
 		got = append(got, a)
 	}
@@ -268,17 +295,22 @@ func (l *link) handle(wcs []verbs.WC) {
 			if idx < len(l.ctlBusy) {
 				l.ctlBusy[idx] = false
 			}
-		case idRecv:
+		case idRecv, idCtlRecv:
+			b, ctl, _ := l.received(wc.ID)
+			if b == nil {
+				l.failLocked(fmt.Errorf("rdma: link to %s: completion of request %#x, never posted", l.name, wc.ID))
+				return
+			}
 			if wc.Status == verbs.StatusSuccess {
 				l.arrive(got[ai])
 				ai++
 				break
 			}
-			if wc.Status == verbs.StatusLocLenErr && idx < len(l.recv) {
+			if wc.Status == verbs.StatusLocLenErr {
 				// A SEND that did not fill our slot's frames: a lost
 				// slot, not a broken link.
 				l.stats.LenErrors++
-				l.repost(idx)
+				l.repostArrival(arrival{idx: idx, ctl: ctl})
 				l.nak()
 				continue
 			}
@@ -295,13 +327,28 @@ func (l *link) handle(wcs []verbs.WC) {
 	l.broadcast()
 }
 
-// repost gives a receive slot back to the queue pair; with mu held.
+// repost gives a data receive slot back to the data pair; with mu held.
 func (l *link) repost(idx int) {
 	if l.err != nil {
 		return
 	}
 	if err := l.qp.PostRecv(idRecv|uint64(idx), l.mr, l.recv[idx]); err != nil {
 		l.failLocked(fmt.Errorf("rdma: link to %s: repost receive: %w", l.name, err))
+	}
+}
+
+// repostArrival gives an arrival's receive slot back to its pair; with mu
+// held.
+func (l *link) repostArrival(a arrival) {
+	if !a.ctl {
+		l.repost(a.idx)
+		return
+	}
+	if l.err != nil {
+		return
+	}
+	if err := l.cqp.PostRecv(idCtlRecv|uint64(a.idx), l.mr, l.recvCtl[a.idx]); err != nil {
+		l.failLocked(fmt.Errorf("rdma: link to %s: repost ack receive: %w", l.name, err))
 	}
 }
 
@@ -318,7 +365,7 @@ func (l *link) arrive(a arrival) {
 	l.stats.SlotsReceived++
 	if !a.ok {
 		l.stats.Corrupt++
-		l.repost(a.idx)
+		l.repostArrival(a)
 		l.nak()
 		return
 	}
@@ -371,7 +418,7 @@ func (l *link) arrive(a arrival) {
 		l.probeSeq = 0
 	}
 	if h.kind == kindCtl {
-		l.repost(a.idx)
+		l.repostArrival(a)
 		return
 	}
 	switch {
@@ -482,9 +529,10 @@ func (l *link) maybeAck() {
 	}
 }
 
-// sendControl sends an unsequenced slot carrying our ack and credit; with
-// mu held. With every control slot still in flight it gives up: the ack
-// timer or the peer's retransmission brings another chance.
+// sendControl sends an ack-only slot carrying our ack and credit on the
+// companion pair; with mu held. With every ack-only slot still in flight
+// it gives up: the ack timer or the peer's retransmission brings another
+// chance.
 func (l *link) sendControl(flags uint8) {
 	if l.err != nil {
 		return
@@ -504,7 +552,7 @@ func (l *link) sendControl(flags uint8) {
 	l.ctlNext = i + 1
 	h := slotHeader{epoch: l.epoch, ack: l.expected - 1, credit: l.credit(), kind: kindCtl, flags: flags}
 	h.put(l.sendCtl[i])
-	if err := l.qp.PostSend(idCtl|uint64(i), l.mr, l.sendCtl[i]); err != nil {
+	if err := l.cqp.PostSend(idCtl|uint64(i), l.mr, l.sendCtl[i]); err != nil {
 		l.failLocked(fmt.Errorf("rdma: link to %s: post control slot: %w", l.name, err))
 		return
 	}

@@ -420,3 +420,81 @@ func TestPackedSlotsUnderFaults(t *testing.T) {
 		})
 	}
 }
+
+// ackSlot is the size of the companion pair's ack-only slots: a fault
+// limited to messages of this size hits acks, credit and probes only.
+const ackSlot = 4096
+
+// TestAcksLostOnCompanionPair: acks, credit updates and probes travel on
+// the companion queue pair in 4 KiB slots; with a third of them lost or
+// bit-flipped, frames still arrive whole and in order both ways (acks
+// ride on data slots too, and a lost credit update is asked for by a
+// probe).
+func TestAcksLostOnCompanionPair(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    fakeverbs.Faults
+	}{
+		{"lost", fakeverbs.Faults{Loss: 0.3, Bytes: ackSlot}},
+		{"flipped", fakeverbs.Faults{Flip: 0.3, Bytes: ackSlot}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, tc.f, rdma.Config{SlotSize: 32 << 10, Slots: 8, Reserve: 2, RTO: 2 * time.Millisecond, MaxRTO: 50 * time.Millisecond})
+			c, s := p.conns(t)
+			sendRecv(t, c, s, sizes)
+			sendRecv(t, s, c, sizes)
+			w, d, sv := p.fab.Stats(), p.dialer.Stats(), p.server.Stats()
+			if w.Lost+w.Flipped == 0 {
+				t.Fatalf("no ack-only slot was lost or flipped: wire %+v", w)
+			}
+			if d.AcksSent+sv.AcksSent == 0 {
+				t.Fatal("no ack-only slots were sent")
+			}
+			// A flip past an ack-only slot's 64-byte header hits bytes
+			// nobody reads; one in the header drops the slot.
+			if d.Corrupt+sv.Corrupt > w.Flipped {
+				t.Errorf("%d slots flipped on the wire, %d dropped as damaged", w.Flipped, d.Corrupt+sv.Corrupt)
+			}
+			t.Logf("wire %+v, dialer %+v, server %+v", w, d, sv)
+		})
+	}
+}
+
+// TestCompanionPairDead: when every ack-only slot vanishes (the companion
+// pair dead while the data pair and the anchor live), a writer that has
+// filled the peer's credit gets no ack and no answer to its probes, and
+// the link fails with ErrPeerUnreachable after its bounded retries: it
+// neither hangs nor takes the peer for dead.
+func TestCompanionPairDead(t *testing.T) {
+	ctx := testctx.Context(t)
+	p := newPair(t, fakeverbs.Faults{Loss: 1, Bytes: ackSlot}, rdma.Config{SlotSize: 32 << 10, Slots: 8, Reserve: 2,
+		RTO: time.Millisecond, MaxRTO: 5 * time.Millisecond, Retries: 5})
+	c, s := p.conns(t)
+	go func() {
+		for {
+			if _, _, err := readAll(s); err != nil {
+				return
+			}
+		}
+	}()
+	werr := make(chan error, 1)
+	go func() {
+		var err error
+		for err == nil {
+			err = c.WriteFrame([]byte("h"), make([]byte, 100<<10))
+		}
+		werr <- err
+	}()
+	select {
+	case err := <-werr:
+		if !errors.Is(err, rdma.ErrPeerUnreachable) {
+			t.Fatalf("writes with every ack lost: %v, want ErrPeerUnreachable", err)
+		}
+		t.Logf("%v; wire %+v", err, p.fab.Stats())
+	case <-ctx.Done():
+		t.Fatal("writes with every ack lost did not fail")
+	}
+	if w := p.fab.Stats(); w.Lost == 0 || w.Delivered == 0 {
+		t.Fatalf("wire %+v: want data slots delivered and ack-only slots lost", w)
+	}
+}

@@ -192,7 +192,9 @@ func (s *stream) done(r rslot, off, frames int, drop bool) {
 		return
 	}
 	if drop || off >= int(r.h.n) {
-		s.queue = s.queue[1:]
+		// Shifted down, not resliced: the queue (at most a window of
+		// slots) keeps its array, so arrivals never allocate.
+		s.queue = s.queue[:copy(s.queue, s.queue[1:])]
 		s.off, s.frames = 0, 0
 		l.releaseLocked(r.idx)
 		return

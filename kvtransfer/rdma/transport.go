@@ -3,10 +3,11 @@
 // any verbs provider), with many logical connections multiplexed over one
 // long-lived link per peer.
 //
-// A link is one UC queue pair, one completion queue and one page-aligned
-// arena outside the Go heap, registered as one memory region and cut into
-// fixed-size slots: a send ring and a receive ring. Every SEND fills a
-// whole slot, as Apple's stack needs. Each slot carries a header with the
+// A link is a UC queue pair for data and a companion UC queue pair for
+// acks, one completion queue and one page-aligned arena outside the Go
+// heap, registered as one memory region and cut into fixed-size slots: a
+// send ring and a receive ring of data slots, and smaller rings of 4 KiB
+// ack-only slots. Every SEND fills a whole slot, as Apple's stack needs. Each slot carries a header with the
 // link sequence number, the stream id, the fragment index and count, the
 // length, a piggybacked cumulative ack and credit, and checksums. The
 // sender holds each slot until it is acknowledged, retransmits from the
@@ -55,7 +56,8 @@ type Config struct {
 	// Slots is the number of receive slots, and of send slots, per link
 	// (default 16); both ends must agree.
 	Slots int
-	// Reserve is how many of them carry only acknowledgements (default 4).
+	// Reserve is how many ack-only slots of 4 KiB each side posts on the
+	// link's companion queue pair (default 32); both ends must agree.
 	Reserve int
 	// RTO is the first retransmission timeout (default 10 ms); it doubles
 	// on every expiry without progress up to MaxRTO (default 500 ms), and
@@ -63,8 +65,8 @@ type Config struct {
 	RTO, MaxRTO time.Duration
 	Retries     int
 	// AckDelay bounds how long an ack waits for a data slot to ride on
-	// (default 1 ms, at most RTO/4): every ack-only slot fills a whole
-	// slot on the wire, so acks wait for company or for half a window.
+	// (default 1 ms, at most RTO/4): acks wait for company or for half a
+	// window, and go alone, in a 4 KiB slot, only then.
 	AckDelay time.Duration
 	// Heartbeat is the interval of the anchor's heartbeats (default 100 ms);
 	// a peer silent for DeadAfter (default 750 ms) is dead.
@@ -76,8 +78,8 @@ type Config struct {
 	CloseWait time.Duration
 	// MaxLinks bounds the links a Listener holds and bootstraps at once
 	// (default 16): the bootstrap is not authenticated, and each link costs
-	// an arena of 2 x Slots x SlotSize bytes and a memory region (Apple
-	// allows 100 per device).
+	// an arena of 2 x (Slots x SlotSize + Reserve x 4 KiB) bytes, two
+	// queue pairs and a memory region (Apple allows 100 per device).
 	MaxLinks int
 	// MaxHeader and MaxPayload bound a frame (defaults 64 KiB and 16 MiB).
 	MaxHeader, MaxPayload int
@@ -104,7 +106,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Slots = DefaultSlots
 	}
 	if c.Reserve == 0 {
-		c.Reserve = 4
+		c.Reserve = 32
 	}
 	if c.Retries <= 0 {
 		c.Retries = 12
@@ -136,8 +138,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("rdma: slot size %d: want a multiple of %d in %d..%d", c.SlotSize, verbs.Frame, minSlot, maxSlot)
 	case c.Slots < 4 || c.Slots > maxSlots:
 		return c, fmt.Errorf("rdma: %d slots: want 4..%d", c.Slots, maxSlots)
-	case c.Reserve < 1 || c.Reserve > c.Slots/2:
-		return c, fmt.Errorf("rdma: reserve of %d slots: want 1..%d", c.Reserve, c.Slots/2)
+	case c.Reserve < 1 || c.Reserve > maxSlots:
+		return c, fmt.Errorf("rdma: reserve of %d ack-only slots: want 1..%d", c.Reserve, maxSlots)
 	}
 	return c, nil
 }
@@ -487,13 +489,13 @@ func (L *Listener) Close() error {
 //
 //	0 u32 magic "TDRB", 4 u16 version, 6 u16 MTU (ibv_mtu), 8 [16]byte GID,
 //	24 u32 QPN, 28 u32 PSN, 32 u32 slot size, 36 u32 slots, 40 u32 reserve,
-//	44 u32 epoch, 48..64 zero
+//	44 u32 epoch, 48 u32 companion QPN, 52 u32 companion PSN, 56..64 zero
 //
 // then one readiness byte each way once receives are posted. Afterwards the
 // socket carries heartbeat bytes, and a goodbye byte before a local close.
 const (
 	bootMagic   = 0x42524454 // "TDRB"
-	bootVersion = 1
+	bootVersion = 2          // 2: the companion queue pair
 	bootSize    = 64
 	anchorReady = 'R'
 	anchorBeat  = 'h'
@@ -510,6 +512,7 @@ type bootMsg struct {
 	qpn, psn             uint32
 	slot, slots, reserve uint32
 	epoch                uint32
+	cqpn, cpsn           uint32 // the companion pair's
 }
 
 func (m *bootMsg) encode() []byte {
@@ -525,6 +528,8 @@ func (m *bootMsg) encode() []byte {
 	le.PutUint32(b[36:], m.slots)
 	le.PutUint32(b[40:], m.reserve)
 	le.PutUint32(b[44:], m.epoch)
+	le.PutUint32(b[48:], m.cqpn)
+	le.PutUint32(b[52:], m.cpsn)
 	return b
 }
 
@@ -540,6 +545,7 @@ func decodeBoot(b []byte) (m bootMsg, err error) {
 	copy(m.gid[:], b[8:24])
 	m.qpn, m.psn = le.Uint32(b[24:]), le.Uint32(b[28:])
 	m.slot, m.slots, m.reserve, m.epoch = le.Uint32(b[32:]), le.Uint32(b[36:]), le.Uint32(b[40:]), le.Uint32(b[44:])
+	m.cqpn, m.cpsn = le.Uint32(b[48:]), le.Uint32(b[52:])
 	return m, nil
 }
 
@@ -657,7 +663,9 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 		return nil, err
 	}
 	frames := nslots * verbs.Frames(cfg.SlotSize)
-	cq, err := ch.dev.ctx.CreateCQ(2*nslots + 16)
+	nctl := cfg.Reserve
+	// Every posted request of both pairs can complete before a poll.
+	cq, err := ch.dev.ctx.CreateCQ(2*nslots + 2*nctl + 16)
 	if err != nil {
 		return nil, fmt.Errorf("rdma: %s: create_cq: %w", ch.name, err)
 	}
@@ -666,28 +674,38 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 		cq.Close()
 		return nil, fmt.Errorf("rdma: %s: create_qp: %w", ch.name, err)
 	}
-	arena, err := mapArena(2 * nslots * cfg.SlotSize)
+	cqp, err := ch.dev.pd.CreateQP(verbs.QPInit{SendCQ: cq, RecvCQ: cq, MaxSendWR: nctl * verbs.Frames(ctlSlot), MaxRecvWR: nctl * verbs.Frames(ctlSlot)})
 	if err != nil {
 		qp.Close()
+		cq.Close()
+		return nil, fmt.Errorf("rdma: %s: create_qp (companion): %w", ch.name, err)
+	}
+	dataBytes := 2 * nslots * cfg.SlotSize
+	arena, err := mapArena(dataBytes + 2*nctl*ctlSlot)
+	if err != nil {
+		qp.Close()
+		cqp.Close()
 		cq.Close()
 		return nil, err
 	}
 	mr, err := ch.dev.pd.RegMR(arena, verbs.AccessDefault)
 	if err != nil {
 		qp.Close()
+		cqp.Close()
 		cq.Close()
 		unmapArena(arena)
 		return nil, fmt.Errorf("rdma: %s: reg_mr of %d bytes: %w", ch.name, len(arena), err)
 	}
 	undo := func() {
 		qp.Close()
+		cqp.Close()
 		cq.Close()
 		mr.Close()
 		unmapArena(arena)
 	}
 	epoch := rand.Uint32() | 1
 	me := bootMsg{mtu: ch.mtu, gid: ch.gid, qpn: qp.Num(), psn: epoch & 0xffffff, slot: uint32(cfg.SlotSize),
-		slots: uint32(nslots), reserve: uint32(cfg.Reserve), epoch: epoch}
+		slots: uint32(nslots), reserve: uint32(cfg.Reserve), epoch: epoch, cqpn: cqp.Num(), cpsn: (epoch >> 8) & 0xffffff}
 	var pm bootMsg
 	if early != nil {
 		pm, _ = decodeBoot(early) // checked above
@@ -705,21 +723,27 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 			peer, pm.slots, pm.slot, pm.reserve, me.slots, me.slot, me.reserve)
 	}
 	mtu := min(me.mtu, pm.mtu)
-	steps := []func() error{
-		func() error { return qp.Init(ch.port) },
-		func() error {
-			return qp.ReadyToReceive(verbs.RTR{Port: ch.port, MTU: mtu, DestQPN: pm.qpn, RemotePSN: pm.psn, DGID: pm.gid, SGIDIndex: ch.gidIndex})
-		},
-		func() error { return qp.ReadyToSend(me.psn) },
-	}
-	for i, step := range steps {
-		if err := step(); err != nil {
-			undo()
-			return nil, fmt.Errorf("rdma: bootstrap with %s: %s: %w", peer, []string{"INIT", "RTR", "RTS"}[i], err)
+	for _, p := range []struct {
+		name           string
+		qp             verbs.QP
+		dest, psn, rts uint32
+	}{{"", qp, pm.qpn, pm.psn, me.psn}, {" (companion)", cqp, pm.cqpn, pm.cpsn, me.cpsn}} {
+		steps := []func() error{
+			func() error { return p.qp.Init(ch.port) },
+			func() error {
+				return p.qp.ReadyToReceive(verbs.RTR{Port: ch.port, MTU: mtu, DestQPN: p.dest, RemotePSN: p.psn, DGID: pm.gid, SGIDIndex: ch.gidIndex})
+			},
+			func() error { return p.qp.ReadyToSend(p.rts) },
+		}
+		for i, step := range steps {
+			if err := step(); err != nil {
+				undo()
+				return nil, fmt.Errorf("rdma: bootstrap with %s: %s%s: %w", peer, []string{"INIT", "RTR", "RTS"}[i], p.name, err)
+			}
 		}
 	}
-	l := &link{cfg: cfg, name: peer, qp: qp, cq: cq, mr: mr, arena: arena, anchor: c, slot: cfg.SlotSize,
-		capacity: cfg.SlotSize - hdrSize, epoch: epoch, peer: pm.epoch, ctl: cfg.Reserve, win: nslots - cfg.Reserve,
+	l := &link{cfg: cfg, name: peer, qp: qp, cqp: cqp, cq: cq, mr: mr, arena: arena, anchor: c, slot: cfg.SlotSize,
+		capacity: cfg.SlotSize - hdrSize, epoch: epoch, peer: pm.epoch, ctl: nctl, win: nslots,
 		nextSeq: 1, postNext: 1, maxPosted: 1, expected: 1, rto: cfg.RTO, streams: map[uint32]*stream{},
 		accept: accept, changed: make(chan struct{}), done: make(chan struct{}), anchorLocal: local.String()}
 	l.peerCredit = uint64(l.win)
@@ -730,14 +754,17 @@ func (t *Transport) bootstrap(ctx context.Context, c net.Conn, peer string, acce
 	l.sentAt = make([]time.Time, l.win)
 	l.resent = make([]bool, l.win)
 	l.ctlBusy = make([]bool, l.ctl)
+	// The arena: data send ring, data receive ring, then the companion
+	// pair's send and receive rings.
 	at := func(i int) []byte { return arena[i*cfg.SlotSize : (i+1)*cfg.SlotSize] }
+	atCtl := func(i int) []byte { return arena[dataBytes+i*ctlSlot : dataBytes+(i+1)*ctlSlot] }
 	for i := 0; i < nslots; i++ {
-		if i < l.win {
-			l.sendData = append(l.sendData, at(i))
-		} else {
-			l.sendCtl = append(l.sendCtl, at(i))
-		}
+		l.sendData = append(l.sendData, at(i))
 		l.recv = append(l.recv, at(nslots+i))
+	}
+	for i := 0; i < nctl; i++ {
+		l.sendCtl = append(l.sendCtl, atCtl(i))
+		l.recvCtl = append(l.recvCtl, atCtl(nctl+i))
 	}
 	// Receives only after RTS; SENDs only after the peer says its
 	// receives are posted.
@@ -807,6 +834,11 @@ func (l *link) startPosting() error {
 	for i := range l.recv {
 		if err := l.qp.PostRecv(idRecv|uint64(i), l.mr, l.recv[i]); err != nil {
 			return fmt.Errorf("rdma: post receive %d: %w", i, err)
+		}
+	}
+	for i := range l.recvCtl {
+		if err := l.cqp.PostRecv(idCtlRecv|uint64(i), l.mr, l.recvCtl[i]); err != nil {
+			return fmt.Errorf("rdma: post ack receive %d: %w", i, err)
 		}
 	}
 	return nil

@@ -65,6 +65,9 @@ type Faults struct {
 	MaxFaults int64
 	// From limits the faults to messages sent by this host ("" means all).
 	From string
+	// Bytes, when positive, limits Loss, LoseNth and Flip to messages of
+	// exactly this many bytes (4096: a link's ack-only slots).
+	Bytes int
 	// NoRecv chooses what a SEND with no posted RECV does.
 	NoRecv NoRecv
 	// After message SilenceAfter, host Silence goes silent (Fabric.Silence);
@@ -522,7 +525,7 @@ func (q *qp) PostSend(id uint64, m verbs.MR, buf []byte) error {
 	}
 	lose := false
 	budget := fl.MaxFaults == 0 || f.stats.Lost+f.stats.TailLost+f.stats.Flipped < fl.MaxFaults
-	if budget {
+	if budget && (fl.Bytes <= 0 || len(buf) == fl.Bytes) {
 		for _, n := range fl.LoseNth {
 			if n == msgNo {
 				lose = true
@@ -645,7 +648,7 @@ func (q *qp) land(d []byte) {
 		return
 	}
 	w := q.recvs[0]
-	q.recvs = q.recvs[1:]
+	q.recvs = q.recvs[:copy(q.recvs, q.recvs[1:])] // keeps its array: posting does not allocate
 	q.frames -= verbs.Frames(len(w.buf))
 	if verbs.Frames(len(d)) != verbs.Frames(len(w.buf)) || len(d) > len(w.buf) {
 		q.f.mu.Lock()
@@ -657,7 +660,7 @@ func (q *qp) land(d []byte) {
 	copy(w.buf, d)
 	q.f.mu.Lock()
 	fl := q.f.faults
-	if fl.Flip > 0 && (fl.From == "" || q.f.qps[q.remote] != nil && q.f.qps[q.remote].h.name == fl.From) &&
+	if fl.Flip > 0 && (fl.Bytes <= 0 || len(d) == fl.Bytes) && (fl.From == "" || q.f.qps[q.remote] != nil && q.f.qps[q.remote].h.name == fl.From) &&
 		(fl.MaxFaults == 0 || q.f.stats.Lost+q.f.stats.TailLost+q.f.stats.Flipped < fl.MaxFaults) &&
 		q.f.rng.Float64() < fl.Flip && len(d) > 0 {
 		bit := q.f.rng.IntN(len(d) * 8)
