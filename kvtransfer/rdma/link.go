@@ -89,6 +89,10 @@ type link struct {
 	sendData, sendCtl, recv, recvCtl [][]byte
 
 	mu sync.Mutex
+	// Sends are collected under mu and posted by unlock, outside it.
+	posts   []post     // guarded by mu
+	postMu  sync.Mutex // taken under mu, held while posting: posts keep their order
+	posting []post     // guarded by postMu: the batch being posted
 	// send side
 	nextSeq    uint64 // next sequence number to assign (from 1)
 	postNext   uint64 // next sequence number to post (go-back-N moves it back)
@@ -122,6 +126,7 @@ type link struct {
 	nextStream            uint32
 	accept                chan *stream // listener side: streams the peer opened
 	changed               chan struct{}
+	freed                 bool // handle: a writer waiting on changed may go on
 	err                   error
 	done                  chan struct{}
 	users                 sync.WaitGroup // goroutines touching the arena outside mu
@@ -132,6 +137,53 @@ type link struct {
 
 func (l *link) credit() uint64 { return l.consumed + uint64(l.win) }
 
+// post is a SEND collected under mu.
+type post struct {
+	qp  verbs.QP
+	id  uint64
+	buf []byte
+	ctl bool // an ack-only slot (for the error)
+}
+
+// unlock releases mu and then posts the sends collected under it, in
+// order. Every path that releases mu goes through here. A SEND copies
+// its slot (the fake wire's memcpy, a device's DMA read) and, on the fake
+// wire, lands it in the peer's slot: outside mu, the poller, readers and
+// writers of the link do not wait for that copy. postMu, taken before mu
+// is released, keeps the posts of all goroutines in the order they were
+// collected, and the poster counts as a user of the arena, so teardown
+// waits for it. A slot collected stays untouched until its send
+// completion (inflight, ctlBusy), which comes once its bytes are read.
+func (l *link) unlock() {
+	if len(l.posts) == 0 || l.err != nil {
+		l.posts = l.posts[:0]
+		l.mu.Unlock()
+		return
+	}
+	l.postMu.Lock()
+	l.posting, l.posts = l.posts, l.posting[:0]
+	l.users.Add(1)
+	l.mu.Unlock()
+	var err error
+	for _, p := range l.posting {
+		if err = p.qp.PostSend(p.id, l.mr, p.buf); err != nil {
+			what := "post send"
+			if p.ctl {
+				what = "post ack-only slot"
+			}
+			err = fmt.Errorf("rdma: link to %s: %s: %w", l.name, what, err)
+			break
+		}
+	}
+	clear(l.posting)
+	l.posting = l.posting[:0]
+	l.postMu.Unlock()
+	l.users.Done()
+	if err != nil {
+		l.fail(err)
+	}
+}
+
 // broadcast wakes every waiter; call with mu held.
 func (l *link) broadcast() {
 	close(l.changed)
@@ -141,7 +193,7 @@ func (l *link) broadcast() {
 // fail breaks the link once; every stream fails with err.
 func (l *link) fail(err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.failLocked(err)
 }
 
@@ -279,7 +331,7 @@ func (l *link) handle(wcs []verbs.WC) {
 		got = append(got, a)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	if l.err != nil {
 		return
 	}
@@ -290,6 +342,9 @@ func (l *link) handle(wcs []verbs.WC) {
 		case idData:
 			if idx < len(l.inflight) {
 				l.inflight[idx] = false
+				// Reusable once acked too (ready cleared): the ack
+				// may have come first.
+				l.freed = l.freed || !l.ready[idx]
 			}
 		case idCtl:
 			if idx < len(l.ctlBusy) {
@@ -324,7 +379,13 @@ func (l *link) handle(wcs []verbs.WC) {
 	}
 	l.pump()
 	l.maybeAck()
-	l.broadcast()
+	// Writers (reserve, open, close) wait for a slot to come free or for
+	// their stream to close; waking them for every batch of completions
+	// woke each writer once per slot the link received.
+	if l.freed {
+		l.freed = false
+		l.broadcast()
+	}
 }
 
 // repost gives a data receive slot back to the data pair; with mu held.
@@ -384,6 +445,7 @@ func (l *link) arrive(a arrival) {
 			l.rtt.sample(time.Since(l.sentAt[i]))
 		}
 		l.acked = h.ack
+		l.freed = true
 		l.tries = 0
 		l.rto = l.baseRTO()
 		if l.postNext <= l.acked {
@@ -462,6 +524,7 @@ func (l *link) arrive(a arrival) {
 		if s := l.streams[h.stream]; s != nil {
 			s.peerClosed = true
 			s.wake()
+			l.freed = true // its writer fails now
 		}
 	case kindData:
 		s := l.streams[h.stream]
@@ -478,7 +541,7 @@ func (l *link) arrive(a arrival) {
 // release hands a consumed data slot back; called by readers.
 func (l *link) release(idx int) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.releaseLocked(idx)
 }
 
@@ -504,7 +567,7 @@ func (l *link) armAck() {
 
 func (l *link) onAckTimer() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.ackArmed = false
 	if l.err != nil {
 		return
@@ -552,10 +615,7 @@ func (l *link) sendControl(flags uint8) {
 	l.ctlNext = i + 1
 	h := slotHeader{epoch: l.epoch, ack: l.expected - 1, credit: l.credit(), kind: kindCtl, flags: flags}
 	h.put(l.sendCtl[i])
-	if err := l.cqp.PostSend(idCtl|uint64(i), l.mr, l.sendCtl[i]); err != nil {
-		l.failLocked(fmt.Errorf("rdma: link to %s: post control slot: %w", l.name, err))
-		return
-	}
+	l.posts = append(l.posts, post{qp: l.cqp, id: idCtl | uint64(i), buf: l.sendCtl[i], ctl: true})
 	l.ctlBusy[i] = true
 	l.ackSent, l.creditSent = h.ack, h.credit
 	l.stats.AcksSent++
@@ -581,10 +641,7 @@ func (l *link) pump() {
 		b := l.sendData[i]
 		ack, credit := l.expected-1, l.credit()
 		refresh(b, ack, credit)
-		if err := l.qp.PostSend(idData|uint64(i), l.mr, b); err != nil {
-			l.failLocked(fmt.Errorf("rdma: link to %s: post send: %w", l.name, err))
-			return
-		}
+		l.posts = append(l.posts, post{qp: l.qp, id: idData | uint64(i), buf: b})
 		l.inflight[i] = true
 		l.ackSent, l.creditSent = ack, credit
 		l.stats.SlotsSent++
@@ -658,7 +715,7 @@ func (l *link) armRetransmit(restart bool) {
 
 func (l *link) onRetransmit() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	if l.err != nil || l.rtxAt.IsZero() {
 		return
 	}
@@ -698,7 +755,7 @@ func (l *link) onRetransmit() {
 // them. The caller fills the slot outside the lock and calls commit.
 func (l *link) reserve(deadline *deadline, s *stream, start bool, frame, head int) (seq uint64, h slotHeader, buf []byte, err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	for {
 		if l.err != nil {
 			return 0, h, nil, l.err
@@ -726,7 +783,7 @@ func (l *link) reserve(deadline *deadline, s *stream, start bool, frame, head in
 			return seq, slotHeader{stream: s.id, kind: kindData}, l.sendData[i], nil
 		}
 		ch := l.changed
-		l.mu.Unlock()
+		l.unlock()
 		select {
 		case <-ch:
 		case <-deadline.wait():
@@ -744,7 +801,7 @@ func (l *link) commit(seq uint64, h slotHeader, buf []byte, s *stream) {
 	h.epoch, h.seq = l.epoch, seq
 	h.put(buf)
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.users.Done()
 	if l.err != nil {
 		return

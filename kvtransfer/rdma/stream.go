@@ -142,29 +142,29 @@ func (s *stream) next() (r rslot, off, frames int, err error) {
 	l.mu.Lock()
 	for {
 		if s.closed {
-			l.mu.Unlock()
+			l.unlock()
 			return rslot{}, 0, 0, ErrClosed
 		}
 		if len(s.queue) > 0 {
 			if l.err != nil {
-				l.mu.Unlock()
+				l.unlock()
 				return rslot{}, 0, 0, l.err
 			}
 			s.busy = true
 			l.users.Add(1)
 			r, off, frames = s.queue[0], s.off, s.frames
-			l.mu.Unlock()
+			l.unlock()
 			return r, off, frames, nil
 		}
 		if l.err != nil {
-			l.mu.Unlock()
+			l.unlock()
 			return rslot{}, 0, 0, l.err
 		}
 		if s.peerClosed {
-			l.mu.Unlock()
+			l.unlock()
 			return rslot{}, 0, 0, io.EOF
 		}
-		l.mu.Unlock()
+		l.unlock()
 		select {
 		case <-s.notify:
 		case <-l.done:
@@ -180,7 +180,7 @@ func (s *stream) next() (r rslot, off, frames int, err error) {
 func (s *stream) done(r rslot, off, frames int, drop bool) {
 	l := s.l
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.users.Done()
 	s.busy = false
 	if s.closed {
@@ -347,7 +347,7 @@ func (s *stream) Close() error {
 	l := s.l
 	l.mu.Lock()
 	if s.closed {
-		l.mu.Unlock()
+		l.unlock()
 		return nil
 	}
 	s.closed = true
@@ -362,14 +362,14 @@ func (s *stream) Close() error {
 	peerClosed := s.peerClosed
 	s.wake()
 	l.broadcast()
-	l.mu.Unlock()
+	l.unlock()
 	if !peerClosed {
 		// Best effort and bounded: a slot may have to wait for credit.
 		s.sendClose()
 	}
 	l.mu.Lock()
 	delete(l.streams, s.id)
-	l.mu.Unlock()
+	l.unlock()
 	s.rd.stop()
 	s.wd.stop()
 	return nil
@@ -380,10 +380,10 @@ func (s *stream) sendClose() {
 	t := time.NewTimer(l.cfg.CloseWait)
 	defer t.Stop()
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	for l.err == nil && !l.sendSequenced(kindClose, s.id) {
 		ch := l.changed
-		l.mu.Unlock()
+		l.unlock()
 		select {
 		case <-ch:
 		case <-t.C:

@@ -186,7 +186,7 @@ func (t *Transport) Stats() LinkStats {
 	for _, l := range ls {
 		l.mu.Lock()
 		s.add(l.stats)
-		l.mu.Unlock()
+		l.unlock()
 	}
 	return s
 }
@@ -279,14 +279,14 @@ func (t *Transport) linkTo(ctx context.Context, addr string) (*link, error) {
 
 func (l *link) alive() bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	return l.err == nil
 }
 
 // open starts a stream: a sequenced OPEN slot tells the listener.
 func (l *link) open(ctx context.Context) (*stream, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	for {
 		if l.err != nil {
 			return nil, l.err
@@ -300,7 +300,7 @@ func (l *link) open(ctx context.Context) (*stream, error) {
 		}
 		l.nextStream--
 		ch := l.changed
-		l.mu.Unlock()
+		l.unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -316,7 +316,7 @@ func (l *link) closeLink() {
 	l.mu.Lock()
 	a := l.anchor
 	alive := l.err == nil
-	l.mu.Unlock()
+	l.unlock()
 	if alive && a != nil {
 		a.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		a.Write([]byte{anchorBye})

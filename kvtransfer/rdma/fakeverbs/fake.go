@@ -8,8 +8,8 @@
 //     the receiver gets a local-length-error completion and the message is
 //     lost. With no posted RECV the message is dropped (or, in NoRecvBlock
 //     mode, waits for one, as hardware credits might make it).
-//   - Completions are local only: a send completion means the message left,
-//     never that it arrived.
+//   - Completions are local only: a send completion means the message left
+//     (its buffer was read and may be reused), never that it arrived.
 //   - Limits: posted receives and sends are counted in 4 KiB frames against
 //     the queue pair's MaxRecvWR and MaxSendWR; at most 100 memory regions
 //     per device, page-aligned, with remote access flags; a completion queue
@@ -543,20 +543,26 @@ func (q *qp) PostSend(id uint64, m verbs.MR, buf []byte) error {
 		f.stats.Lost++
 	}
 	f.mu.Unlock()
-	// The local completion comes whatever happens to the message.
-	q.scq.push(verbs.WC{ID: id, Status: verbs.StatusSuccess, Opcode: verbs.OpSend, ByteLen: uint32(len(buf)), QPNum: q.num})
+	// The local completion comes whatever happens to the message, and only
+	// once its bytes are read: the sender may reuse the buffer after it.
+	done := func() {
+		q.scq.push(verbs.WC{ID: id, Status: verbs.StatusSuccess, Opcode: verbs.OpSend, ByteLen: uint32(len(buf)), QPNum: q.num})
+	}
 	if silent || lose {
+		done()
 		return nil
 	}
 	if wire != nil {
-		// Copied now: the sender may reuse its buffer after the completion.
+		m := message{data: append([]byte(nil), buf...), due: time.Now().Add(fl.Delay)}
+		done()
 		select {
-		case wire <- message{data: append([]byte(nil), buf...), due: time.Now().Add(fl.Delay)}:
+		case wire <- m:
 		case <-q.stop:
 		}
 		return nil
 	}
 	r.land(buf)
+	done()
 	return nil
 }
 
