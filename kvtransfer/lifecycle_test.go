@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
 	"github.com/tandem-inference/tandem/model"
@@ -31,19 +33,32 @@ func newSender(t *testing.T, tr Transport, sid string, place Placement, mod func
 // sender learns it and both sides free their buffers.
 func TestReceiverDeadline(t *testing.T) {
 	r := newRig(t, "tiny", 1, ServerConfig{})
+	// The deadline is far, and brought forward once the layers sent are
+	// verified: a deadline that passes while they are still on the wire
+	// (a loaded machine took over 300 ms for layer 0 over the RDMA link)
+	// names an earlier layer.
 	in, err := r.servers[0].Expect(ExpectSpec{Job: "job-7", Session: "dl", Secret: testSecret, Model: r.cfg,
-		Layers: kvtest.AllLayers(9), Tokens: 5, Deadline: time.Now().Add(300 * time.Millisecond)})
+		Layers: kvtest.AllLayers(9), Tokens: 5, Deadline: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	src := kvtest.RandomSeq(r.cfg, kvtest.AllLayers(9), 5, model.BF16, 1)
-	s := newSender(t, r.client, "dl", r.place, nil)
-	ctx := context.Background()
-	for _, L := range []int{0, 1, 2, 4} { // layer 3 never comes
+	s := newSender(t, r.client, "dl", r.place, func(c *SenderConfig) { c.Deadline = time.Now().Add(time.Hour) })
+	ctx := testctx.Context(t)
+	sent := []int{0, 1, 2, 4} // layer 3 never comes
+	for _, L := range sent {
 		if err := s.PutLayer(ctx, src.Layers[L]); err != nil {
 			t.Fatal(err)
 		}
 	}
+	for !layersVerified(in, sent) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("layers %v not verified: %v", sent, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	in.s.timer.Reset(0)
 	_, err = in.Wait(ctx)
 	var e *Error
 	if !errors.As(err, &e) || !errors.Is(err, ErrDeadline) || e.Job != "job-7" || e.Layer != 3 || e.Peer == "" {
@@ -57,6 +72,19 @@ func TestReceiverDeadline(t *testing.T) {
 		t.Errorf("sender holds %d bytes", st.HeldBytes)
 	}
 	r.checkFreed()
+}
+
+// layersVerified reports whether every chunk of the layers has been
+// verified by the receiving session.
+func layersVerified(in *Incoming, layers []int) bool {
+	in.s.mu.Lock()
+	defer in.s.mu.Unlock()
+	for _, rl := range in.s.layers {
+		if slices.Contains(layers, rl.L) && rl.missing > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // TestSenderDeadlineNoServer: nothing listens at the endpoint; the sender
