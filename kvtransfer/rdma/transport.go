@@ -7,15 +7,15 @@
 // acks, one completion queue and one page-aligned arena outside the Go
 // heap, registered as one memory region and cut into fixed-size slots: a
 // send ring and a receive ring of data slots, and smaller rings of 4 KiB
-// ack-only slots. Every SEND fills a whole slot, as Apple's stack needs. Each slot carries a header with the
-// link sequence number, the stream id, the fragment index and count, the
-// length, a piggybacked cumulative ack and credit, and checksums. The
-// sender holds each slot until it is acknowledged, retransmits from the
-// first unacknowledged one (go-back-N) on a NAK or after a timeout with
-// backoff, and fails the link after a bounded number of tries. The receiver
-// drops out-of-sequence and damaged slots and asks again. Credits bound the
-// slots in flight by the receiver's posted buffers, so the receive ring
-// never overflows.
+// ack-only slots. Every SEND fills a whole slot, as Apple's stack needs.
+// Each slot carries a header with the link sequence number, the stream
+// id, the fragment index and count, the length, a piggybacked cumulative
+// ack and credit, and checksums. The sender holds each slot until it is
+// acknowledged, retransmits from the first unacknowledged one (go-back-N)
+// on a NAK or after a timeout with backoff, and fails the link after a
+// bounded number of tries. The receiver drops out-of-sequence and damaged
+// slots and asks again. Credits bound the slots in flight by the
+// receiver's posted buffers, so the receive ring never overflows.
 //
 // A TCP connection bootstraps each link (queue pair numbers, GIDs, slot
 // size and count, epochs; the queue pairs go to RTS, receives are posted
