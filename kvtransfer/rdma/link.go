@@ -106,7 +106,9 @@ type link struct {
 	ctlNext    int
 	goBack     uint64 // base of the last go-back on a NAK
 	probeSeq   uint64 // maxPosted when the timer sent a probe (0: none pending)
+	probeNum   uint16 // the number of the last probe sent
 	probeAsked bool   // the peer probed us: answer with flagProbeReply
+	probeFor   uint16 // the number of the probe to answer
 	rto        time.Duration
 	rtt        rttEstimator // round trips of slots sent once
 	sentAt     []time.Time  // per data slot: when it was first posted
@@ -467,13 +469,10 @@ func (l *link) arrive(a arrival) {
 		l.stats.FastRetransmits++
 	}
 	if h.flags&flagProbe != 0 {
-		l.probeAsked = true
+		l.probeAsked, l.probeFor = true, h.probe
 	}
-	if h.flags&flagProbeReply != 0 && l.probeSeq != 0 {
-		// UC keeps order: the reply's ack covers every slot sent before
-		// the probe that arrived, so the rest are lost; a slot whose ack
-		// was only late is not resent.
-		if h.ack == l.acked && h.ack+1 < l.probeSeq {
+	if settled, resend := probeAnswer(h, l.acked, l.probeSeq, l.probeNum); settled {
+		if resend {
 			l.postNext = h.ack + 1
 			l.goBack = h.ack + 1
 		}
@@ -536,6 +535,22 @@ func (l *link) arrive(a arrival) {
 		s.queue = append(s.queue, rslot{idx: a.idx, h: h})
 		s.wake()
 	}
+}
+
+// probeAnswer reads h as the answer to the probe pending, number num,
+// sent when maxPosted was probeSeq (0: none pending); acked already
+// counts h's ack. Only that probe's answer settles it: an answer to an
+// older probe, which came after the timer sent the next one, says nothing
+// about the slots sent since, and taking it for the pending one resent
+// slots that were only late. The answer's ack covers every slot sent
+// before the probe that arrived (the wire keeps order), so with an ack
+// that did not move and is short of probeSeq, the slots from ack+1 are
+// lost: resend them.
+func probeAnswer(h slotHeader, acked, probeSeq uint64, num uint16) (settled, resend bool) {
+	if h.flags&flagProbeReply == 0 || probeSeq == 0 || h.probe != num {
+		return false, false
+	}
+	return true, h.ack == acked && h.ack+1 < probeSeq
 }
 
 // release hands a consumed data slot back; called by readers.
@@ -614,6 +629,12 @@ func (l *link) sendControl(flags uint8) {
 	}
 	l.ctlNext = i + 1
 	h := slotHeader{epoch: l.epoch, ack: l.expected - 1, credit: l.credit(), kind: kindCtl, flags: flags}
+	switch {
+	case flags&flagProbe != 0:
+		h.probe = l.probeNum
+	case flags&flagProbeReply != 0:
+		h.probe = l.probeFor
+	}
 	h.put(l.sendCtl[i])
 	l.posts = append(l.posts, post{qp: l.cqp, id: idCtl | uint64(i), buf: l.sendCtl[i], ctl: true})
 	l.ctlBusy[i] = true
@@ -738,6 +759,9 @@ func (l *link) onRetransmit() {
 	// slot whose ack is only late (a loaded receiver) is not sent again;
 	// with only credit missing, the reply carries it.
 	l.probeSeq = l.maxPosted
+	if l.probeNum++; l.probeNum == 0 {
+		l.probeNum = 1
+	}
 	l.sendControl(flagProbe)
 	l.armRetransmit(true)
 }

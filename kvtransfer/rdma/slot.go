@@ -15,7 +15,8 @@ import (
 //	16 u64 ack: the sender's cumulative ack (every seq up to it arrived)
 //	24 u64 credit: the highest seq the sender of this slot can take now
 //	32 u32 stream id
-//	36 u8  kind, 37 u8 flags, 38 u16 zero
+//	36 u8  kind, 37 u8 flags, 38 u16 probe: a probe's number, echoed by
+//	       its answer (zero otherwise)
 //	40 u32 data: bytes at the start of the payload continuing a frame
 //	       begun in an earlier slot of the stream
 //	44 u32 data: frames that start in this slot (each with its prefix)
@@ -55,6 +56,7 @@ type slotHeader struct {
 	stream      uint32
 	kind        kind
 	flags       uint8
+	probe       uint16 // flagProbe: its number; flagProbeReply: the number answered
 	frag, nfrag uint32 // data: continuation bytes at the start, frames starting here
 	n           uint32
 	pcrc        uint32
@@ -70,7 +72,8 @@ func (h *slotHeader) put(b []byte) {
 	le.PutUint64(b[16:], h.ack)
 	le.PutUint64(b[24:], h.credit)
 	le.PutUint32(b[32:], h.stream)
-	b[36], b[37], b[38], b[39] = byte(h.kind), h.flags, 0, 0
+	b[36], b[37] = byte(h.kind), h.flags
+	le.PutUint16(b[38:], h.probe)
 	le.PutUint32(b[40:], h.frag)
 	le.PutUint32(b[44:], h.nfrag)
 	le.PutUint32(b[48:], h.n)
@@ -98,7 +101,7 @@ func parse(b []byte, maxPayload int) (h slotHeader, ok bool) {
 		return h, false
 	}
 	h = slotHeader{epoch: le.Uint32(b[4:]), seq: le.Uint64(b[8:]), ack: le.Uint64(b[16:]), credit: le.Uint64(b[24:]),
-		stream: le.Uint32(b[32:]), kind: kind(b[36]), flags: b[37], frag: le.Uint32(b[40:]), nfrag: le.Uint32(b[44:]),
+		stream: le.Uint32(b[32:]), kind: kind(b[36]), flags: b[37], probe: le.Uint16(b[38:]), frag: le.Uint32(b[40:]), nfrag: le.Uint32(b[44:]),
 		n: le.Uint32(b[48:]), pcrc: le.Uint32(b[pcrcAt:])}
 	if int(h.n) > maxPayload || int(h.n) > len(b)-hdrSize || h.kind < kindData || h.kind > kindCtl {
 		return h, false
