@@ -21,6 +21,17 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// The test rings' link liveness: a link silent for testIdle is taken for
+// dead and dropped, with whatever it held. Generous, so that a loaded
+// machine's stall (a 400 ms limit dropped links, and their messages, in
+// TestRingOrderAndSplit under -race at load 100) is not a dead peer; the
+// tests of a closed or silent peer do not wait for it (a close is seen at
+// once, and TestRingSilentPeer sets its own).
+const (
+	testHeartbeat = 100 * time.Millisecond
+	testIdle      = 3 * time.Second
+)
+
 var secret = []byte("mesh-test-secret-0123456789")
 
 // overRDMA runs the ring tests over the RDMA link on fake verbs
@@ -67,7 +78,7 @@ func newTestRing(t *testing.T, n int, via func(r int, next string) string, mod f
 	}
 	for r := 0; r < n; r++ {
 		cfg := Config{Group: "g", Rank: r, Ranks: n, Server: tr.srvs[r], Next: tr.srvs[(r+1)%n].Addr(), Secret: secret,
-			Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond, Transport: tr.trs[r]}
+			Heartbeat: testHeartbeat, Idle: testIdle, Transport: tr.trs[r]}
 		if via != nil {
 			cfg.Next = via(r, cfg.Next)
 		}
@@ -209,7 +220,7 @@ func TestRingRestart(t *testing.T) {
 	}
 	tr.srvs[1] = srv
 	r1, err := Start(Config{Group: "g", Rank: 1, Ranks: 2, Server: srv, Next: tr.srvs[0].Addr(), Secret: secret,
-		Heartbeat: 50 * time.Millisecond, Idle: 400 * time.Millisecond, Transport: tr.trs[1]})
+		Heartbeat: testHeartbeat, Idle: testIdle, Transport: tr.trs[1]})
 	if err != nil {
 		t.Fatal(err)
 	}
