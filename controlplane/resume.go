@@ -97,6 +97,15 @@ func (r *JobStatusReply) SetError(code ErrorCode, text string) {
 	*r = JobStatusReply{JobID: r.JobID, WorkerID: r.WorkerID, Error: text, Code: code}
 }
 
+// StatusOf is worker's account of job from its latest report p (nil: the
+// job is unknown there). running says the worker still holds the job's
+// runner; a runner whose report is already final is only putting the job
+// away, so the job is ended, not held.
+func StatusOf(job, worker string, p *Progress, running bool) *JobStatusReply {
+	return &JobStatusReply{JobID: job, WorkerID: worker, Progress: p,
+		Held: running && (p == nil || !p.Stage.Final())}
+}
+
 // Err returns the reply's error as a *RemoteError, or nil.
 func (r *JobStatusReply) Err() error { return replyErr(r.Error, r.Code) }
 

@@ -105,3 +105,31 @@ func TestResultsKeepFinalEvents(t *testing.T) {
 		t.Fatal("a job that has not ended has no result")
 	}
 }
+
+// A runner that has sent its final report but not yet put the job away
+// (the window CI once hit) reports the job ended, never held with a final
+// report, which no peer would accept.
+func TestStatusOfARunnerPuttingAJobAway(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		p        *Progress
+		running  bool
+		held     bool
+		finished bool
+	}{
+		{"unknown", nil, false, false, false},
+		{"admitting", nil, true, true, false},
+		{"decoding", finalReport("j1", StateDecoding), true, true, false},
+		{"ended, runner still there", finalReport("j1", StateDone), true, false, true},
+		{"cancelled, runner still there", finalReport("j1", StateCancelled), true, false, true},
+		{"ended, put away", finalReport("j1", StateDone), false, false, true},
+	} {
+		r := StatusOf("j1", "w", tc.p, tc.running)
+		if err := r.Validate(); err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if r.Held != tc.held || r.Finished() != tc.finished {
+			t.Errorf("%s: held %v finished %v, want %v %v", tc.name, r.Held, r.Finished(), tc.held, tc.finished)
+		}
+	}
+}

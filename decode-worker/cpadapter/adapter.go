@@ -490,7 +490,9 @@ func (a *Adapter) cancelJob(ctx context.Context, req *cp.CancelRequest) (*cp.Can
 // that stopped cleanly cancelled it and handed it back to the queue).
 func (a *Adapter) knownLocked(id string) (p *cp.Progress, held bool) {
 	if s := a.streams[id]; s != nil {
-		return s.snapshot(), true
+		// A final report: the stream is only putting the job away.
+		p := s.snapshot()
+		return p, !p.Stage.Final()
 	}
 	if p, ok := a.ended.Get(id, time.Now()); ok {
 		if p.Stage == cp.StateCancelled {
@@ -504,15 +506,13 @@ func (a *Adapter) knownLocked(id string) (p *cp.Progress, held bool) {
 
 // status answers what rank 0 knows of a job, changing nothing.
 func (a *Adapter) status(_ context.Context, req *cp.JobStatusRequest) (*cp.JobStatusReply, error) {
-	rep := &cp.JobStatusReply{JobID: req.JobID, WorkerID: a.cfg.WorkerID}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s := a.streams[req.JobID]; s != nil {
-		rep.Held, rep.Progress = true, s.snapshot()
-	} else if p, ok := a.ended.Get(req.JobID, time.Now()); ok {
-		rep.Progress = p
+		return cp.StatusOf(req.JobID, a.cfg.WorkerID, s.snapshot(), true), nil
 	}
-	return rep, nil
+	p, _ := a.ended.Get(req.JobID, time.Now())
+	return cp.StatusOf(req.JobID, a.cfg.WorkerID, p, false), nil
 }
 
 // done forgets a finished stream, remembering its final report (nil: the

@@ -439,15 +439,13 @@ func (j *job) snapshot(worker string) *cp.Progress {
 
 // status answers what the worker knows of a job, changing nothing.
 func (a *Adapter) status(_ context.Context, req *cp.JobStatusRequest) (*cp.JobStatusReply, error) {
-	rep := &cp.JobStatusReply{JobID: req.JobID, WorkerID: a.cfg.WorkerID}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if j := a.jobs[req.JobID]; j != nil {
-		rep.Held, rep.Progress = true, j.snapshot(a.cfg.WorkerID)
-	} else if p, ok := a.ended.Get(req.JobID, time.Now()); ok {
-		rep.Progress = p
+		return cp.StatusOf(req.JobID, a.cfg.WorkerID, j.snapshot(a.cfg.WorkerID), true), nil
 	}
-	return rep, nil
+	p, _ := a.ended.Get(req.JobID, time.Now())
+	return cp.StatusOf(req.JobID, a.cfg.WorkerID, p, false), nil
 }
 
 // measured are the figures of the latest pass and of this job's transfer
