@@ -413,3 +413,52 @@ func TestLadderSamplesPriceTheLongPrompt(t *testing.T) {
 		t.Fatalf("one factor fitted to 1k prices 16k at %.2f of its time: the test does not need the attention term", 1/r)
 	}
 }
+
+// TestTimedAttentionPricesTheLongPrompt: prompts of 255 to 4095 tokens
+// whose linear work ran slower the shorter the prompt (a chunk's fixed
+// costs, as the quiet ladder run measured), with the attention a small
+// part of every time. Fitted from their whole times the attention's rate
+// is not pinned and 16k is priced far short; with the attention timed
+// apart, its rate is the truth's and 16k is priced within 10%.
+func TestTimedAttentionPricesTheLongPrompt(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	lens := []int{255, 1023, 4095, 255, 1023, 4095}
+	slow := []float64{1.25, 1.1, 1.0, 1.25, 1.1, 1.0} // the linear work's, by prompt
+	var timed, whole []Sample
+	for i, n := range lens {
+		w := m.Work(0, n)
+		lin := w
+		lin.Attn = 0
+		attn := FLOPs{Attn: w.Attn}.Time(truth)
+		took := time.Duration(float64(truth.Time(lin, m.Layers))*slow[i]) + attn
+		timed = append(timed, Sample{Work: w, Calls: m.Layers, Took: took, Attention: attn})
+		whole = append(whole, Sample{Work: w, Calls: m.Layers, Took: took})
+	}
+	want := truth.Time(m.Work(0, 16383), m.Layers).Seconds()
+	price := func(ss []Sample) (float64, Compute) {
+		c, _, err := Fit(Compute{}, ss)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return want / c.Time(m.Work(0, 16383), m.Layers).Seconds(), c
+	}
+	r, c := price(whole)
+	t.Logf("whole times: 16k measured/predicted %.2f (%v)", r, c)
+	if r < 1.2 {
+		t.Fatalf("fitted from whole times, 16k is priced at %.2f of the truth: the test does not need the attention timed", 1/r)
+	}
+	r, c = price(timed)
+	t.Logf("attention timed: 16k measured/predicted %.2f (%v)", r, c)
+	if r < 0.9 || r > 1.1 {
+		t.Errorf("with the attention timed apart 16k is priced at %.2f of the truth", 1/r)
+	}
+	if a := c.Attention() / truth.Attention(); math.Abs(a-1) > 1e-6 {
+		t.Errorf("attention rate %v GFLOP/s, timed at %v", c.Attention(), truth.Attention())
+	}
+	// A worker that timed more attention than the whole sample is refused.
+	bad := timed[0]
+	bad.Attention = bad.Took + 1
+	if _, _, err := Fit(Compute{}, []Sample{bad}); err == nil || !strings.Contains(err.Error(), "not a measurement") {
+		t.Errorf("a sample with more attention than time: %v", err)
+	}
+}

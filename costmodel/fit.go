@@ -10,11 +10,13 @@ import (
 )
 
 // Sample is one measured piece of prefill: Work done in Calls layer calls
-// took Took.
+// took Took, of which Attention in the MLA attention when the worker timed
+// that apart (zero: not timed).
 type Sample struct {
-	Work  FLOPs
-	Calls int
-	Took  time.Duration
+	Work      FLOPs
+	Calls     int
+	Took      time.Duration
+	Attention time.Duration
 }
 
 // Fit explains measured samples by base's rates scaled by two factors, one
@@ -36,6 +38,14 @@ type Sample struct {
 // size: the form that prices unseen prompt lengths best. A form is
 // considered only when more sizes were measured than it has terms; one
 // size gives the single factor.
+//
+// Samples that timed their attention apart (Sample.Attention) give its
+// factor outright, which the prompts' whole times cannot until the
+// attention dominates them: on the CPU it runs at a fifth of the linear
+// work's rate, yet a 4096-token prompt spends under a third of its time
+// there. The factor is their attention time over their attention work at
+// base's rates, summed over them (so the longest weigh most), and the
+// rest of every sample's time is fitted as above without the attention.
 func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error) {
 	if !base.Known() {
 		base = Uniform(1, 0)
@@ -48,10 +58,20 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 		if s.Took <= 0 || s.Calls < 0 || !(s.Work.Total() > 0) || math.IsInf(s.Work.Total(), 0) {
 			return Compute{}, 0, fmt.Errorf("fit: sample %d (%.3g FLOP in %d layer calls, %v) is not a measurement", i, s.Work.Total(), s.Calls, s.Took)
 		}
+		if s.Attention < 0 || s.Attention > s.Took || s.Attention > 0 && !(s.Work.Attn > 0) {
+			return Compute{}, 0, fmt.Errorf("fit: sample %d spent %v in the attention of %.3g FLOP, of %v in all: not a measurement", i, s.Attention, s.Work.Attn, s.Took)
+		}
 		rows = append(rows, fitRow{s.Work.seconds(lin), s.Work.Attn / base.Attention() / 1e9, float64(s.Calls), s.Took.Seconds()})
 	}
 	if len(rows) == 0 {
 		return Compute{}, 0, errors.New("fit: no samples")
+	}
+	all := rows
+	attnFactor, timed := timedAttention(samples, rows)
+	if timed {
+		if rows = withoutAttention(samples, rows, attnFactor); len(rows) == 0 {
+			return Compute{}, 0, errors.New("fit: the attention took all of every time measured")
+		}
 	}
 	sizes := sizeGroups(rows)
 	if len(sizes) >= 2 {
@@ -101,15 +121,52 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 		return Compute{}, 0, errors.New("fit: the time does not grow with the work; measure longer prompts")
 	}
 	attn := x[1]
+	if timed {
+		attn = attnFactor
+		x[1] = attn
+	}
 	if !(attn > 0) {
 		attn = x[0] // no attention in the samples: keep base's ratio
 	}
 	fit = Compute{KDA: base.KDA / x[0], MLA: base.MLA / x[0], MLAAttention: base.Attention() / attn, MoE: base.MoE / x[0],
 		Dense: base.Dense / x[0], Layer: time.Duration(math.Round(x[2] * float64(time.Second)))}
-	for _, r := range rows {
+	for _, r := range all {
 		worst = max(worst, math.Abs(r.predict(x)-r.took)/r.took)
 	}
 	return fit, worst, nil
+}
+
+// timedAttention is the attention's factor from the samples that timed it:
+// their attention seconds over their attention seconds at base's rates.
+func timedAttention(samples []Sample, rows []fitRow) (factor float64, ok bool) {
+	var took, at float64
+	for i, s := range samples {
+		if s.Attention > 0 {
+			took += s.Attention.Seconds()
+			at += rows[i].at
+		}
+	}
+	if !(at > 0) {
+		return 0, false
+	}
+	return took / at, true
+}
+
+// withoutAttention is the rows less their attention: its time measured, or
+// at the factor where not timed. A row whose time that leaves nothing of
+// says nothing of the rest and is left out.
+func withoutAttention(samples []Sample, rows []fitRow, factor float64) []fitRow {
+	rest := make([]fitRow, 0, len(rows))
+	for i, r := range rows {
+		a := factor * r.at
+		if samples[i].Attention > 0 {
+			a = samples[i].Attention.Seconds()
+		}
+		if r.took-a > 0 {
+			rest = append(rest, fitRow{l: r.l, calls: r.calls, took: r.took - a})
+		}
+	}
+	return rest
 }
 
 // fitForm is one of the nested forms Fit chooses among: which of the

@@ -11,8 +11,9 @@ import (
 // step included, from that run's jobs.jsonl) and holds the figures the
 // docs give: below 16k tokens only the 4096-token sample shows the
 // attention, so the fit keeps one factor, and 16k, which took 406 s, is
-// priced at under 1/1.33 of that. The docs' next step (the attention timed
-// apart) is what should make this test fail and be rewritten.
+// priced at under 1/1.33 of that. This is why the workers now time the
+// attention apart (Sample.Attention; TestTimedAttentionPricesTheLongPrompt):
+// from whole times alone no fit prices the long prompt.
 func TestQuietLadderLocalSamples(t *testing.T) {
 	m := New(config(t, "small"), 2)
 	const chunk = 512

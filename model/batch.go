@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/tandem-inference/tandem/kernels"
 )
@@ -31,6 +32,13 @@ type Batch struct {
 	Spans   []kernels.Span
 	Partial *kernels.Tensor   // [rows, d]
 	Stack   []*kernels.Tensor // completed blocks, each [rows, d]
+
+	// Attention, when not nil, adds up each sequence's time in the MLA
+	// attention, the one op whose cost grows with the context, so that a
+	// worker fits its rate apart from the rest (a prompt's whole time
+	// cannot tell the two apart until the attention dominates it). Only
+	// a backend whose ops run in the call is timed (not a device one).
+	Attention map[*SeqState]time.Duration
 }
 
 // Rows is the number of token rows in the batch.

@@ -77,7 +77,7 @@ func (m *Model) RunLayerInCalls(ctx context.Context, l *Layer, b *Batch, phase P
 		if blockStart && next == nil {
 			next = m.Backend.NewTensor(b.Rows(), d)
 		}
-		sub := &Batch{Partial: b.Partial.RowsView(lo, hi), Stack: make([]*kernels.Tensor, len(b.Stack))}
+		sub := &Batch{Partial: b.Partial.RowsView(lo, hi), Stack: make([]*kernels.Tensor, len(b.Stack)), Attention: b.Attention}
 		for j, t := range b.Stack {
 			sub.Stack[j] = t.RowsView(lo, hi)
 		}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"time"
 
 	"github.com/tandem-inference/tandem/kernels"
 )
@@ -38,7 +39,11 @@ func (m *Model) mlaForward(L int, w *MLAWeights, x *kernels.Tensor, b *Batch, ph
 		cache := &kernels.LatentCache{Rows: part.Shape[0], Cols: lat, F32: part.F32(), BF16: part.U16()}
 		be.AttachLatent(cache, old)
 		be.WriteLatent(cache, old, kv, span.Lo, span.Len())
+		t0 := time.Now()
 		be.MLAAttention(o, q, span, cache, w.KVBProj, H, c.QKNopeDim, c.QKRopeDim, c.VHeadDim, scale, phase == PhaseDecode)
+		if b.Attention != nil && hostOps(be) {
+			b.Attention[s] += time.Since(t0)
+		}
 		be.DetachLatent(cache, old)
 	}
 	free(be, q, kv)
@@ -55,4 +60,11 @@ func (m *Model) mlaForward(L int, w *MLAWeights, x *kernels.Tensor, b *Batch, ph
 func growLatent(p *Part, n, w int) {
 	p.Data = append(p.Data, make([]byte, n*w*p.DType.Size())...)
 	p.Shape[0] += n
+}
+
+// hostOps reports whether be's ops run within the call: only then is the
+// time around one its cost. A device backend queues them and returns.
+func hostOps(be kernels.Backend) bool {
+	_, dev := be.(kernels.DeviceMemory)
+	return !dev
 }

@@ -244,6 +244,9 @@ type simJob struct {
 	emitted  int
 	ready    time.Duration
 	reserved int64
+	// Of its group prefill steps, the time in the MLA attention, which
+	// the group times apart as the pipeline does.
+	attention time.Duration
 }
 
 type cluster struct {
@@ -513,7 +516,9 @@ func (c *cluster) endPass(plan planner.Plan, js []*simJob, pr PassResult) {
 	for _, pc := range plan.Pieces {
 		work = work.Add(c.s.Model.Cost.Work(pc.Lo, pc.Hi))
 	}
-	c.est.ObservePrefill(costmodel.Sample{Work: work, Calls: len(c.s.Model.Layers), Took: pr.Compute})
+	// The pass times its attention apart, as the executor does.
+	attn := costmodel.FLOPs{Attn: work.Attn}.Time(c.s.Prefill.Compute)
+	c.est.ObservePrefill(costmodel.Sample{Work: work, Calls: len(c.s.Model.Layers), Took: pr.Compute, Attention: attn})
 	for _, pc := range plan.Pieces {
 		j := js[pc.Job]
 		delete(c.inPass, j)
@@ -617,6 +622,9 @@ func (c *cluster) prefillChunk() {
 		budget -= n
 	}
 	d := c.cost.Step(step)
+	for _, p := range step {
+		p.j.attention += c.cost.Attention(p.lo, p.hi)
+	}
 	c.groupBusy, c.lastPrefill = true, true
 	c.loop.After(d, func() {
 		now := c.loop.Now()
@@ -632,7 +640,8 @@ func (c *cluster) prefillChunk() {
 			// As the decode group does: the prompt's work against the time
 			// from its first chunk to its last.
 			chunks := (j.total + chunkOf(c.s.Decode) - 1) / chunkOf(c.s.Decode)
-			c.est.ObserveLocal(costmodel.Sample{Work: c.s.Model.Cost.Work(0, j.total), Calls: chunks * len(c.s.Model.Layers), Took: j.res.Prefill})
+			c.est.ObserveLocal(costmodel.Sample{Work: c.s.Model.Cost.Work(0, j.total), Calls: chunks * len(c.s.Model.Layers), Took: j.res.Prefill,
+				Attention: j.attention})
 			j.ready = now
 			c.readyQ = append(c.readyQ, j)
 		}

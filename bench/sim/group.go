@@ -83,6 +83,14 @@ func (c groupCost) Chunk(lo, hi int) time.Duration {
 	return c.rates.Time(c.model.Cost.Work(lo, hi), c.model.Cost.Layers)
 }
 
+// Attention is the part of Chunk(lo, hi) in the MLA attention.
+func (c groupCost) Attention(lo, hi int) time.Duration {
+	if hi <= lo {
+		return 0
+	}
+	return costmodel.FLOPs{Attn: c.model.Cost.Work(lo, hi).Attn}.Time(c.rates)
+}
+
 // groupPiece is one prompt's chunk in a prefill step of the group.
 type groupPiece struct {
 	j      *simJob

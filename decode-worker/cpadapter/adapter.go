@@ -287,8 +287,10 @@ func (a *Adapter) info() cp.WorkerInfo {
 // tokens (all but the last prefilled, in chunks, less the cached prefix of
 // cached tokens) that took from the
 // sequence's state being in place to its first token, less one decode
-// step (the last prompt token's).
-func (a *Adapter) observeLocal(prompt, cached int, ready, first time.Time) {
+// step (the last prompt token's), with the part of it its prefill steps
+// spent in the MLA attention.
+func (a *Adapter) observeLocal(prompt, cached int, tm pipeline.Timing) {
+	ready, first := tm.Ready, tm.FirstToken
 	st := a.cfg.Worker.Stats()
 	var step time.Duration
 	if st.DecodeSteps > 0 {
@@ -301,7 +303,8 @@ func (a *Adapter) observeLocal(prompt, cached int, ready, first time.Time) {
 	if n-cached < 1 || ready.IsZero() || took <= 0 {
 		return
 	}
-	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: (n - cached + chunk - 1) / chunk * a.cost.Layers, Took: took}
+	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: (n - cached + chunk - 1) / chunk * a.cost.Layers, Took: took,
+		Attention: tm.PrefillAttention}
 	if err := a.fit.Add(s); err != nil {
 		a.log.Debug("local prefill not fitted", zap.Error(err))
 	}

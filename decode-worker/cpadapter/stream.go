@@ -255,7 +255,7 @@ func (s *stream) end(r pipeline.Result) {
 		if s.local && !r.Timing.Admitted.IsZero() && r.Timing.FirstToken.After(r.Timing.Admitted) {
 			// The rate of what the group prefilled: the cached prefix was not.
 			m.PrefillTokensPerSec = float64(max(s.prompt-r.Cached, 1)) / r.Timing.FirstToken.Sub(r.Timing.Admitted).Seconds()
-			s.a.observeLocal(s.prompt, r.Cached, r.Timing.Ready, r.Timing.FirstToken)
+			s.a.observeLocal(s.prompt, r.Cached, r.Timing)
 		}
 		p.Measured = m
 	}

@@ -176,4 +176,7 @@ type Trace struct {
 	Compute []int64 `msgpack:"compute,omitempty"` // ns, by rank
 	Mesh    []int64 `msgpack:"mesh,omitempty"`    // ns, by sending rank
 	SentAt  int64   `msgpack:"sent,omitempty"`    // unix ns the sender handed it to its link
+	// Attn is a prefill step's time in the MLA attention, ns by sequence,
+	// summed over the ranks it went through.
+	Attn map[string]int64 `msgpack:"attn,omitempty"`
 }

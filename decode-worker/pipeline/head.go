@@ -373,6 +373,11 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 	if f.slot >= 0 {
 		w.slots[f.slot].inflight = false
 	}
+	if f.phase == model.PhasePrefill {
+		for _, s := range f.seqs {
+			s.timing.PrefillAttention += time.Duration(tr.Attn[s.id])
+		}
+	}
 	inStep := map[string]*seq{}
 	for _, s := range f.seqs {
 		inStep[s.id] = s

@@ -97,6 +97,10 @@ type Timing struct {
 	Ready      time.Time // every rank holds its state (remote: committed)
 	FirstToken time.Time
 	Ended      time.Time
+	// PrefillAttention is the time the group's prefill steps of the
+	// prompt spent in the MLA attention, summed over the ranks (zero when
+	// not timed): what the attention's own rate is fitted from.
+	PrefillAttention time.Duration
 }
 
 // ErrRefused is wrapped by every refused admission.

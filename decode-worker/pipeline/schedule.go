@@ -181,6 +181,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	b, err := w.m.NewBatch(states, toks)
 	var keep []bool
 	if err == nil {
+		timeAttention(b, phase)
 		keep, err = w.runLayers(b, ids(ss), phase)
 	}
 	if err != nil {
@@ -222,6 +223,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	}
 	f := &flight{seqs: ss, phase: phase, slot: k, launched: t0}
 	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
+	w.addAttention(&tr, b, ss)
 	if w.last { // a group of one
 		results := w.sample(ss, phase, b)
 		compute := time.Since(t0)

@@ -114,6 +114,7 @@ func (w *Worker) onStep(m *mesh.Msg) {
 	}
 	var keep []bool
 	if len(ss) > 0 {
+		timeAttention(b, phase)
 		keep, err = w.runLayers(b, ids(ss), phase)
 		if err != nil {
 			fail(err)
@@ -125,6 +126,7 @@ func (w *Worker) onStep(m *mesh.Msg) {
 			ss = slices.Delete(ss, i, i+1) // torn here: never stepped again, its Release follows
 		}
 	}
+	w.addAttention(&tr, b, ss)
 	if len(ss) == 0 {
 		// Nothing is left to pass on: the head's step ends here, with no
 		// results (it ended the sequences as cancelled).

@@ -30,6 +30,9 @@ type Stats struct {
 
 	Steps       int64         // steps this rank computed
 	ComputeTime time.Duration // spent in this rank's layers (and sampling on the last rank)
+	// PrefillAttention is the part of ComputeTime spent in the MLA
+	// attention of prefill steps, for the sequences that went on.
+	PrefillAttention time.Duration
 
 	// Head only.
 	Admitted, Refused, Finished, Failed int64
@@ -56,6 +59,7 @@ type counters struct {
 	decodeSteps, decodeRows             int64
 	largest                             int
 	stepTime, stepCompute, stepMesh     time.Duration
+	prefillAttention                    time.Duration
 }
 
 // Stats returns the latest snapshot (taken after each event of the loop).
@@ -70,7 +74,7 @@ func (w *Worker) publish() {
 	c := &w.counters
 	s := Stats{Rank: w.cfg.Rank, Ranks: w.n, Epoch: w.epoch, Formed: w.formed,
 		Sequences: w.table.Len(), ReservedBytes: w.table.Reserved(), BudgetBytes: w.table.Limit(),
-		Steps: c.steps, ComputeTime: c.compute,
+		Steps: c.steps, ComputeTime: c.compute, PrefillAttention: c.prefillAttention,
 		Admitted: c.admitted, Refused: c.refused, Finished: c.finished, Failed: c.failed,
 		Queued: len(w.queue) + len(w.overflow), InFlight: len(w.flights), Tokens: c.tokens,
 		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows, LargestDecodeStep: c.largest,

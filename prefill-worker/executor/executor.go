@@ -76,6 +76,7 @@ type Stats struct {
 	ReadWall       time.Duration // pass start to the last byte read
 	ReadBusy       time.Duration // time with a read in flight (Bytes / ReadBusy: the read rate)
 	Compute        time.Duration // binding and running layers
+	Attention      time.Duration // of Compute, in the MLA attention (zero when the backend is not timed)
 	Calls          int           // layer calls (a layer cut into several calls counts each)
 	Emit           time.Duration // handing states to sink queues
 	Embed          time.Duration
@@ -168,7 +169,7 @@ func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 	if err != nil {
 		return st, e.failAll(r.seqs, fmt.Errorf("pass %d: %w", opt.Pass, err))
 	}
-	r.b = &model.Batch{}
+	r.b = &model.Batch{Attention: map[*model.SeqState]time.Duration{}}
 	defer func() { e.Model.FreeBatch(r.b) }()
 	r.relayout()
 	if err := be.Bind(table); err != nil {
@@ -237,6 +238,9 @@ func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 	st.Bytes, st.ReadWait, st.ReadWall, st.ReadBusy, st.Wall = ps.Bytes, ps.Wait, ps.ReadWall, ps.ReadBusy, time.Since(start)
 	st.Tokens = len(ids)
 	st.Calls = r.calls
+	for _, d := range r.b.Attention {
+		st.Attention += d
+	}
 	if err := pass.Close(); err != nil && st.Layers == cfg.NumLayers {
 		log.Warn("pass read error after the last layer was consumed", zap.Error(err))
 	}

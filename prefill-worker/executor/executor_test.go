@@ -132,8 +132,15 @@ func runPasses(t *testing.T, e *executor.Executor, jobs []*job, chunk, depth, ti
 		if len(seqs) == 0 {
 			return
 		}
-		if _, err := e.Run(context.Background(), seqs, executor.Options{Depth: depth, Tile: tile, Pass: pass}); err != nil {
+		st, err := e.Run(context.Background(), seqs, executor.Options{Depth: depth, Tile: tile, Pass: pass})
+		if err != nil {
 			t.Fatalf("pass %d: %v", pass, err)
+		}
+		// The pass timed its MLA attention apart (the cost model fits its
+		// rate from that), on a backend whose ops run within the call.
+		if _, device := e.Model.Backend.(kernels.DeviceMemory); device && st.Attention != 0 ||
+			!device && !(st.Attention > 0 && st.Attention < st.Compute) {
+			t.Fatalf("pass %d: %v of attention in %v of compute", pass, st.Attention, st.Compute)
 		}
 		for i, s := range seqs {
 			if s.Err != nil {

@@ -263,7 +263,7 @@ func passSample(m *costmodel.Model, rep scheduler.PassReport) (costmodel.Sample,
 	for _, pc := range plan.Pieces {
 		work = work.Add(m.Work(pc.Lo, pc.Hi))
 	}
-	return costmodel.Sample{Work: work, Calls: m.Layers, Took: st.Compute}, true
+	return costmodel.Sample{Work: work, Calls: m.Layers, Took: st.Compute, Attention: st.Attention}, true
 }
 
 // Stats are the worker's counters and rates.
