@@ -219,9 +219,10 @@ func TestPredictions(t *testing.T) {
 	if want := truth.Time(m.Work(0, 12000).Scale(2), m.Layers); shared.Pass != want {
 		t.Fatalf("two 12k prompts sharing a pass: %v, want %v", shared.Pass, want)
 	}
-	// Locally: chunk by chunk, one fixed cost per layer and chunk.
+	// Locally: chunk by chunk, one fixed cost per layer and chunk (each
+	// chunk priced on its own: a nanosecond of rounding each).
 	l := PredictLocal(m, r, Load{LocalChunk: 512}, 12001)
-	if want := truth.Time(m.Work(0, 12000), 24*m.Layers); l.Prefill != want || l.Total != want+r.DecodeStep {
+	if want := truth.Time(m.Work(0, 12000), 24*m.Layers); (l.Prefill-want).Abs() > 24 || l.Total != l.Prefill+r.DecodeStep {
 		t.Fatalf("12k tokens locally: %+v, want a prefill of %v", l, want)
 	}
 	// A quarter of the prompt costs far less than a quarter of the time.
@@ -455,10 +456,78 @@ func TestTimedAttentionPricesTheLongPrompt(t *testing.T) {
 	if a := c.Attention() / truth.Attention(); math.Abs(a-1) > 1e-6 {
 		t.Errorf("attention rate %v GFLOP/s, timed at %v", c.Attention(), truth.Attention())
 	}
+	// The attention op also pays per row (its softmax state, its output):
+	// 1 ms a token here, a third of its time at 1023 tokens. Timed on
+	// prompts of 255 and 1023 tokens only, as a warm-up gives them, the fit
+	// still prices 4095 and 16383 within 10%; the attention's seconds over
+	// its work alone price 16k 1.3x long.
+	perRow := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	var short []Sample
+	for _, n := range []int{255, 1023, 255, 1023} {
+		w := m.Work(0, n)
+		attn := FLOPs{Attn: w.Attn}.Time(truth) + perRow(n)
+		short = append(short, Sample{Work: w, Calls: m.Layers, Took: truth.Time(w, m.Layers) + perRow(n), Attention: attn})
+	}
+	c, _, err := Fit(Compute{}, short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{4095, 16383} {
+		w := m.Work(0, n)
+		r := (truth.Time(w, m.Layers) + perRow(n)).Seconds() / c.Time(w, m.Layers).Seconds()
+		t.Logf("attention timed with a part per row, %d tokens: measured/predicted %.2f", n, r)
+		if r < 0.9 || r > 1.1 {
+			t.Errorf("attention timed with a part per row: %d tokens priced at %.2f of the truth (%v)", n, 1/r, c)
+		}
+	}
+	var at, took float64
+	for _, s := range short {
+		at, took = at+FLOPs{Attn: s.Work.Attn}.Time(truth).Seconds(), took+s.Attention.Seconds()
+	}
+	naive := truth
+	naive.MLAAttention = truth.MLAAttention * at / took
+	if r := (truth.Time(m.Work(0, 16383), m.Layers) + perRow(16383)).Seconds() / naive.Time(m.Work(0, 16383), m.Layers).Seconds(); r > 1/1.3 {
+		t.Errorf("the attention's seconds over its work price 16k at %.2f of the truth: the test does not need the part per row", 1/r)
+	}
 	// A worker that timed more attention than the whole sample is refused.
 	bad := timed[0]
 	bad.Attention = bad.Took + 1
 	if _, _, err := Fit(Compute{}, []Sample{bad}); err == nil || !strings.Contains(err.Error(), "not a measurement") {
 		t.Errorf("a sample with more attention than time: %v", err)
+	}
+}
+
+// TestLocalPrefillPipelined: a group of two ranks overlaps a prompt's
+// chunks. One chunk takes its whole time, stage after stage; many chunks
+// take about their time on the slower rank; ranges that do not cover the
+// layers once are priced as one stage.
+func TestLocalPrefillPipelined(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	r := Rates{Local: truth}
+	half := m.Layers / 2
+	two := []Stage{{0, half}, {half, m.Layers}}
+	serial := func(n int) time.Duration {
+		return PredictLocal(m, r, Load{LocalChunk: 512}, n+1).Prefill
+	}
+	piped := func(n int, stages []Stage) time.Duration {
+		return PredictLocal(m, r, Load{LocalChunk: 512, LocalStages: stages}, n+1).Prefill
+	}
+	if a, b := piped(500, two), serial(500); (a - b).Abs() > 2 {
+		t.Errorf("one chunk through two ranks: %v, alone %v", a, b)
+	}
+	// 32 chunks: about the slower rank's share of the whole.
+	n := 16384
+	var slow time.Duration
+	for _, s := range two {
+		slow = max(slow, truth.Time(m.StageWork(s.First, s.End, 0, n), 32*(s.End-s.First)))
+	}
+	got := piped(n, two)
+	if got < slow || got > slow*11/10 || got > serial(n)*3/4 {
+		t.Errorf("16k through two ranks: %v; the slower rank's share %v, one stage %v", got, slow, serial(n))
+	}
+	for _, bad := range [][]Stage{{{0, half}}, {{0, half}, {half + 1, m.Layers}}, {{half, m.Layers}, {0, half}}} {
+		if a, b := piped(n, bad), serial(n); a != b {
+			t.Errorf("stages %v: %v, want the one-stage %v", bad, a, b)
+		}
 	}
 }

@@ -44,8 +44,8 @@ type Sample struct {
 // attention dominates them: on the CPU it runs at a fifth of the linear
 // work's rate, yet a 4096-token prompt spends under a third of its time
 // there. The factor is their attention time over their attention work at
-// base's rates, summed over them (so the longest weigh most), and the
-// rest of every sample's time is fitted as above without the attention.
+// base's rates, less a part per row (timedAttention), and the rest of
+// every sample's time is fitted as above without the attention.
 func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error) {
 	if !base.Known() {
 		base = Uniform(1, 0)
@@ -69,7 +69,7 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 	all := rows
 	attnFactor, timed := timedAttention(samples, rows)
 	if timed {
-		if rows = withoutAttention(samples, rows, attnFactor); len(rows) == 0 {
+		if rows = withoutAttention(rows, attnFactor); len(rows) == 0 {
 			return Compute{}, 0, errors.New("fit: the attention took all of every time measured")
 		}
 	}
@@ -136,32 +136,49 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 	return fit, worst, nil
 }
 
-// timedAttention is the attention's factor from the samples that timed it:
-// their attention seconds over their attention seconds at base's rates.
+// timedAttention is the attention's factor from the samples that timed
+// it. The time in the attention op is not all per (query, key) pair: each
+// call of it also pays per row (its softmax state, the output), which on
+// short prompts is much of it. So over samples of two sizes or more the
+// timed seconds are fitted as a part per row (in proportion to the linear
+// work) plus a part per pair, by non-negative least squares on relative
+// errors, and the factor is the per-pair part's; the per-row part stays
+// with the linear work. Samples of one size give their attention seconds
+// over their attention work.
 func timedAttention(samples []Sample, rows []fitRow) (factor float64, ok bool) {
+	var timed []fitRow
 	var took, at float64
 	for i, s := range samples {
 		if s.Attention > 0 {
-			took += s.Attention.Seconds()
+			a := s.Attention.Seconds()
+			timed = append(timed, fitRow{l: rows[i].l, at: rows[i].at, took: a})
+			took += a
 			at += rows[i].at
 		}
 	}
 	if !(at > 0) {
 		return 0, false
 	}
+	if len(sizeGroups(timed)) >= 2 {
+		a := make([][]float64, len(timed))
+		b := make([]float64, len(timed))
+		for i, r := range timed {
+			a[i], b[i] = []float64{r.l / r.took, r.at / r.took}, 1
+		}
+		if x, err := nnls(a, b); err == nil && x[1] > 0 {
+			return x[1], true
+		}
+	}
 	return took / at, true
 }
 
-// withoutAttention is the rows less their attention: its time measured, or
-// at the factor where not timed. A row whose time that leaves nothing of
-// says nothing of the rest and is left out.
-func withoutAttention(samples []Sample, rows []fitRow, factor float64) []fitRow {
+// withoutAttention is the rows less their attention's per-pair part at the
+// factor. A row whose time that leaves nothing of says nothing of the rest
+// and is left out.
+func withoutAttention(rows []fitRow, factor float64) []fitRow {
 	rest := make([]fitRow, 0, len(rows))
-	for i, r := range rows {
+	for _, r := range rows {
 		a := factor * r.at
-		if samples[i].Attention > 0 {
-			a = samples[i].Attention.Seconds()
-		}
 		if r.took-a > 0 {
 			rest = append(rest, fitRow{l: r.l, calls: r.calls, took: r.took - a})
 		}

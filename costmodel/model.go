@@ -17,6 +17,9 @@ type Model struct {
 
 	perToken FLOPs   // linear terms over every layer, per position
 	perPair  float64 // attention over every MLA layer, per causal pair
+	// The same per layer: what a pipeline stage holding some layers does.
+	layerToken []FLOPs
+	layerPair  []float64
 }
 
 // Shape is what a sequence's state costs to move: per cached token (MLA
@@ -34,13 +37,15 @@ type Shape struct {
 // size of one element of the MLA latent rows on the wire (2: BF16, the
 // state contract).
 func New(c *modelconfig.Config, latentBytes int) *Model {
-	m := &Model{Layers: c.NumLayers}
+	m := &Model{Layers: c.NumLayers, layerToken: make([]FLOPs, c.NumLayers), layerPair: make([]float64, c.NumLayers)}
 	for L := 0; L < c.NumLayers; L++ {
 		f := LayerFLOPs(c, L, 0, 1)
 		f.Attn = 0
 		m.perToken = m.perToken.Add(f)
+		m.layerToken[L] = f
 		if c.LayerKind(L) == modelconfig.MLA {
 			m.perPair += attnPerPair(c)
+			m.layerPair[L] = attnPerPair(c)
 		}
 	}
 	row := float64(c.LatentWidth() * latentBytes)
@@ -68,6 +73,20 @@ func (m *Model) Work(lo, hi int) FLOPs {
 	}
 	f := m.perToken.Scale(float64(hi - lo))
 	f.Attn = m.perPair * pairs(lo, hi)
+	return f
+}
+
+// StageWork is the work of layers [first, end) over positions [lo, hi) of
+// one sequence: a pipeline stage's share of Work(lo, hi).
+func (m *Model) StageWork(first, end, lo, hi int) FLOPs {
+	var f FLOPs
+	if hi <= lo {
+		return f
+	}
+	for L := max(first, 0); L < min(end, m.Layers); L++ {
+		f = f.Add(m.layerToken[L].Scale(float64(hi - lo)))
+		f.Attn += m.layerPair[L] * pairs(lo, hi)
+	}
 	return f
 }
 

@@ -48,6 +48,11 @@ type Load struct {
 	// waits for at most as many tokens of each earlier one as it has
 	// itself. 0 means whole prompts in arrival order.
 	LocalChunk int
+	// LocalStages are the group's ranks in ring order, each with the
+	// layers it runs: the ranks pipeline a prompt's chunks. None, or ranges
+	// that do not cover the layers once in order: the chunks one after the
+	// other.
+	LocalStages []Stage
 	// LocalCached is how many of the new prompt's first tokens the decode
 	// group holds in its prefix cache: it prefills only the rest (attending
 	// to the cached rows).
@@ -133,15 +138,7 @@ func PredictLocal(m *Model, r Rates, l Load, prompt int) Prediction {
 	// Queued chunks share the group's steps with this prompt's: their
 	// fixed costs are this prompt's own.
 	p.QueueWait = r.Local.Time(ahead, 0)
-	calls := 0
-	if tokens > from {
-		steps := 1
-		if l.LocalChunk > 0 {
-			steps = (tokens - from + l.LocalChunk - 1) / l.LocalChunk
-		}
-		calls = steps * m.Layers
-	}
-	p.Prefill = r.Local.Time(m.Work(from, tokens), calls)
+	p.Prefill = localPrefill(m, r.Local, l, from, tokens)
 	p.FirstStep = r.DecodeStep
 	p.Overhead = r.LocalOverhead
 	p.Total = sum(p.QueueWait, p.Prefill, p.FirstStep, p.Overhead)
@@ -188,6 +185,55 @@ func aheadShares(queue []int, chunk, tokens int) []int {
 const Unknown = time.Duration(math.MaxInt64 / 4)
 
 // sum adds durations, saturating at Unknown.
+// Stage is one pipeline stage: a rank and the layers [First, End) it runs.
+type Stage struct{ First, End int }
+
+// localPrefill is the group's prefill of positions [from, to) in chunks of
+// l.LocalChunk rows. Its ranks overlap a prompt's chunks: a rank starts
+// chunk k once it has passed chunk k-1 on and the rank before it has
+// finished chunk k, so a long prompt takes about its chunks' time on the
+// slowest rank, not the sum over the ranks (the fitted rates are compute
+// time summed over the ranks, which is what a flow through one stage
+// would take).
+func localPrefill(m *Model, c Compute, l Load, from, to int) time.Duration {
+	if to <= from {
+		return 0
+	}
+	chunk := l.LocalChunk
+	if chunk <= 0 {
+		chunk = to - from
+	}
+	stages := l.LocalStages
+	if !coversLayers(stages, m.Layers) {
+		stages = []Stage{{0, m.Layers}}
+	}
+	done := make([]time.Duration, len(stages)) // each stage's end of the latest chunk
+	for lo := from; lo < to; lo += chunk {
+		hi := min(to, lo+chunk)
+		var prev time.Duration // the stage before's end of this chunk
+		for i, s := range stages {
+			t := c.Time(m.StageWork(s.First, s.End, lo, hi), s.End-s.First)
+			if done[i] = sum(max(done[i], prev), t); done[i] >= Unknown {
+				return Unknown
+			}
+			prev = done[i]
+		}
+	}
+	return done[len(done)-1]
+}
+
+// coversLayers reports whether stages run layers [0, layers) once, in order.
+func coversLayers(stages []Stage, layers int) bool {
+	next := 0
+	for _, s := range stages {
+		if s.First != next || s.End <= s.First {
+			return false
+		}
+		next = s.End
+	}
+	return len(stages) > 0 && next == layers
+}
+
 func sum(ds ...time.Duration) time.Duration {
 	var t time.Duration
 	for _, d := range ds {

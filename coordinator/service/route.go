@@ -147,6 +147,7 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 	pol := router.Policy(policy)
 	m := c.cfg.Model.Cost
 	load := c.load.routerLoad(m, pfID, g.ID, g.Head().PrefillChunk, r)
+	load.LocalStages = g.stages()
 	h := g.Head()
 	load.LocalCached = cachedPrefix(&h, prompt)
 	load.RemoteSplit, load.RemoteCached, load.RemoteAppend = remoteCaches(pf, &h, prompt)

@@ -14,6 +14,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/costmodel"
 )
 
 // view is the coordinator's picture of the worker registry, kept current
@@ -198,6 +199,16 @@ type group struct {
 
 // Head is rank 0, the group's front door.
 func (g *group) Head() cp.WorkerInfo { return g.Ranks[0] }
+
+// stages are the ranks' layers in ring order: the pipeline the group's
+// prefill flows through.
+func (g *group) stages() []costmodel.Stage {
+	s := make([]costmodel.Stage, len(g.Ranks))
+	for i, w := range g.Ranks {
+		s[i] = costmodel.Stage{First: w.Layers.First, End: w.Layers.End}
+	}
+	return s
+}
 
 // Workers are the ids of every rank.
 func (g *group) Workers() []string {

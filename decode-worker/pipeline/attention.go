@@ -28,3 +28,22 @@ func (w *Worker) addAttention(tr *mesh.Trace, b *model.Batch, ss []*seq) {
 		}
 	}
 }
+
+// account adds a prefill step's compute, summed over the ranks and shared
+// out by rows, and its attention times to its sequences' timings.
+func (f *flight) account(tr mesh.Trace) {
+	var compute time.Duration
+	for _, v := range tr.Compute {
+		compute += time.Duration(v)
+	}
+	total := 0
+	for _, n := range f.rows {
+		total += n
+	}
+	for i, s := range f.seqs {
+		if i < len(f.rows) && total > 0 {
+			s.timing.PrefillCompute += time.Duration(float64(compute) * float64(f.rows[i]) / float64(total))
+		}
+		s.timing.PrefillAttention += time.Duration(tr.Attn[s.id])
+	}
+}

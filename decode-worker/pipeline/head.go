@@ -374,9 +374,7 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 		w.slots[f.slot].inflight = false
 	}
 	if f.phase == model.PhasePrefill {
-		for _, s := range f.seqs {
-			s.timing.PrefillAttention += time.Duration(tr.Attn[s.id])
-		}
+		f.account(tr)
 	}
 	inStep := map[string]*seq{}
 	for _, s := range f.seqs {

@@ -97,10 +97,13 @@ type Timing struct {
 	Ready      time.Time // every rank holds its state (remote: committed)
 	FirstToken time.Time
 	Ended      time.Time
-	// PrefillAttention is the time the group's prefill steps of the
-	// prompt spent in the MLA attention, summed over the ranks (zero when
-	// not timed): what the attention's own rate is fitted from.
-	PrefillAttention time.Duration
+	// PrefillCompute is the ranks' compute time for the prompt's prefill
+	// steps, summed over the ranks (a step shared with other prompts
+	// counts by its rows), and PrefillAttention the part of it in the MLA
+	// attention (zero when not timed). The ranks overlap a prompt's
+	// chunks, so the sums exceed the wall time from Ready to FirstToken;
+	// their ratio is the attention's share of it.
+	PrefillCompute, PrefillAttention time.Duration
 }
 
 // ErrRefused is wrapped by every refused admission.

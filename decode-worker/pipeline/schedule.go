@@ -32,6 +32,7 @@ type flight struct {
 	phase    model.Phase
 	slot     int // -1 for a prefill step
 	launched time.Time
+	rows     []int // a prefill step's prompt rows, by sequence
 }
 
 // ready files a sequence whose state is in place: for prefill while prompt
@@ -221,7 +222,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 			w.ready(s)
 		}
 	}
-	f := &flight{seqs: ss, phase: phase, slot: k, launched: t0}
+	f := &flight{seqs: ss, phase: phase, slot: k, launched: t0, rows: rows}
 	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
 	w.addAttention(&tr, b, ss)
 	if w.last { // a group of one
