@@ -10,7 +10,6 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
-	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -26,13 +25,7 @@ func TestPrefillAttentionTimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := testctx.Context(t)
-	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: 128,
-		Heartbeat: 200 * time.Millisecond, Idle: 5 * time.Second,
-		Timeouts: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second, KeepAlive: 200 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := startGroup(ctx, t, dir, 128)
 	for r, spec := range g.Layout.Ranks {
 		n := 0
 		for L := spec.Lo; L < spec.Hi; L++ {

@@ -43,13 +43,7 @@ func TestCancelWithinALongPrefillLayer(t *testing.T) {
 	}
 	ref := testmodel.LoadReference(t, dir, 0)
 	ctx := testctx.Context(t)
-	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: 1024,
-		Heartbeat: 200 * time.Millisecond, Idle: 5 * time.Second,
-		Timeouts: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second, KeepAlive: 200 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := startGroup(ctx, t, dir, 1024)
 	c := group.NewCollector()
 	for _, r := range []int{0, 1} {
 		short := prompt(100, cfg.VocabSize, 3+r)
@@ -174,4 +168,18 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// startGroup starts a group of two ranks over TCP, one compute thread each,
+// prefilling chunk rows per step; the test closes it.
+func startGroup(ctx context.Context, t *testing.T, dir string, chunk int) *group.Group {
+	t.Helper()
+	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: chunk,
+		Heartbeat: 200 * time.Millisecond, Idle: 5 * time.Second,
+		Timeouts: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second, KeepAlive: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
 }
