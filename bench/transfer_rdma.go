@@ -55,6 +55,8 @@ type rdmaResult struct {
 	FastRetransmits        int64 `json:"fast_retransmits"`
 	SlotsSent              int64 `json:"slots_sent"`
 	AckSlots               int64 `json:"ack_slots"`
+	DirectSlots            int64 `json:"direct_slots"` // of slots_received: copied by the poller straight into a waiting reader's destination
+	SlotsReceived          int64 `json:"slots_received"`
 	WireLost               int64 `json:"wire_lost"`
 	WireNoRecvDrops        int64 `json:"wire_no_recv_drops"`
 	ChunksVerified         int64 `json:"chunks_verified"`
@@ -173,6 +175,8 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		res.FastRetransmits += st.FastRetransmits
 		res.SlotsSent += st.SlotsSent
 		res.AckSlots += st.AcksSent
+		res.DirectSlots += st.Direct
+		res.SlotsReceived += st.SlotsReceived
 	}
 	res.WireLost = fab.Stats().Lost
 	res.WireNoRecvDrops = fab.Stats().NoRecvDrops
@@ -183,8 +187,8 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 	res.RatioMethod = ratioMethod
 	res.ThroughputOK = res.MedianPairRatio >= res.TargetRatio
 	res.CorruptCheckPassed = res.CorruptChunksCommitted == 0
-	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s (best of each: %.2f x); median of the pairs' ratios %.2f x raw (target >= %.1f); %d of %d slots resent (%d timer expiries), %d ack-only slots, %d lost on the wire, %d dropped for want of a posted receive; %d chunks committed, %d corrupt",
-		res.RawGbps, res.TransferGbps, res.TransferRatio, res.MedianPairRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.Timeouts, res.AckSlots, res.WireLost, res.WireNoRecvDrops,
+	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s (best of each: %.2f x); median of the pairs' ratios %.2f x raw (target >= %.1f); %d of %d slots resent (%d timer expiries), %d ack-only slots, %d of %d slots received placed by the poller, %d lost on the wire, %d dropped for want of a posted receive; %d chunks committed, %d corrupt",
+		res.RawGbps, res.TransferGbps, res.TransferRatio, res.MedianPairRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.Timeouts, res.AckSlots, res.DirectSlots, res.SlotsReceived, res.WireLost, res.WireNoRecvDrops,
 		res.ChunksVerified, res.CorruptChunksCommitted)
 	if f.asJSON {
 		b, err := json.Marshal(res)

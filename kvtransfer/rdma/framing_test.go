@@ -19,6 +19,59 @@ func framed(hdr string, payload []byte) []byte {
 	return append(append(b, hdr...), payload...)
 }
 
+// internalPair returns the two ends of a stream over a link on a fake
+// wire, for tests that reach inside the link; everything is closed when
+// the test ends.
+func internalPair(t *testing.T, cfg Config) (c, s *Conn) {
+	t.Helper()
+	ctx := testctx.Context(t)
+	fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+	gid := verbs.GIDFromIP(net.IPv4(127, 0, 0, 1))
+	cd, cs := cfg, cfg
+	cd.Provider, cs.Provider = fab.Host("a", gid), fab.Host("b", gid)
+	d, err := New(cd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	srv, err := New(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	c, err = d.Dial(ctx, ln.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return c, s
+}
+
+// sendSlot sends p as the payload of one fresh data slot of c's stream,
+// with the header's continuation bytes and frame starts as given (true
+// or not) and valid checksums.
+func sendSlot(t *testing.T, c *Conn, p []byte, frag, nfrag uint32) {
+	t.Helper()
+	l := c.stream.l
+	seq, h, buf, err := l.reserve(c.wd, c.stream, false, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf[hdrSize:], p)
+	h.n, h.nfrag, h.frag, h.pcrc = uint32(len(p)), nfrag, frag, crc32c.Checksum(p)
+	l.commit(seq, h, buf, c.stream)
+}
+
 // TestFramingCheckedInPackedSlots: a slot whose checksums hold but whose
 // framing disagrees with its header (the frames it says start in it, or
 // continuation bytes where a frame starts) is refused with errFrame, and
@@ -35,48 +88,10 @@ func TestFramingCheckedInPackedSlots(t *testing.T) {
 		{"continuation where a frame starts", 2, 5, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testctx.Context(t)
-			fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
-			gid := verbs.GIDFromIP(net.IPv4(127, 0, 0, 1))
-			cfg := Config{SlotSize: 16 << 10, Slots: 8, Reserve: 2}
-			cd, cs := cfg, cfg
-			cd.Provider, cs.Provider = fab.Host("a", gid), fab.Host("b", gid)
-			d, err := New(cd)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
-			srv, err := New(cs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
-			ln, err := srv.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			c, err := d.Dial(ctx, ln.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			s, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			c, s := internalPair(t, Config{SlotSize: 16 << 10, Slots: 8, Reserve: 2})
 
 			// One slot holding two frames, sealed with valid checksums.
-			l := c.stream.l
-			seq, h, buf, err := l.reserve(c.wd, c.stream, false, 0, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p := append(framed("one", []byte("first payload")), framed("two", []byte("second"))...)
-			copy(buf[hdrSize:], p)
-			h.n, h.nfrag, h.frag, h.pcrc = uint32(len(p)), tc.nfrag, tc.lead, crc32c.Checksum(p)
-			l.commit(seq, h, buf, c.stream)
+			sendSlot(t, c, append(framed("one", []byte("first payload")), framed("two", []byte("second"))...), tc.lead, tc.nfrag)
 
 			var got []string
 			read := func() error {
@@ -85,7 +100,7 @@ func TestFramingCheckedInPackedSlots(t *testing.T) {
 					return make([]byte, n), nil
 				})
 			}
-			err = errors.Join(read(), read())
+			err := errors.Join(read(), read())
 			if tc.ok {
 				if err != nil || len(got) != 2 || got[0] != "one" || got[1] != "two" {
 					t.Fatalf("read %q: %v", got, err)

@@ -50,6 +50,7 @@ type LinkStats struct {
 	AcksSent                 int64 // control slots sent
 	Packed                   int64 // frames that joined a slot already holding another
 	PackedRetransmits        int64 // slots holding more than one frame sent again
+	Direct                   int64 // slots the poller placed straight into a waiting reader's destination
 }
 
 func (s *LinkStats) add(o LinkStats) {
@@ -65,6 +66,7 @@ func (s *LinkStats) add(o LinkStats) {
 	s.AcksSent += o.AcksSent
 	s.Packed += o.Packed
 	s.PackedRetransmits += o.PackedRetransmits
+	s.Direct += o.Direct
 }
 
 // link is one UC queue pair to one peer, made reliable with credit-based
@@ -87,6 +89,11 @@ type link struct {
 	win            int // data slots: the most sequenced slots unacked or unconsumed
 
 	sendData, sendCtl, recv, recvCtl [][]byte
+
+	// direct holds the continuation slots arrive gave waiting readers
+	// (stream.deliver), for the poller to copy once mu is released;
+	// touched only by the poller, under mu while it fills it.
+	direct []direct
 
 	mu sync.Mutex
 	// Sends are collected under mu and posted by unlock, outside it.
@@ -255,6 +262,7 @@ func (l *link) poll() {
 		if n > 0 {
 			idle = 0
 			l.handle(wcs[:n])
+			l.placeDirect()
 			continue
 		}
 		select {
@@ -532,9 +540,49 @@ func (l *link) arrive(a arrival) {
 			l.consumed++
 			return
 		}
+		if s.deliver(a.idx, h) {
+			return
+		}
 		s.queue = append(s.queue, rslot{idx: a.idx, h: h})
 		s.wake()
 	}
+}
+
+// direct is a continuation slot for a waiting reader: n payload bytes of
+// receive slot idx go to dst (nil: the reader skips the payload).
+type direct struct {
+	s   *stream
+	idx int
+	n   int
+	dst []byte
+}
+
+// placeDirect copies the slots handle gave waiting readers into their
+// destinations, outside mu (the reader does not touch dst while copies
+// are under way, and the slots stay unposted until released here), then
+// releases the slots, which returns their credit, and wakes each reader
+// whose frame is whole or who stopped waiting. Teardown waits for the
+// poller, so the arena outlives the copies.
+func (l *link) placeDirect() {
+	if len(l.direct) == 0 {
+		return
+	}
+	for _, d := range l.direct {
+		if d.dst != nil {
+			copy(d.dst, l.recv[d.idx][hdrSize:hdrSize+d.n])
+		}
+	}
+	l.mu.Lock()
+	defer l.unlock()
+	for _, d := range l.direct {
+		l.releaseLocked(d.idx)
+		c := &d.s.cont
+		if c.copying--; c.copying == 0 && (!c.on || c.got == c.pl) {
+			d.s.wake()
+		}
+	}
+	clear(l.direct)
+	l.direct = l.direct[:0]
 }
 
 // probeAnswer reads h as the answer to the probe pending, number num,

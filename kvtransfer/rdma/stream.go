@@ -108,7 +108,52 @@ type stream struct {
 	tailHdr     slotHeader // its header so far
 	closed      bool       // closed locally
 	peerClosed  bool
+	cont        cont // the reader waits for the rest of a frame
 	notify      chan struct{}
+}
+
+// cont is a reader waiting in the middle of a frame, got of its pl
+// payload bytes placed in dst (nil: the payload is skipped). While on,
+// the poller places whole continuation slots into dst itself (deliver)
+// instead of queueing them: the reader wakes once for the frame, not once
+// per slot. Guarded by l.mu.
+type cont struct {
+	on      bool
+	dst     []byte
+	got, pl int
+	copying int // slots the poller has taken and copies outside l.mu
+}
+
+// wholeContinuation reports whether a data slot of n payload bytes with
+// header h is wholly the continuation of a frame that has due bytes left
+// to come, framed as ReadFrame requires: it continues with exactly the
+// bytes due or a full slot of them (capacity bytes), and no frame starts
+// in it. A slot that also starts frames, or that breaks the framing, is
+// for the reader, which checks it.
+func wholeContinuation(h slotHeader, due, capacity int) bool {
+	n := int(h.n)
+	return n > 0 && n <= due && int(h.frag) == n && h.nfrag == 0 && (n == due || n == capacity)
+}
+
+// deliver takes the data slot idx for the reader waiting on the rest of
+// a frame when the slot is wholly a continuation of it and nothing is
+// queued before it: it reserves the slot's bytes of the destination and
+// the poller copies them there once l.mu is released (link.placeDirect).
+// With l.mu held.
+func (s *stream) deliver(idx int, h slotHeader) bool {
+	c := &s.cont
+	if !c.on || len(s.queue) > 0 || !wholeContinuation(h, c.pl-c.got, s.l.capacity) {
+		return false
+	}
+	d := direct{s: s, idx: idx, n: int(h.n)}
+	if c.dst != nil {
+		d.dst = c.dst[c.got : c.got+d.n]
+	}
+	c.got += d.n
+	c.copying++
+	s.l.direct = append(s.l.direct, d)
+	s.l.stats.Direct++
+	return true
 }
 
 func newStream(l *link, id uint32) *stream {
@@ -170,6 +215,69 @@ func (s *stream) next() (r rslot, off, frames int, err error) {
 		case <-l.done:
 		case <-s.rd.wait():
 			return rslot{}, 0, 0, errTimeout
+		}
+		l.mu.Lock()
+	}
+}
+
+// await waits, in the middle of a frame with got of its pl payload bytes
+// placed in dst, until the frame is whole or a slot is queued for the
+// reader; meanwhile the poller may place whole continuation slots into
+// dst (deliver). It returns the bytes placed and, with ok, the stream's
+// head slot, which the caller reads and then hands back with done. It
+// returns only once no copy into dst is under way, so that dst is the
+// caller's again whatever happens.
+func (s *stream) await(dst []byte, got, pl int) (r rslot, placed int, ok bool, err error) {
+	l := s.l
+	l.mu.Lock()
+	s.cont = cont{on: true, dst: dst, got: got, pl: pl}
+	var stop error // why the wait ends short of the frame
+	for {
+		c := &s.cont
+		switch {
+		case c.got == pl:
+		case s.closed:
+			stop = ErrClosed
+		case len(s.queue) > 0:
+			if l.err != nil {
+				stop = l.err
+			}
+		case l.err != nil:
+			stop = l.err
+		case s.peerClosed:
+			stop = io.EOF
+		}
+		end := c.got == pl || stop != nil || len(s.queue) > 0
+		if end {
+			// No more deliveries; wait out those under way.
+			c.on = false
+		}
+		copying := c.copying
+		if end && copying == 0 {
+			placed = c.got
+			if c.got < pl && stop == nil {
+				s.busy = true
+				l.users.Add(1)
+				r, ok = s.queue[0], true
+			} else if c.got == pl {
+				stop = nil
+			}
+			s.cont = cont{}
+			l.unlock()
+			return r, placed, ok, stop
+		}
+		l.unlock()
+		if end {
+			// The poller wakes us once its copies are done (it waits
+			// for nothing but l.mu): dst is not ours before that.
+			<-s.notify
+		} else {
+			select {
+			case <-s.notify:
+			case <-l.done:
+			case <-s.rd.wait():
+				stop = errTimeout
+			}
 		}
 		l.mu.Lock()
 	}
@@ -313,12 +421,19 @@ func (s *stream) ReadFrame(place func(header []byte, n int) ([]byte, error)) err
 	got := in
 	s.done(r, end, frames, false)
 	for got < pl {
-		r, _, _, err := s.next()
+		r, placed, ok, err := s.await(dst, got, pl)
+		got = placed
 		if err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
+			// The rest of the frame is still to come: later reads
+			// would take it for frames.
+			s.rerr = fmt.Errorf("rdma: stream %d: a frame was abandoned after %d of %d payload bytes: %w", s.id, got, pl, err)
 			return err
+		}
+		if !ok {
+			continue // the poller placed the rest
 		}
 		b := l.recv[r.idx][hdrSize : hdrSize+int(r.h.n)]
 		want := min(pl-got, len(b))
