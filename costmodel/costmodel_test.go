@@ -416,8 +416,9 @@ func TestLadderSamplesPriceTheLongPrompt(t *testing.T) {
 }
 
 // TestTimedAttentionPricesTheLongPrompt: prompts of 255 to 4095 tokens
-// whose linear work ran slower the shorter the prompt (a chunk's fixed
-// costs, as the quiet ladder run measured), with the attention a small
+// whose linear work ran slower the shorter the prompt (as the group's
+// whole wall times did, its ranks overlapping longer prompts' chunks
+// more), with the attention a small
 // part of every time. Fitted from their whole times the attention's rate
 // is not pinned and 16k is priced far short; with the attention timed
 // apart, its rate is the truth's and 16k is priced within 10%.

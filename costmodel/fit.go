@@ -41,9 +41,9 @@ type Sample struct {
 //
 // Samples that timed their attention apart (Sample.Attention) give its
 // factor outright, which the prompts' whole times cannot until the
-// attention dominates them: on the CPU it runs at a fifth of the linear
-// work's rate, yet a 4096-token prompt spends under a third of its time
-// there. The factor is their attention time over their attention work at
+// attention dominates them: on the CPU it runs at about a tenth of the
+// linear work's rate, yet a 1024-token prompt spends under a quarter of its
+// time there. The factor is their attention time over their attention work at
 // base's rates, less a part per row (timedAttention), and the rest of
 // every sample's time is fitted as above without the attention.
 func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error) {
@@ -137,9 +137,9 @@ func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error)
 }
 
 // timedAttention is the attention's factor from the samples that timed
-// it. The time in the attention op is not all per (query, key) pair: each
-// call of it also pays per row (its softmax state, the output), which on
-// short prompts is much of it. So over samples of two sizes or more the
+// it. The time in the attention op need not be all per (query, key) pair:
+// each call of it may also pay per row (its softmax state, the output).
+// So over samples of two sizes or more the
 // timed seconds are fitted as a part per row (in proportion to the linear
 // work) plus a part per pair, by non-negative least squares on relative
 // errors, and the factor is the per-pair part's; the per-row part stays

@@ -41,7 +41,7 @@ func (f *flight) account(tr mesh.Trace) {
 		total += n
 	}
 	for i, s := range f.seqs {
-		if i < len(f.rows) && total > 0 {
+		if total > 0 {
 			s.timing.PrefillCompute += time.Duration(float64(compute) * float64(f.rows[i]) / float64(total))
 		}
 		s.timing.PrefillAttention += time.Duration(tr.Attn[s.id])

@@ -172,7 +172,7 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
 
 // startGroup starts a group of two ranks over TCP, one compute thread each,
 // prefilling chunk rows per step; the test closes it.
-func startGroup(ctx context.Context, t *testing.T, dir string, chunk int) *group.Group {
+func startGroup(ctx context.Context, t testing.TB, dir string, chunk int) *group.Group {
 	t.Helper()
 	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: chunk,
 		Heartbeat: 200 * time.Millisecond, Idle: 5 * time.Second,
