@@ -279,6 +279,8 @@ func TestValidateRejects(t *testing.T) {
 			PrefixCache: &PrefixCacheInfo{Prefixes: []CachedPrefix{{Link: 1, Tokens: 65}}}}, "prefixes[0].tokens"},
 		{"cached prefix off the block grid", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Layers: LayerRange{First: 0, End: 1}, Time: when,
 			PrefixCache: &PrefixCacheInfo{Prefixes: []CachedPrefix{{Link: 1, Tokens: 100}}}}, "prefixes[0].tokens"},
+		{"snapshot stride off the block grid", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Layers: LayerRange{First: 0, End: 1}, Time: when,
+			PrefixCache: &PrefixCacheInfo{Stride: 100}}, "prefix_cache.stride"},
 		{"too many cached prefixes", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 1, Layers: LayerRange{First: 0, End: 1}, Time: when,
 			PrefixCache: &PrefixCacheInfo{Prefixes: make([]CachedPrefix, MaxCachedPrefixes+1)}}, "at most"},
 		{"worker with negative prefill chunk", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, PrefillChunk: -1}, "prefill_chunk"},

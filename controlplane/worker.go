@@ -226,6 +226,11 @@ type PrefixCacheInfo struct {
 	Salt      uint64 `msgpack:"salt,omitempty" json:"salt,omitempty"`
 	// Prefixes, the most recently used first (at most MaxCachedPrefixes).
 	Prefixes []CachedPrefix `msgpack:"prefixes,omitempty" json:"prefixes,omitempty"`
+	// Stride (a group's head) is the snapshot stride in tokens: a local
+	// prompt's prefill steps end at each multiple of it and at the last
+	// multiple of 64 before the prompt's end (prefixkey.Snapshots), which
+	// the router prices. 0: at that end only.
+	Stride int `msgpack:"stride,omitempty" json:"stride,omitempty"`
 }
 
 // CachedPrefix is one resumable prefix: its chain link and its length.
@@ -238,6 +243,8 @@ func (c *PrefixCacheInfo) validate(msg, field string) error {
 	switch {
 	case c.Entries < 0:
 		return fieldErr(msg, field+".entries", "is %d, must be >= 0", c.Entries)
+	case c.Stride < 0 || c.Stride%64 != 0:
+		return fieldErr(msg, field+".stride", "is %d, want 0 or a positive multiple of 64", c.Stride)
 	case len(c.Prefixes) > MaxCachedPrefixes:
 		return fieldErr(msg, field+".prefixes", "holds %d, at most %d allowed", len(c.Prefixes), MaxCachedPrefixes)
 	}

@@ -2,6 +2,7 @@ package costmodel
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -530,5 +531,54 @@ func TestLocalPrefillPipelined(t *testing.T) {
 		if a, b := piped(n, bad), serial(n); a != b {
 			t.Errorf("stages %v: %v, want the one-stage %v", bad, a, b)
 		}
+	}
+}
+
+func TestLocalSteps(t *testing.T) {
+	for _, tc := range []struct {
+		from, to, chunk int
+		stops           []int
+		want            []Span
+	}{
+		{0, 63, 512, nil, []Span{{0, 63}}},
+		{0, 255, 512, []int{192}, []Span{{0, 192}, {192, 255}}},
+		{0, 1023, 512, []int{960}, []Span{{0, 512}, {512, 960}, {960, 1023}}},
+		{0, 1023, 512, []int{256, 512, 768, 960}, []Span{{0, 256}, {256, 512}, {512, 768}, {768, 960}, {960, 1023}}},
+		{128, 700, 256, []int{640}, []Span{{128, 384}, {384, 640}, {640, 700}}},
+		{0, 300, 0, []int{256}, []Span{{0, 256}, {256, 300}}},
+		{0, 300, 0, nil, []Span{{0, 300}}},
+		{64, 64, 512, nil, nil},
+	} {
+		if got := LocalSteps(tc.from, tc.to, tc.chunk, tc.stops); !slices.Equal(got, tc.want) {
+			t.Errorf("LocalSteps(%d, %d, %d, %v) = %v, want %v", tc.from, tc.to, tc.chunk, tc.stops, got, tc.want)
+		}
+	}
+}
+
+// A prompt cut at a snapshot runs as two steps that two ranks overlap: it
+// is priced at the pipeline's schedule of the two, below one chunk's.
+func TestLocalPrefillCutAtStops(t *testing.T) {
+	m := New(config(t, "small"), 2)
+	r := Rates{Local: truth}
+	half := m.Layers / 2
+	two := []Stage{{0, half}, {half, m.Layers}}
+	stage := func(s Stage, lo, hi int) time.Duration {
+		return truth.Time(m.StageWork(s.First, s.End, lo, hi), s.End-s.First)
+	}
+	one := PredictLocal(m, r, Load{LocalChunk: 512, LocalStages: two}, 256).Prefill
+	cut := PredictLocal(m, r, Load{LocalChunk: 512, LocalStages: two, LocalStops: []int{192}}, 256).Prefill
+	a0, a1 := stage(two[0], 0, 192), stage(two[1], 0, 192)
+	b0, b1 := stage(two[0], 192, 255), stage(two[1], 192, 255)
+	want := max(a0+a1, a0+b0) + b1
+	if (cut - want).Abs() > 2 {
+		t.Errorf("255 tokens cut at 192 through two ranks: %v, want %v", cut, want)
+	}
+	if !(cut < one*95/100) {
+		t.Errorf("cut at 192: %v, as one step %v: the overlap is not priced", cut, one)
+	}
+	// One stage gains nothing from the cut but pays its fixed costs twice.
+	alone := PredictLocal(m, r, Load{LocalChunk: 512}, 256).Prefill
+	if c := PredictLocal(m, r, Load{LocalChunk: 512, LocalStops: []int{192}}, 256).Prefill; c < alone {
+		t.Errorf("one stage cut at 192: %v, whole %v", c, alone)
 	}
 }

@@ -53,6 +53,11 @@ type Load struct {
 	// that do not cover the layers once in order: the chunks one after the
 	// other.
 	LocalStages []Stage
+	// LocalStops are positions of the new prompt, in order, where the
+	// group ends a prefill step besides its chunk limit: where its prefix
+	// cache keeps the state (prefixkey.Snapshots). A short prompt cut there
+	// runs as two steps that the ranks overlap.
+	LocalStops []int
 	// LocalCached is how many of the new prompt's first tokens the decode
 	// group holds in its prefix cache: it prefills only the rest (attending
 	// to the cached rows).
@@ -184,35 +189,30 @@ func aheadShares(queue []int, chunk, tokens int) []int {
 // do not overflow.
 const Unknown = time.Duration(math.MaxInt64 / 4)
 
-// sum adds durations, saturating at Unknown.
 // Stage is one pipeline stage: a rank and the layers [First, End) it runs.
 type Stage struct{ First, End int }
 
-// localPrefill is the group's prefill of positions [from, to) in chunks of
-// l.LocalChunk rows. Its ranks overlap a prompt's chunks: a rank starts
-// chunk k once it has passed chunk k-1 on and the rank before it has
-// finished chunk k, so a long prompt takes about its chunks' time on the
-// slowest rank, not the sum over the ranks (the fitted rates are compute
-// time summed over the ranks, which is what a flow through one stage
-// would take).
+// localPrefill is the group's prefill of positions [from, to) in the steps
+// LocalSteps plans. Its ranks overlap a prompt's steps: a rank starts step
+// k once it has passed step k-1 on and the rank before it has finished
+// step k, so a long prompt takes about its steps' time on the slowest
+// rank, not the sum over the ranks (the fitted rates are compute time
+// summed over the ranks, which is what a flow through one stage would
+// take).
 func localPrefill(m *Model, c Compute, l Load, from, to int) time.Duration {
-	if to <= from {
+	steps := LocalSteps(from, to, l.LocalChunk, l.LocalStops)
+	if len(steps) == 0 {
 		return 0
-	}
-	chunk := l.LocalChunk
-	if chunk <= 0 {
-		chunk = to - from
 	}
 	stages := l.LocalStages
 	if !coversLayers(stages, m.Layers) {
 		stages = []Stage{{0, m.Layers}}
 	}
-	done := make([]time.Duration, len(stages)) // each stage's end of the latest chunk
-	for lo := from; lo < to; lo += chunk {
-		hi := min(to, lo+chunk)
-		var prev time.Duration // the stage before's end of this chunk
+	done := make([]time.Duration, len(stages)) // each stage's end of the latest step
+	for _, st := range steps {
+		var prev time.Duration // the stage before's end of this step
 		for i, s := range stages {
-			t := c.Time(m.StageWork(s.First, s.End, lo, hi), s.End-s.First)
+			t := c.Time(m.StageWork(s.First, s.End, st.Lo, st.Hi), s.End-s.First)
 			if done[i] = sum(max(done[i], prev), t); done[i] >= Unknown {
 				return Unknown
 			}
@@ -220,6 +220,34 @@ func localPrefill(m *Model, c Compute, l Load, from, to int) time.Duration {
 		}
 	}
 	return done[len(done)-1]
+}
+
+// Span is the positions [Lo, Hi) of one prefill step.
+type Span struct{ Lo, Hi int }
+
+// LocalSteps are the prefill steps a decode group runs a prompt's
+// positions [from, to) in when it has it alone: each ends at the first of
+// the prompt's end, the next of stops after its start, and chunk rows on
+// (chunk <= 0: no limit). chunk is a multiple of the KDA chunk, and from
+// and the stops lie on its grid (the group's rules), so every step but
+// the last starts on it.
+func LocalSteps(from, to, chunk int, stops []int) []Span {
+	var out []Span
+	for lo := from; lo < to; {
+		hi := to
+		if chunk > 0 {
+			hi = min(hi, lo+chunk)
+		}
+		for _, p := range stops {
+			if p > lo {
+				hi = min(hi, p)
+				break
+			}
+		}
+		out = append(out, Span{lo, hi})
+		lo = hi
+	}
+	return out
 }
 
 // coversLayers reports whether stages run layers [0, layers) once, in order.
@@ -234,6 +262,7 @@ func coversLayers(stages []Stage, layers int) bool {
 	return len(stages) > 0 && next == layers
 }
 
+// sum adds durations, saturating at Unknown.
 func sum(ds ...time.Duration) time.Duration {
 	var t time.Duration
 	for _, d := range ds {

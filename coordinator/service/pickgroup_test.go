@@ -1,6 +1,7 @@
 package service
 
 import (
+	"slices"
 	"testing"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
@@ -56,5 +57,14 @@ func TestPickGroupPrefersTheCachedPrefix(t *testing.T) {
 	}
 	if n := cachedPrefix(&h, prompt[:256]); n != 0 {
 		t.Fatalf("cachedPrefix of a prompt of exactly the cached length %d: the last token must run", n)
+	}
+	// The prefill steps of the rest end where the group keeps its state.
+	h.PrefixCache.Stride = 128
+	if got, want := snapshotStops(&h, 256, 600), []int{384, 512, 576}; !slices.Equal(got, want) {
+		t.Errorf("snapshotStops from 256 of a 600-token prompt, stride 128: %v, want %v", got, want)
+	}
+	h.PrefixCache.Salt = 0 // the cache paused
+	if got := snapshotStops(&h, 0, 600); got != nil {
+		t.Errorf("snapshotStops of a paused cache: %v", got)
 	}
 }

@@ -150,6 +150,7 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 	load.LocalStages = g.stages()
 	h := g.Head()
 	load.LocalCached = cachedPrefix(&h, prompt)
+	load.LocalStops = snapshotStops(&h, load.LocalCached, n)
 	load.RemoteSplit, load.RemoteCached, load.RemoteAppend = remoteCaches(pf, &h, prompt)
 	d := router.Route(pol, m, r, load, n)
 	if n <= 1 && pf != nil {
@@ -184,6 +185,16 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 func cachedPrefix(h *cp.WorkerInfo, prompt []int32) int {
 	// The last prompt token always runs as the first decode step.
 	return longestHeld(h.PrefixCache, prompt, len(prompt)-1)
+}
+
+// snapshotStops are where the group whose head is h ends a local prompt's
+// prefill steps to keep its state (none when its cache is off or paused):
+// from the cached prefix it resumes at to the prompt's prefilled end.
+func snapshotStops(h *cp.WorkerInfo, cached, prompt int) []int {
+	if c := h.PrefixCache; c == nil || c.Salt == 0 {
+		return nil
+	}
+	return prefixkey.Snapshots(cached, prompt-1, h.PrefixCache.Stride)
 }
 
 // longestHeld is the longest prefix of prompt, at most limit tokens, among

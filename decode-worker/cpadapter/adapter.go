@@ -284,8 +284,8 @@ func (a *Adapter) info() cp.WorkerInfo {
 }
 
 // observeLocal fits the group's prefill terms to a local prefill of prompt
-// tokens (all but the last prefilled, in chunks, less the cached prefix of
-// cached tokens): the ranks' compute time for its prefill steps, summed
+// tokens (all but the last prefilled, in its steps, less the cached prefix
+// of cached tokens): the ranks' compute time for its prefill steps, summed
 // over the ranks, and the part of it in the MLA attention. Compute, not the
 // wall time: the ranks overlap a prompt's chunks, less so the fewer its
 // chunks, and the router prices that overlap from the ranks' layers
@@ -296,7 +296,11 @@ func (a *Adapter) observeLocal(prompt, cached int, tm pipeline.Timing) {
 	if n-cached < 1 || tm.PrefillCompute <= 0 {
 		return
 	}
-	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: (n - cached + chunk - 1) / chunk * a.cost.Layers,
+	steps := tm.PrefillSteps
+	if steps <= 0 {
+		steps = (n - cached + chunk - 1) / chunk
+	}
+	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: steps * a.cost.Layers,
 		Took: tm.PrefillCompute, Attention: tm.PrefillAttention}
 	if err := a.fit.Add(s); err != nil {
 		a.log.Debug("local prefill not fitted", zap.Error(err))
@@ -312,7 +316,8 @@ func cacheInfo(st *pipeline.Stats) *cp.PrefixCacheInfo {
 		return nil // off (or nothing yet to say)
 	}
 	ci := &cp.PrefixCacheInfo{Entries: c.Entries, Bytes: uint64(max(c.Bytes, 0)), Lookups: uint64(c.Lookups), Hits: uint64(c.Hits),
-		HitTokens: uint64(c.HitTokens), Misses: uint64(c.Misses), Evictions: uint64(c.Evictions), Salt: uint64(st.CacheSalt)}
+		HitTokens: uint64(c.HitTokens), Misses: uint64(c.Misses), Evictions: uint64(c.Evictions), Salt: uint64(st.CacheSalt),
+		Stride: st.CacheStride}
 	for _, l := range st.CacheLinks[:min(len(st.CacheLinks), cp.MaxCachedPrefixes)] {
 		ci.Prefixes = append(ci.Prefixes, cp.CachedPrefix{Link: uint64(l.Hash), Tokens: l.Tokens})
 	}

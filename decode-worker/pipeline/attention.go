@@ -41,6 +41,9 @@ func (f *flight) account(tr mesh.Trace) {
 		total += n
 	}
 	for i, s := range f.seqs {
+		if f.rows[i] > 0 {
+			s.timing.PrefillSteps++
+		}
 		if total > 0 {
 			s.timing.PrefillCompute += time.Duration(float64(compute) * float64(f.rows[i]) / float64(total))
 		}

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
@@ -57,6 +59,12 @@ func TestPrefillAttentionTimed(t *testing.T) {
 			t.Errorf("%s: %v of prefill attention for a prompt with nothing to prefill", tc.id, tm.PrefillAttention)
 		case len(tc.tokens) > 1 && !(tm.PrefillAttention > 0 && tm.PrefillAttention < prefill):
 			t.Errorf("%s: %v of prefill attention in a prefill of %v", tc.id, tm.PrefillAttention, prefill)
+		}
+		// The steps it ran in: its chunks, cut at the cache's snapshot
+		// (the group's cache is on, stride 0).
+		end := len(tc.tokens) - 1
+		if want := len(costmodel.LocalSteps(0, end, 128, prefixcache.Snapshots(0, end, 0))); tm.PrefillSteps != want {
+			t.Errorf("%s: %d prefill steps counted, want %d", tc.id, tm.PrefillSteps, want)
 		}
 		if tc.id != "long" {
 			continue

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
+	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -165,5 +167,36 @@ func TestPrefillRowsStops(t *testing.T) {
 				t.Fatalf("prefillRows(%v, %v, %v, %d) = %v, want %v", tc.pending, tc.pos, tc.stops, tc.budget, got, tc.want)
 			}
 		})
+	}
+}
+
+// The router prices a local prompt in the steps costmodel.LocalSteps plans
+// from the group's chunk and its cache's snapshots: the head's own plan
+// (prefillRows, stopping at prefixcache.NextStop) for a prompt alone.
+func TestPrefillStepsAsTheRouterPricesThem(t *testing.T) {
+	c := model.KDAChunk
+	for _, chunk := range []int{0, c, 8 * c} {
+		for _, stride := range []int{0, 3 * c, 16 * c} {
+			for _, from := range []int{0, c, 5 * c} {
+				for _, end := range []int{1, c - 1, c, 4*c - 1, 4 * c, 1023, 4095, 5000} {
+					if end <= from {
+						continue
+					}
+					plan := prefixcache.Snapshots(from, end, stride)
+					var head []costmodel.Span
+					for pos := from; pos < end; {
+						rows := prefillRows([]int{end - pos}, []int{pos}, []int{prefixcache.NextStop(plan, pos)}, chunk)
+						if len(rows) != 1 {
+							t.Fatalf("chunk %d stride %d: %d..%d: the head planned %v at %d", chunk, stride, from, end, rows, pos)
+						}
+						head = append(head, costmodel.Span{Lo: pos, Hi: pos + rows[0]})
+						pos += rows[0]
+					}
+					if got := costmodel.LocalSteps(from, end, chunk, plan); !slices.Equal(got, head) {
+						t.Errorf("chunk %d stride %d: %d..%d: priced as %v, the head runs %v", chunk, stride, from, end, got, head)
+					}
+				}
+			}
+		}
 	}
 }

@@ -104,6 +104,9 @@ type Timing struct {
 	// chunks, so the sums exceed the wall time from Ready to FirstToken;
 	// their ratio is the attention's share of it.
 	PrefillCompute, PrefillAttention time.Duration
+	// PrefillSteps is how many prefill steps carried the prompt: its chunks
+	// and the cuts at its prefix-cache snapshots.
+	PrefillSteps int
 }
 
 // ErrRefused is wrapped by every refused admission.

@@ -22,11 +22,14 @@ type Stats struct {
 	// bytes (drawn on the same budget as the sequences), and on the head
 	// its lookups, hits and the prompt tokens the hits saved.
 	Cache prefixcache.Stats
-	// CacheSalt and CacheLinks (head, cache on and not paused): the chain's
-	// seed and the prefixes a prompt can resume from, the most recently
-	// kept entries first (at most MaxAdvertised), for the registry.
-	CacheSalt  prefixcache.Hash
-	CacheLinks []prefixcache.Link
+	// CacheSalt, CacheLinks and CacheStride (head, cache on and not
+	// paused): the chain's seed, the prefixes a prompt can resume from, the
+	// most recently kept entries first (at most MaxAdvertised), and the
+	// snapshot stride (prefixkey.Snapshots: where a local prompt's prefill
+	// steps end), for the registry.
+	CacheSalt   prefixcache.Hash
+	CacheLinks  []prefixcache.Link
+	CacheStride int
 
 	Steps       int64         // steps this rank computed
 	ComputeTime time.Duration // spent in this rank's layers (and sampling on the last rank)
@@ -85,7 +88,7 @@ func (w *Worker) publish() {
 			if v := w.cache.Version(); v != w.advertised || w.links == nil {
 				w.links, w.advertised = w.cache.Links(MaxAdvertised), v
 			}
-			s.CacheSalt, s.CacheLinks = w.cache.Salt(), w.links
+			s.CacheSalt, s.CacheLinks, s.CacheStride = w.cache.Salt(), w.links, snapshotStride(w.cfg.PrefixCache.Stride)
 		}
 	}
 	w.mu.Lock()
@@ -110,4 +113,10 @@ func (w *Worker) publish() {
 		w.log.Info("decode progress", fields...)
 		w.lastLog, w.logged = now, *c
 	}
+}
+
+// snapshotStride is the stride the cache's snapshots are planned with
+// (prefixkey.Snapshots rounds one off the KDA grid up onto it).
+func snapshotStride(stride int) int {
+	return (max(stride, 0) + prefixcache.Block - 1) / prefixcache.Block * prefixcache.Block
 }

@@ -48,25 +48,10 @@ func Chain(f HashFunc, salt Hash, tokens []int32) []Hash { return prefixkey.Chai
 // Salt seeds a chain with the model's identity and the cache dtype.
 func Salt(modelID string, dtype model.DType) Hash { return prefixkey.Salt(modelID, uint8(dtype)) }
 
-// Snapshots plans the positions at which a sequence's state is kept: every
-// multiple of stride after from (the position it resumed at) and the last
-// multiple of Block not after end (the prompt's prefilled end), in order.
-// stride <= 0 keeps only the end; a stride that is not a multiple of Block
-// is rounded up to one.
-func Snapshots(from, end, stride int) []int {
-	last := end / Block * Block
-	if last <= from {
-		return nil
-	}
-	var out []int
-	if stride > 0 {
-		stride = (stride + Block - 1) / Block * Block
-		for p := (from/stride + 1) * stride; p < last; p += stride {
-			out = append(out, p)
-		}
-	}
-	return append(out, last)
-}
+// Snapshots plans the positions at which a sequence's state is kept
+// (prefixkey.Snapshots: the coordinator prices the prefill steps that end
+// there).
+func Snapshots(from, end, stride int) []int { return prefixkey.Snapshots(from, end, stride) }
 
 // NextStop is the first planned position after pos, or 0 when none is
 // left: a prefill step of the sequence ends there so that its state can be

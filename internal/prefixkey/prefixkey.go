@@ -73,3 +73,24 @@ func Longest(f HashFunc, salt Hash, tokens []int32, limit int, held map[Hash]int
 	}
 	return 0
 }
+
+// Snapshots plans the positions at which a sequence's state is kept: every
+// multiple of stride after from (the position it resumed at) and the last
+// multiple of Block not after end (the prompt's prefilled end), in order.
+// stride <= 0 keeps only the end; a stride that is not a multiple of Block
+// is rounded up to one. A decode group's prefill steps end at these
+// positions as well as at its chunk limit, so the router prices them too.
+func Snapshots(from, end, stride int) []int {
+	last := end / Block * Block
+	if last <= from {
+		return nil
+	}
+	var out []int
+	if stride > 0 {
+		stride = (stride + Block - 1) / Block * Block
+		for p := (from/stride + 1) * stride; p < last; p += stride {
+			out = append(out, p)
+		}
+	}
+	return append(out, last)
+}
