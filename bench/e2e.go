@@ -291,7 +291,7 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.IntVar(&f.seedTokens, "seed-tokens", 1024, "prompt length at which the router's rates are seeded from the profile (coordinator and simulator alike)")
 	fs.Float64Var(&f.tolerance, "tolerance", 0.25, "calibration check: largest accepted |predicted/measured - 1| of TTFT p50")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "longest a job may take from submission to its end")
-	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays")
+	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays, after a throwaway first one each way (a worker's fit drops its cold first prefill)")
 	fs.IntVar(&f.rounds, "rounds", 1, "replay the workload this many times per policy, the policies in turn (a shared machine's load varies over minutes)")
 	fs.IntVar(&f.probeReps, "probe", 3, "probe the idle system before each replay, each probe job this many times (0: predict from the profile alone)")
 	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
@@ -586,9 +586,12 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 	if n == 0 || len(lens) == 0 {
 		return nil
 	}
-	say("e2e: warming up (%d jobs each way, in turn, prompts of %v tokens)", n, lens)
+	say("e2e: warming up (%d jobs each way, in turn, prompts of %v tokens, after a cold one of %d)", n, lens, lens[0])
 	for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
-		var jobs []workload.Job
+		// A worker's first prefill pays the process's one-time costs and
+		// its fit lets it go when the second comes (costmodel.Fitter): a
+		// throwaway first, so that the n jobs are n samples.
+		jobs := []workload.Job{{ID: fmt.Sprintf("warm-%s-cold", p), Prompt: lens[0], Output: 8}}
 		for i := range n {
 			jobs = append(jobs, workload.Job{ID: fmt.Sprintf("warm-%s-%d", p, i), Prompt: lens[i%len(lens)], Output: 8})
 		}
