@@ -233,16 +233,17 @@ type Span struct{ Lo, Hi int }
 // the last starts on it.
 func LocalSteps(from, to, chunk int, stops []int) []Span {
 	var out []Span
+	next := 0 // the first stop not behind lo: stops are in order
 	for lo := from; lo < to; {
 		hi := to
 		if chunk > 0 {
 			hi = min(hi, lo+chunk)
 		}
-		for _, p := range stops {
-			if p > lo {
-				hi = min(hi, p)
-				break
-			}
+		for next < len(stops) && stops[next] <= lo {
+			next++
+		}
+		if next < len(stops) {
+			hi = min(hi, stops[next])
 		}
 		out = append(out, Span{lo, hi})
 		lo = hi
