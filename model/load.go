@@ -32,6 +32,9 @@ type LoadOptions struct {
 	Embed, Head bool
 	// LatentNormEps overrides the MLA latent norm eps (0 keeps the config's).
 	LatentNormEps float64
+	// Pin keeps the bound weights in memory (safetensors.Checkpoint.Pin):
+	// a server's, whose requests must not wait for the disk.
+	Pin bool
 }
 
 // Loaded is a model bound to an open checkpoint; Close releases the
@@ -39,6 +42,10 @@ type LoadOptions struct {
 type Loaded struct {
 	*Model
 	Checkpoint *safetensors.Checkpoint
+	// PinErr is why the weights could not be locked in memory (with
+	// LoadOptions.Pin; they were faulted in all the same): the caller
+	// reports it, since they may be paged out again under pressure.
+	PinErr error
 }
 
 // Close unmaps the checkpoint.
@@ -63,7 +70,11 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 		return nil, fmt.Errorf("layer range [%d, %d) is outside the model's %d layers", opt.Lo, opt.Hi, cfg.NumLayers)
 	}
 	m := New(cfg, be)
-	src := CheckpointSource{ck}
+	var src TensorSource = CheckpointSource{ck}
+	var views [][]byte
+	if opt.Pin {
+		src = viewsOf{src, &views}
+	}
 	fail := func(err error) (*Loaded, error) {
 		ck.Close()
 		return nil, fmt.Errorf("%s: %w", dir, err)
@@ -92,7 +103,27 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 			}
 		}
 	}
-	return &Loaded{Model: m, Checkpoint: ck}, nil
+	ld := &Loaded{Model: m, Checkpoint: ck}
+	for _, v := range views {
+		if err := ck.Pin(v); err != nil && ld.PinErr == nil {
+			ld.PinErr = fmt.Errorf("%s: weights not locked in memory: %w", dir, err)
+		}
+	}
+	return ld, nil
+}
+
+// viewsOf records the tensor bytes a source hands out, to pin them.
+type viewsOf struct {
+	TensorSource
+	views *[][]byte
+}
+
+func (s viewsOf) Data(name string) ([]byte, error) {
+	b, err := s.TensorSource.Data(name)
+	if err == nil {
+		*s.views = append(*s.views, b)
+	}
+	return b, err
 }
 
 // OpenCheckpoint reads dir's config.json and opens its checkpoint (index

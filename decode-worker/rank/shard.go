@@ -12,6 +12,10 @@ import (
 // layer range, plus the embedding on rank 0 and the final mix, norm and
 // lm_head on the last rank. It checks the layout against the checkpoint's
 // config first, so a layout for another model fails before any mapping.
+// On a host backend the share is pinned in memory (model.LoadOptions.Pin):
+// a decode step touches each routed expert only now and then, and one the
+// kernel had paged out meanwhile would be read from disk while the step
+// waits. Loaded.PinErr says when the system refused the lock.
 func LoadShard(dir string, be kernels.Backend, l *Layout, r int, latentEps float64) (*model.Loaded, error) {
 	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
@@ -24,7 +28,8 @@ func LoadShard(dir string, be kernels.Backend, l *Layout, r int, latentEps float
 		return nil, fmt.Errorf("rank %d is not in decode group %q (ranks 0..%d)", r, l.Group, l.Last())
 	}
 	s := l.Ranks[r]
-	m, err := model.Load(dir, be, model.LoadOptions{Lo: s.Lo, Hi: s.Hi, Embed: r == 0, Head: r == l.Last(), LatentNormEps: latentEps})
+	_, device := be.(kernels.DeviceMemory) // a device holds its own copy
+	m, err := model.Load(dir, be, model.LoadOptions{Lo: s.Lo, Hi: s.Hi, Embed: r == 0, Head: r == l.Last(), LatentNormEps: latentEps, Pin: !device})
 	if err != nil {
 		return nil, fmt.Errorf("rank %d layers [%d, %d): %w", r, s.Lo, s.Hi, err)
 	}

@@ -304,6 +304,32 @@ func (c *Checkpoint) mapping(s *shard) ([]byte, error) {
 	return s.mapped, nil
 }
 
+// touched keeps Pin's reads of pages it could not lock.
+var touched byte
+
+// Pin keeps b, bytes Bytes returned, in memory: the pages of a mapped
+// shard are faulted in now and locked, so that neither a first request nor
+// the kernel's reclaim of idle file pages leaves them to be read from disk
+// while a request waits (a decode rank touches most expert weights only
+// now and then). Bytes read into the heap are in memory already. When the
+// system refuses the lock (RLIMIT_MEMLOCK, wired-memory limits) the pages
+// are still faulted in, and the error says why they may leave again.
+func (c *Checkpoint) Pin(b []byte) error {
+	if c.copyViews || len(b) == 0 {
+		return nil
+	}
+	if err := lockPages(b); err != nil {
+		const page = 4096
+		var sum byte
+		for i := 0; i < len(b); i += page {
+			sum ^= b[i]
+		}
+		touched = sum // kept, so that the reads are not optimized away
+		return err
+	}
+	return nil
+}
+
 // ReadTensor reads a tensor's bytes into dst, which must be exactly its
 // size, with a positioned read that leaves no state behind: it is safe to
 // call concurrently.

@@ -25,6 +25,15 @@ func mapFile(f *os.File, size int64) ([]byte, error) {
 	return b, nil
 }
 
+// lockPages faults b's pages in and locks them in memory (mlock); the
+// lock ends with the mapping.
+func lockPages(b []byte) error {
+	if err := syscall.Mlock(b); err != nil {
+		return fmt.Errorf("mlock: %w", err)
+	}
+	return nil
+}
+
 func unmapFile(b []byte) error {
 	if err := syscall.Munmap(b); err != nil {
 		return fmt.Errorf("munmap: %w", err)
