@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -291,7 +292,7 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.IntVar(&f.seedTokens, "seed-tokens", 1024, "prompt length at which the router's rates are seeded from the profile (coordinator and simulator alike)")
 	fs.Float64Var(&f.tolerance, "tolerance", 0.25, "calibration check: largest accepted |predicted/measured - 1| of TTFT p50")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "longest a job may take from submission to its end")
-	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays, after a throwaway first one each way (a worker's fit drops its cold first prefill)")
+	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays, after a throwaway cold one each way of the longest --warmup-prompts (a worker's fit drops its first prefill, and the process runs slower in its first half-minute)")
 	fs.IntVar(&f.rounds, "rounds", 1, "replay the workload this many times per policy, the policies in turn (a shared machine's load varies over minutes)")
 	fs.IntVar(&f.probeReps, "probe", 3, "probe the idle system before each replay, each probe job this many times (0: predict from the profile alone)")
 	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
@@ -586,15 +587,16 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 	if n == 0 || len(lens) == 0 {
 		return nil
 	}
-	say("e2e: warming up (%d jobs each way, in turn, prompts of %v tokens, after a cold one of %d)", n, lens, lens[0])
-	for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
-		// A worker's first prefill pays the process's one-time costs and
-		// its fit lets it go when the second comes (costmodel.Fitter): a
-		// throwaway first, so that the n jobs are n samples.
-		jobs := []workload.Job{{ID: fmt.Sprintf("warm-%s-cold", p), Prompt: lens[0], Output: 8}}
-		for i := range n {
-			jobs = append(jobs, workload.Job{ID: fmt.Sprintf("warm-%s-%d", p, i), Prompt: lens[i%len(lens)], Output: 8})
-		}
+	cold := slices.Max(lens)
+	say("e2e: warming up (a cold job of %d tokens each way, then %d jobs each way, in turn, prompts of %v tokens)", cold, n, lens)
+	// A worker's first prefill pays the process's one-time costs and its
+	// fit lets it go when the second comes (costmodel.Fitter). Both cold
+	// jobs go first, and long ones: the process's first half-minute ran
+	// the same prefill up to 1.6x slower than later (the decode group's
+	// 64-token prompt: 1.0-1.1 s in the warm-up, 0.6-0.65 s in the ladder,
+	// and 0.62-0.66 s in the warm-up once the remote warm-up had gone
+	// first), and samples from it priced short prompts up to 1.6x long.
+	warm := func(p cp.Policy, jobs []workload.Job) error {
 		ms, _, err := replay(ctx, nc, jobs, p, vocab, key+"-warm", timeout, true)
 		if err != nil {
 			return err
@@ -603,6 +605,22 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 			if m.Err != nil {
 				return fmt.Errorf("e2e: warm-up job (%s): %w", p, m.Err)
 			}
+		}
+		return nil
+	}
+	both := []cp.Policy{cp.PolicyLocal, cp.PolicyRemote}
+	for _, p := range both {
+		if err := warm(p, []workload.Job{{ID: fmt.Sprintf("warm-%s-cold", p), Prompt: cold, Output: 8}}); err != nil {
+			return err
+		}
+	}
+	for _, p := range both {
+		var jobs []workload.Job
+		for i := range n {
+			jobs = append(jobs, workload.Job{ID: fmt.Sprintf("warm-%s-%d", p, i), Prompt: lens[i%len(lens)], Output: 8})
+		}
+		if err := warm(p, jobs); err != nil {
+			return err
 		}
 	}
 	d.takePasses()
