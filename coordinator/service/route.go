@@ -191,10 +191,11 @@ func cachedPrefix(h *cp.WorkerInfo, prompt []int32) int {
 // prefill steps to keep its state (none when its cache is off or paused):
 // from the cached prefix it resumes at to the prompt's prefilled end.
 func snapshotStops(h *cp.WorkerInfo, cached, prompt int) []int {
-	if c := h.PrefixCache; c == nil || c.Salt == 0 {
+	c := h.PrefixCache
+	if c == nil || c.Salt == 0 {
 		return nil
 	}
-	return prefixkey.Snapshots(cached, prompt-1, h.PrefixCache.Stride)
+	return prefixkey.Snapshots(cached, prompt-1, c.Stride)
 }
 
 // longestHeld is the longest prefix of prompt, at most limit tokens, among

@@ -292,15 +292,11 @@ func (a *Adapter) info() cp.WorkerInfo {
 // (costmodel.Load.LocalStages); a fit to wall times took a 4096-token
 // prompt's overlap for a faster rate than a 256-token one's.
 func (a *Adapter) observeLocal(prompt, cached int, tm pipeline.Timing) {
-	n, chunk := prompt-1, max(a.cfg.Worker.PrefillChunk(), 1)
+	n := prompt - 1
 	if n-cached < 1 || tm.PrefillCompute <= 0 {
 		return
 	}
-	steps := tm.PrefillSteps
-	if steps <= 0 {
-		steps = (n - cached + chunk - 1) / chunk
-	}
-	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: steps * a.cost.Layers,
+	s := costmodel.Sample{Work: a.cost.Work(cached, n), Calls: tm.PrefillSteps * a.cost.Layers,
 		Took: tm.PrefillCompute, Attention: tm.PrefillAttention}
 	if err := a.fit.Add(s); err != nil {
 		a.log.Debug("local prefill not fitted", zap.Error(err))
