@@ -38,6 +38,27 @@ func (l loadMeter) Others() (share float64, ok bool) {
 	return max(0, min(1, other.Seconds()/wall.Seconds()/float64(runtime.NumCPU()))), true
 }
 
+// cpuSpan is what a timed run cost this process in CPU (user and system
+// time of all its threads) and the share of the cores (0..1) that other
+// processes used meanwhile. A run's CPU time, unlike its wall time, does
+// not depend on how much of the machine it got.
+type cpuSpan struct {
+	self   time.Duration
+	others float64
+	ok     bool
+}
+
+// span reads the meter: the process's CPU time since it started and the
+// others' share of the cores; ok is false where either is not known.
+func (l loadMeter) span() cpuSpan {
+	_, s, ok := cpuTimes()
+	share, known := l.Others()
+	if !ok || !l.ok || !known {
+		return cpuSpan{}
+	}
+	return cpuSpan{self: s - l.self, others: share, ok: true}
+}
+
 // loadAverage is the machine's 1-minute load average sampled over a span:
 // the run queue, which, unlike the others' share of the cores (capped at
 // all of them), says how far past busy the machine was.

@@ -373,6 +373,7 @@ type xferTiming struct {
 	tail    time.Duration // last hand-over to the last commit
 	chunks  int64         // chunks compared
 	corrupt int64         // committed chunks that differ from the source
+	cpu     cpuSpan       // CPU spent from the first hand-over to the last commit
 }
 
 // run streams the given layers of src to the ranks that own them (through
@@ -453,7 +454,7 @@ func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, 
 			states[i] = st
 		}()
 	}
-	start := time.Now()
+	start, lm := time.Now(), startLoad()
 	var lastPut time.Time
 	for _, L := range layers {
 		if pace != nil {
@@ -471,12 +472,13 @@ func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, 
 		return xferTiming{}, err
 	}
 	wg.Wait()
+	cpu := lm.span()
 	if werr != nil {
 		return xferTiming{}, werr
 	}
 	// Verify after the clock stopped, so that checking one rank does not
 	// slow another still receiving.
-	out := xferTiming{total: lastEnd.Sub(start), tail: lastEnd.Sub(lastPut)}
+	out := xferTiming{total: lastEnd.Sub(start), tail: lastEnd.Sub(lastPut), cpu: cpu}
 	for i, r := range ranks {
 		n, bad := compareChunks(src, states[i], r.layers)
 		out.chunks += n

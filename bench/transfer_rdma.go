@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -49,6 +50,18 @@ type rdmaResult struct {
 	RatioMethod     string    `json:"ratio_method"`
 	TargetRatio     float64   `json:"target_ratio"`
 	ThroughputOK    bool      `json:"throughput_ok"`
+	// The CPU time this process spent (user and system, every thread,
+	// both ends) per GB moved, median over reps, by the raw wire and by
+	// the transfer, and the median over pairs of transfer over raw. Where
+	// other work takes the cores, a pair's ratio tends toward raw CPU
+	// over transfer CPU: the run that needs more core time waits longer
+	// for it. Absent where the process's CPU time is not known.
+	RawCPUPerGB      float64 `json:"raw_cpu_s_per_gb,omitempty"`
+	TransferCPUPerGB float64 `json:"transfer_cpu_s_per_gb,omitempty"`
+	CPURatio         float64 `json:"cpu_ratio,omitempty"`
+	// PairOthers is, pair by pair, the share of the machine's cores (0..1)
+	// that other processes used while the pair ran: 0 on a quiet machine.
+	PairOthers []float64 `json:"pair_others_share,omitempty"`
 
 	Retransmits            int64 `json:"retransmits"`
 	Timeouts               int64 `json:"timeouts"`
@@ -135,6 +148,7 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 	all := kvtest.AllLayers(cfg.NumLayers)
 	var rawBest, xferBest time.Duration
 	var raws, xfers []time.Duration
+	var rawCPU, xferCPU, cpuRatios []float64
 	if f.cpuProfile != "" {
 		pf, err := os.Create(f.cpuProfile)
 		if err != nil {
@@ -147,7 +161,7 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		defer pprof.StopCPUProfile()
 	}
 	for rep := 0; rep < f.reps; rep++ {
-		d, err := rawFakeWire(src, all, res.SlotBytes, res.Slots)
+		d, dcpu, err := rawFakeWire(src, all, res.SlotBytes, res.Slots)
 		if err != nil {
 			return fmt.Errorf("raw fake wire: %w", err)
 		}
@@ -162,6 +176,14 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		res.ChunksVerified += t.chunks
 		res.CorruptChunksCommitted += t.corrupt
 		xfers = append(xfers, t.total)
+		if dcpu.ok && t.cpu.ok && dcpu.self > 0 {
+			gb := float64(res.StateBytes) / 1e9
+			rawCPU = append(rawCPU, dcpu.self.Seconds()/gb)
+			xferCPU = append(xferCPU, t.cpu.self.Seconds()/gb)
+			cpuRatios = append(cpuRatios, t.cpu.self.Seconds()/dcpu.self.Seconds())
+			res.PairOthers = append(res.PairOthers,
+				(dcpu.others*d.Seconds()+t.cpu.others*t.total.Seconds())/(d+t.total).Seconds())
+		}
 		if xferBest == 0 || t.total < xferBest {
 			xferBest = t.total
 		}
@@ -186,6 +208,11 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 	res.PairRatios, res.MedianPairRatio = pairRatios(raws, xfers)
 	res.RatioMethod = ratioMethod
 	res.ThroughputOK = res.MedianPairRatio >= res.TargetRatio
+	if len(cpuRatios) > 0 {
+		res.RawCPUPerGB, res.TransferCPUPerGB, res.CPURatio = median(rawCPU), median(xferCPU), median(cpuRatios)
+		say("CPU per GB moved: raw wire %.3f s, transfer %.3f s (%.2f x); other processes used %s of the cores during the pairs",
+			res.RawCPUPerGB, res.TransferCPUPerGB, res.CPURatio, shares(res.PairOthers))
+	}
 	res.CorruptCheckPassed = res.CorruptChunksCommitted == 0
 	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s (best of each: %.2f x); median of the pairs' ratios %.2f x raw (target >= %.1f); %d of %d slots resent (%d timer expiries), %d ack-only slots, %d of %d slots received placed by the poller, %d lost on the wire, %d dropped for want of a posted receive; %d chunks committed, %d corrupt",
 		res.RawGbps, res.TransferGbps, res.TransferRatio, res.MedianPairRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.Timeouts, res.AckSlots, res.DirectSlots, res.SlotsReceived, res.WireLost, res.WireNoRecvDrops,
@@ -217,7 +244,7 @@ func pageAligned(n int) []byte {
 // time from the first copy to the last byte placed. Like the transfer
 // (xferGroup.run) it faults its buffers in before the clock and leaves
 // the heap collected, so that each timed run starts from the same heap.
-func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Duration, error) {
+func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Duration, cpuSpan, error) {
 	defer func() {
 		runtime.GC()
 		debug.FreeOSMemory()
@@ -236,31 +263,31 @@ func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Durat
 		e := &ends[i]
 		var err error
 		if e.ctx, err = fab.Host(fmt.Sprint("raw", i), benchGID).Open(fakeverbs.DeviceName); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 		if e.pd, err = e.ctx.AllocPD(); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 		if e.cq, err = e.ctx.CreateCQ(4 * slots); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 		frames := slots * verbs.Frames(slot)
 		if e.qp, err = e.pd.CreateQP(verbs.QPInit{SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: frames, MaxRecvWR: frames}); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 		e.buf = pageAligned(slots * slot)
 		if e.mr, err = e.pd.RegMR(e.buf, verbs.AccessDefault); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 		defer func() { e.qp.Close(); e.mr.Close(); e.cq.Close() }()
 	}
 	for i := range ends {
 		e, p := ends[i], ends[1-i]
 		if err := errors.Join(e.qp.Init(1), e.qp.ReadyToReceive(verbs.RTR{Port: 1, MTU: 5, DestQPN: p.qp.Num(), DGID: benchGID, SGIDIndex: 1})); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 		if err := e.qp.ReadyToSend(0); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 	}
 	tx, rx := ends[0], ends[1]
@@ -283,7 +310,7 @@ func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Durat
 	}
 	for i := 0; i < slots; i++ {
 		if err := rx.qp.PostRecv(uint64(i), rx.mr, at(rx.buf, i)); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 	}
 	credits := make(chan int, slots) // send slots whose message was consumed
@@ -291,7 +318,7 @@ func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Durat
 		credits <- i
 	}
 	done := make(chan error, 1)
-	start := time.Now()
+	start, lm := time.Now(), startLoad()
 	go func() {
 		// The receiver: copy each slot out in order and repost it.
 		wcs := make([]verbs.WC, 64)
@@ -355,7 +382,7 @@ func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Durat
 				d, fill = d[c:], fill+c
 				if fill == slot {
 					if err := send(); err != nil {
-						return 0, err
+						return 0, cpuSpan{}, err
 					}
 				}
 			}
@@ -363,11 +390,24 @@ func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Durat
 	}
 	if fill > 0 {
 		if err := send(); err != nil {
-			return 0, err
+			return 0, cpuSpan{}, err
 		}
 	}
 	if err := <-done; err != nil {
-		return 0, err
+		return 0, cpuSpan{}, err
 	}
-	return time.Since(start), nil
+	d := time.Since(start)
+	return d, lm.span(), nil
+}
+
+// shares formats shares of the cores as percentages, "0% 12% 3%".
+func shares(xs []float64) string {
+	var b strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%.0f%%", 100*x)
+	}
+	return b.String()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"hash/crc32"
 	"slices"
 	"testing"
 	"time"
@@ -29,5 +30,29 @@ func TestPairRatios(t *testing.T) {
 	}
 	if rs, med := pairRatios(nil, nil); rs != nil || med != 0 {
 		t.Fatalf("no reps: %v %v", rs, med)
+	}
+}
+
+// TestCPUSpan: a span counts the CPU this process spent while it ran
+// (here, checksumming 64 MiB several times over) and a share of the cores
+// in [0, 1] for the others; where the process's CPU time is not known
+// (not Linux), the span says so instead of reporting zero.
+func TestCPUSpan(t *testing.T) {
+	lm := startLoad()
+	buf := make([]byte, 64<<20)
+	var sum uint32
+	for i := 0; i < 8; i++ {
+		buf[i] = byte(sum)
+		sum = crc32.Checksum(buf, crc32.MakeTable(crc32.Castagnoli))
+	}
+	s := lm.span()
+	if _, _, known := cpuTimes(); known != s.ok {
+		t.Fatalf("span ok %v, CPU times readable %v", s.ok, known)
+	}
+	if s.ok && (s.self <= 0 || s.others < 0 || s.others > 1) {
+		t.Fatalf("after 512 MiB checksummed: %+v (sum %x)", s, sum)
+	}
+	if got := shares([]float64{0, 0.123, 1}); got != "0% 12% 100%" {
+		t.Fatalf("shares: %q", got)
 	}
 }
