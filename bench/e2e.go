@@ -95,7 +95,15 @@ type e2eOutput struct {
 	// run, sampled (absent where it cannot be read): with 2 cores, 2 is
 	// busy, and anything above is other work the figures shared them with.
 	LoadAverage *loadAverage `json:"load_average,omitempty"`
-	Out         string       `json:"out,omitempty"`
+	// PageFaults counts the process's minor page faults (first touches
+	// of fresh memory, mostly) in the warm-up's cold jobs ("cold"), the
+	// rest of the warm-up ("warmup") and each policy's replays, and
+	// PageFaultUS is what one costs on this machine
+	// (machine.PageFaultMicros): the one-time costs of a process's first
+	// jobs, priced. Absent where they cannot be read.
+	PageFaults  map[string]int64 `json:"page_faults,omitempty"`
+	PageFaultUS float64          `json:"page_fault_us,omitempty"`
+	Out         string           `json:"out,omitempty"`
 }
 
 type e2eWorkload struct {
@@ -467,11 +475,12 @@ the profile alone is reported next to it.
 	_, _ = rand.Read(nonce)
 	key := "e2e-" + hex.EncodeToString(nonce)
 	warm := time.Now()
-	if err := e2eWarmup(ctx, d, nc, f.warmup, warmLens, vocab, key, f.jobTimeout); err != nil {
+	faults := newFaultCounter()
+	if err := e2eWarmup(ctx, d, nc, f.warmup, warmLens, vocab, key, f.jobTimeout, faults); err != nil {
 		return err
 	}
 	if f.warmup > 0 && len(warmLens) > 0 {
-		say("e2e: the warm-up took %s", report.Duration(time.Since(warm).Seconds()))
+		say("e2e: the warm-up took %s%s", report.Duration(time.Since(warm).Seconds()), faults.String())
 	}
 	// Each replay is predicted from the profile with what the probe jobs
 	// measured just before it (the profile alone with --probe 0).
@@ -508,6 +517,11 @@ the profile alone is reported next to it.
 		}
 		run, pol := summarizePolicy(p, done[p], po, f.tolerance)
 		pol.ProbeLoad = meanLoad(probeLoads[p])
+		for _, r := range done[p] {
+			if r.faultsKnown {
+				faults.add(string(p), r.faults)
+			}
+		}
 		runs = append(runs, run)
 		out.CalibrationOK = out.CalibrationOK && pol.Within
 		out.Policies[string(p)] = pol
@@ -541,6 +555,7 @@ the profile alone is reported next to it.
 		fmt.Println()
 	}
 	out.TookS = time.Since(start).Seconds()
+	out.PageFaults, out.PageFaultUS = faults.counts(), faults.us
 	if a, ok := loadAll.Stop(); ok {
 		out.LoadAverage = &a
 		say("e2e: took %s, the machine's load average %s (mean (min-max) over the run, %d cores)", report.Duration(out.TookS), a, runtime.NumCPU())
@@ -583,7 +598,7 @@ func e2ePolicies(s string) ([]router.Policy, error) {
 // e2eWarmup runs a few jobs each way, so that the replays do not pay for
 // first-use costs (page faults, buffers, connections) the simulator does
 // not model.
-func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []int, vocab int, key string, timeout time.Duration) error {
+func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []int, vocab int, key string, timeout time.Duration, faults *faultCounter) error {
 	if n == 0 || len(lens) == 0 {
 		return nil
 	}
@@ -614,6 +629,7 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 			return err
 		}
 	}
+	faults.mark("cold")
 	for _, p := range both {
 		var jobs []workload.Job
 		for i := range n {
@@ -623,6 +639,7 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 			return err
 		}
 	}
+	faults.mark("warmup")
 	d.takePasses()
 	return nil
 }
@@ -650,6 +667,10 @@ type replayed struct {
 	others float64
 	known  bool
 	load   loadAverage
+	// faults are the process's minor page faults during the replay
+	// (faultsKnown false where they cannot be read).
+	faults      int64
+	faultsKnown bool
 }
 
 // replayRounds replays the jobs under every policy, rounds times, the
@@ -691,10 +712,14 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			}
 			say("e2e: round %d, policy %s: replaying %d jobs over %s", round+1, p, len(jobs), report.Duration(span.Seconds()))
 			lm, la := startLoad(), sampleLoad(loadEvery)
+			f0, fok := minorFaults()
 			began := time.Now()
 			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(p), vocab, fmt.Sprintf("%s-%s-%d", key, p, round), timeout, inTurn)
 			r := replayed{ms: ms, pred: pred, setup: ps}
 			r.load, _ = la.Stop()
+			if f1, ok := minorFaults(); ok && fok {
+				r.faults, r.faultsKnown = f1-f0, true
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -708,6 +733,9 @@ func replayRounds(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			}
 			if r.load.Samples > 0 {
 				load += fmt.Sprintf("; load average %s", r.load)
+			}
+			if r.faultsKnown {
+				load += fmt.Sprintf("; %d page faults", r.faults)
 			}
 			say("e2e: round %d, policy %s: TTFT p50 %s, %d of %d jobs completed in %s%s", round+1, p, report.Duration(sum.TTFTP50), sum.Completed, sum.Jobs,
 				report.Duration(time.Since(began).Seconds()), load)

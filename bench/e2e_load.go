@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tandem-inference/tandem/internal/machine"
 )
 
 // loadMeter measures how busy the rest of the machine was over a span:
@@ -57,6 +59,74 @@ func (l loadMeter) span() cpuSpan {
 		return cpuSpan{}
 	}
 	return cpuSpan{self: s - l.self, others: share, ok: true}
+}
+
+// faultCounter counts the process's minor page faults by phase and knows
+// what one costs on this machine, so that a run can say how much of its
+// first jobs' time went to memory first touched (a cost the simulator does
+// not model, and one a virtual machine can make large).
+type faultCounter struct {
+	last   int64
+	ok     bool
+	spans  map[string]int64
+	phases []string // in the order first counted
+	us     float64  // one fault, in microseconds; 0 where unknown
+}
+
+func newFaultCounter() *faultCounter {
+	c := &faultCounter{spans: map[string]int64{}}
+	if us, ok := machine.PageFaultMicros(); ok {
+		c.us = us
+	}
+	c.last, c.ok = minorFaults()
+	return c
+}
+
+// mark counts the faults since the previous mark (or the start) as
+// phase's.
+func (c *faultCounter) mark(phase string) {
+	n, ok := minorFaults()
+	if !c.ok || !ok {
+		return
+	}
+	c.add(phase, n-c.last)
+	c.last = n
+}
+
+// add counts n faults as phase's.
+func (c *faultCounter) add(phase string, n int64) {
+	if _, seen := c.spans[phase]; !seen {
+		c.phases = append(c.phases, phase)
+	}
+	c.spans[phase] += n
+}
+
+// counts are the faults by phase, nil where none could be read.
+func (c *faultCounter) counts() map[string]int64 {
+	if len(c.spans) == 0 {
+		return nil
+	}
+	return c.spans
+}
+
+// String is "; page faults: cold 312000 (4.4 s at 14.1 us each), ..." or
+// empty where nothing was counted.
+func (c *faultCounter) String() string {
+	if len(c.phases) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("; page faults:")
+	for i, p := range c.phases {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %s %d", p, c.spans[p])
+		if c.us > 0 {
+			fmt.Fprintf(&b, " (%.1f s at %.1f us each)", float64(c.spans[p])*c.us/1e6, c.us)
+		}
+	}
+	return b.String()
 }
 
 // loadAverage is the machine's 1-minute load average sampled over a span:

@@ -58,3 +58,13 @@ func loadAvg() (float64, bool) {
 	v, err := parseLoadAvg(b)
 	return v, err == nil
 }
+
+// minorFaults is the number of page faults this process took that needed
+// no disk read: first touches of fresh memory, mostly.
+func minorFaults() (int64, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return ru.Minflt, true
+}

@@ -9,3 +9,6 @@ func cpuTimes() (machine, self time.Duration, ok bool) { return 0, 0, false }
 
 // loadAvg is unknown here.
 func loadAvg() (float64, bool) { return 0, false }
+
+// minorFaults is unknown here.
+func minorFaults() (int64, bool) { return 0, false }

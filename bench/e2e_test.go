@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -339,5 +340,41 @@ func TestLoadAverage(t *testing.T) {
 	}
 	if again, _ := s.Stop(); again.Samples < got.Samples {
 		t.Fatalf("a second Stop: %+v", again)
+	}
+}
+
+// TestFaultCounter: phases count the faults between marks in the order
+// they came, add joins a phase's counts, and the summary prices them at
+// the measured cost of one; where faults cannot be read, nothing is
+// counted or said.
+func TestFaultCounter(t *testing.T) {
+	c := newFaultCounter()
+	_, known := minorFaults()
+	if known != c.ok {
+		t.Fatalf("counter ok %v, faults readable %v", c.ok, known)
+	}
+	debug.FreeOSMemory() // so that the buffer below is memory first touched, not a reused span
+	b := make([]byte, 8<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	c.mark("cold")
+	c.add("local", 10)
+	c.add("local", 5)
+	if !known {
+		if _, counted := c.counts()["cold"]; counted {
+			t.Fatalf("unreadable faults counted: %v", c.counts())
+		}
+		return
+	}
+	got := c.counts()
+	if got["cold"] <= 0 || got["local"] != 15 || len(c.phases) != 2 || c.phases[0] != "cold" {
+		t.Fatalf("counts %v, phases %v (8 MiB touched in the cold phase)", got, c.phases)
+	}
+	if s := c.String(); !strings.HasPrefix(s, "; page faults: cold ") || !strings.Contains(s, ", local 15") {
+		t.Fatalf("summary %q", s)
+	}
+	if empty := (&faultCounter{spans: map[string]int64{}}); empty.counts() != nil || empty.String() != "" {
+		t.Fatalf("nothing counted: %v %q", empty.counts(), empty.String())
 	}
 }

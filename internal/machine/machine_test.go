@@ -2,6 +2,7 @@ package machine
 
 import (
 	"math"
+	"runtime"
 	"testing"
 )
 
@@ -48,5 +49,17 @@ func TestLimitsPositive(t *testing.T) {
 	}
 	if g := MemReadGBPS(2); !(g > 0) || math.IsInf(g, 0) {
 		t.Fatalf("MemReadGBPS(2) = %g", g)
+	}
+}
+
+// TestPageFaultMicros: where memory can be mapped (every unix) the probe
+// returns a cost per page, finite and positive (no timing asserted).
+func TestPageFaultMicros(t *testing.T) {
+	us, ok := PageFaultMicros()
+	if runtime.GOOS != "windows" && !ok {
+		t.Fatal("PageFaultMicros: not measured")
+	}
+	if ok && (!(us > 0) || math.IsInf(us, 0)) {
+		t.Fatalf("PageFaultMicros = %g us", us)
 	}
 }
