@@ -300,7 +300,7 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.IntVar(&f.seedTokens, "seed-tokens", 1024, "prompt length at which the router's rates are seeded from the profile (coordinator and simulator alike)")
 	fs.Float64Var(&f.tolerance, "tolerance", 0.25, "calibration check: largest accepted |predicted/measured - 1| of TTFT p50")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "longest a job may take from submission to its end")
-	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays, after a throwaway cold one each way of the longest --warmup-prompts (a worker's fit drops its first prefill, and the process runs slower in its first half-minute)")
+	fs.IntVar(&f.warmup, "warmup", 2, "jobs each way (local, remote) to warm the services before the replays, after a throwaway cold one each way of the longest --warmup-prompts (a worker's fit drops its first prefill, and the process's first jobs pay for the memory its heap first touches)")
 	fs.IntVar(&f.rounds, "rounds", 1, "replay the workload this many times per policy, the policies in turn (a shared machine's load varies over minutes)")
 	fs.IntVar(&f.probeReps, "probe", 3, "probe the idle system before each replay, each probe job this many times (0: predict from the profile alone)")
 	fs.StringVar(&f.out, "out", "", "write charts (PNG) and REPORT.md into this directory")
@@ -611,6 +611,10 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 	// 64-token prompt: 1.0-1.1 s in the warm-up, 0.6-0.65 s in the ladder,
 	// and 0.62-0.66 s in the warm-up once the remote warm-up had gone
 	// first), and samples from it priced short prompts up to 1.6x long.
+	// What the slow start pays for is the heap growing into memory
+	// touched for the first time: in a short run the cold jobs took 157k
+	// page faults (2.4 s at 15 us each in the development VM) and the rest
+	// of the warm-up 13k (page_faults and page_fault_us in the JSON).
 	warm := func(p cp.Policy, jobs []workload.Job) error {
 		ms, _, err := replay(ctx, nc, jobs, p, vocab, key+"-warm", timeout, true)
 		if err != nil {
