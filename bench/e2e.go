@@ -606,15 +606,10 @@ func e2eWarmup(ctx context.Context, d *deployment, nc *nats.Conn, n int, lens []
 	say("e2e: warming up (a cold job of %d tokens each way, then %d jobs each way, in turn, prompts of %v tokens)", cold, n, lens)
 	// A worker's first prefill pays the process's one-time costs and its
 	// fit lets it go when the second comes (costmodel.Fitter). Both cold
-	// jobs go first, and long ones: the process's first half-minute ran
-	// the same prefill up to 1.6x slower than later (the decode group's
-	// 64-token prompt: 1.0-1.1 s in the warm-up, 0.6-0.65 s in the ladder,
-	// and 0.62-0.66 s in the warm-up once the remote warm-up had gone
-	// first), and samples from it priced short prompts up to 1.6x long.
-	// What the slow start pays for is the heap growing into memory
-	// touched for the first time: in a short run the cold jobs took 157k
-	// page faults (2.4 s at 15 us each in the development VM) and the rest
-	// of the warm-up 13k (page_faults and page_fault_us in the JSON).
+	// jobs go first, and long ones: the process's first jobs run up to
+	// 1.6x slower while its heap grows into memory touched for the first
+	// time (page_faults in the JSON), and samples from them priced short
+	// prompts up to 1.6x long (BENCHMARKS, router section).
 	warm := func(p cp.Policy, jobs []workload.Job) error {
 		ms, _, err := replay(ctx, nc, jobs, p, vocab, key+"-warm", timeout, true)
 		if err != nil {

@@ -31,13 +31,8 @@ func startLoad() loadMeter {
 // Others is the share of the machine's cores (0..1) used by other
 // processes since the meter started; ok is false where it is not known.
 func (l loadMeter) Others() (share float64, ok bool) {
-	m, s, ok := cpuTimes()
-	wall := time.Since(l.start)
-	if !ok || !l.ok || wall <= 0 {
-		return 0, false
-	}
-	other := (m - l.machine) - (s - l.self)
-	return max(0, min(1, other.Seconds()/wall.Seconds()/float64(runtime.NumCPU()))), true
+	s := l.span()
+	return s.others, s.ok
 }
 
 // cpuSpan is what a timed run cost this process in CPU (user and system
@@ -51,13 +46,15 @@ type cpuSpan struct {
 }
 
 // span reads the meter: the process's CPU time since it started and the
-// others' share of the cores; ok is false where either is not known.
+// others' share of the cores; ok is false where they are not known.
 func (l loadMeter) span() cpuSpan {
-	_, s, ok := cpuTimes()
-	share, known := l.Others()
-	if !ok || !l.ok || !known {
+	m, s, ok := cpuTimes()
+	wall := time.Since(l.start)
+	if !ok || !l.ok || wall <= 0 {
 		return cpuSpan{}
 	}
+	other := (m - l.machine) - (s - l.self)
+	share := max(0, min(1, other.Seconds()/wall.Seconds()/float64(runtime.NumCPU())))
 	return cpuSpan{self: s - l.self, others: share, ok: true}
 }
 

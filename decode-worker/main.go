@@ -121,7 +121,7 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	}
 	defer m.Close()
 	if m.PinErr != nil {
-		log.Warn("the weights may be paged out under memory pressure (raise the memory-lock limit, ulimit -l, to keep them resident)", zap.Error(m.PinErr))
+		log.Warn(rank.PinRefused, zap.Error(m.PinErr))
 	}
 	m.State.LatentDType = cfg.CacheDType
 

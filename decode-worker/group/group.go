@@ -139,7 +139,7 @@ func (g *Group) startRank(r int, change func(*pipeline.Config)) error {
 			return err
 		}
 		if m.PinErr != nil {
-			g.opt.Log.Warn("decode rank's weights may be paged out under memory pressure", zap.Int("rank", r), zap.Error(m.PinErr))
+			g.opt.Log.Warn(rank.PinRefused, zap.Int("rank", r), zap.Error(m.PinErr))
 		}
 		if g.opt.LatentDType != 0 {
 			m.State.LatentDType = g.opt.LatentDType

@@ -16,6 +16,9 @@ import (
 // a decode step touches each routed expert only now and then, and one the
 // kernel had paged out meanwhile would be read from disk while the step
 // waits. Loaded.PinErr says when the system refused the lock.
+// PinRefused is what to log with Loaded.PinErr: the consequence and the fix.
+const PinRefused = "the decode rank's weights may be paged out under memory pressure (raise the memory-lock limit, ulimit -l, to keep them resident)"
+
 func LoadShard(dir string, be kernels.Backend, l *Layout, r int, latentEps float64) (*model.Loaded, error) {
 	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {

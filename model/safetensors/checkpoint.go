@@ -304,8 +304,9 @@ func (c *Checkpoint) mapping(s *shard) ([]byte, error) {
 	return s.mapped, nil
 }
 
-// touched keeps Pin's reads of pages it could not lock.
-var touched byte
+// touched keeps Pin's reads of pages it could not lock (atomic: ranks
+// may load at the same time).
+var touched atomic.Uint32
 
 // Pin keeps b, bytes Bytes returned, in memory: the pages of a mapped
 // shard are faulted in now and locked, so that neither a first request nor
@@ -324,7 +325,7 @@ func (c *Checkpoint) Pin(b []byte) error {
 		for i := 0; i < len(b); i += page {
 			sum ^= b[i]
 		}
-		touched = sum // kept, so that the reads are not optimized away
+		touched.Store(uint32(sum)) // kept, so that the reads are not optimized away
 		return err
 	}
 	return nil
