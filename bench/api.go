@@ -321,7 +321,8 @@ func visiblePrompt(ctx context.Context, nc *nats.Conn, tok *tokenizer.Tokenizer)
 	eom := int32(tok.EndOfMessageID())
 	for i := range 50 {
 		content := fmt.Sprintf("Question %d: why split prefill and decode?", i)
-		ids, err := tok.EncodeChat([]tokenizer.Message{{Role: "user", Content: content}}, tokenizer.ChatOptions{OpenAssistant: true})
+		raw, _ := json.Marshal(content)
+		ids, err := tok.EncodeChat(&tokenizer.Chat{Messages: []tokenizer.ChatMessage{{Role: "user", Content: raw}}})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -26,7 +26,7 @@ import (
 func init() {
 	register(command{
 		name:  "tokenize",
-		short: "encode or decode text with a Kimi tokenizer; --speed compares MB/s with npm tiktoken",
+		short: "encode or decode text with a Kimi tokenizer, or render a chat (--chat); --speed compares MB/s with npm tiktoken",
 		run:   runTokenize,
 	})
 }
@@ -42,6 +42,8 @@ func runTokenize(ctx context.Context, args []string) error {
 	nodeDir := fs.String("node-dir", filepath.Join("tokenizer", "testdata", "golden"), "`dir` with speed.cjs and node_modules/tiktoken for --speed")
 	synth := fs.String("write-synthetic", "", "write a synthetic tokenizer (bundled corpus) into `dir` and exit")
 	vocab := fs.Int("vocab", 163840, "vocabulary size for --write-synthetic and the default --speed tokenizer")
+	chat := fs.String("chat", "", "render an OpenAI chat completions request body (`file.json`: messages, tools, tool_choice, response_format, reasoning_effort) in K3's conversation format and print the prompt, its segments and ids")
+	asJSON := fs.Bool("json", false, `with --chat: print {"text", "segments": [{"text", "special"}], "ids"} as JSON`)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -53,6 +55,8 @@ func runTokenize(ctx context.Context, args []string) error {
 		return tokenizer.WriteSynthetic(*synth, *vocab, nil)
 	case *speed:
 		return tokenizeSpeed(ctx, *dir, *file, *vocab, *iters, *minRatio, *nodeDir)
+	case *chat != "":
+		return tokenizeChat(os.Stdout, *dir, *chat, *asJSON)
 	}
 	if *dir == "" || *file == "" {
 		return errors.New("need --tokenizer DIR and --file F (or --speed, or --write-synthetic DIR)")
@@ -82,6 +86,58 @@ func runTokenize(ctx context.Context, args []string) error {
 	took := time.Since(start)
 	fmt.Fprintf(os.Stderr, "%d bytes -> %d tokens in %v (%.1f MB/s)\n", len(in), len(ids), took, float64(len(in))/1e6/took.Seconds())
 	return writeIDs(os.Stdout, ids)
+}
+
+// tokenizeChat renders the chat request in file with K3's released
+// conversation format and prints the prompt, its segments (as the renderer
+// splits them: each encoded apart) and the ids.
+func tokenizeChat(w io.Writer, dir, file string, asJSON bool) error {
+	if dir == "" {
+		return errors.New("--chat needs --tokenizer DIR")
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		return err
+	}
+	in, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	var c tokenizer.Chat
+	if err := json.Unmarshal(in, &c); err != nil {
+		return fmt.Errorf("%s: not an OpenAI chat request body: %w", file, err)
+	}
+	segs, err := tokenizer.RenderChat(&c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	ids, err := tok.EncodeSegments(segs)
+	if err != nil {
+		return err
+	}
+	var text strings.Builder
+	for _, s := range segs {
+		text.WriteString(s.Text)
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		return enc.Encode(struct {
+			Text     string              `json:"text"`
+			Segments []tokenizer.Segment `json:"segments"`
+			IDs      []int               `json:"ids"`
+		}{text.String(), segs, ids})
+	}
+	fmt.Fprintf(w, "%s\n\n%d segments (* = special):\n", text.String(), len(segs))
+	for _, s := range segs {
+		mark := " "
+		if s.Special {
+			mark = "*"
+		}
+		fmt.Fprintf(w, "%s %s\n", mark, strconv.Quote(s.Text))
+	}
+	fmt.Fprintf(w, "\n%d ids:\n", len(ids))
+	return writeIDs(w, ids)
 }
 
 // writeIDs prints ids comma-separated on one line.

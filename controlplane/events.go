@@ -276,10 +276,15 @@ const (
 // on ClientJobTokens(client, job id). Index counts a job's tokens from 0; the last message
 // has Final set and a FinishReason (and may carry no token: TokenID -1).
 type TokenMsg struct {
-	JobID        string       `msgpack:"job_id" json:"job_id"`
-	Index        int          `msgpack:"index" json:"index"`
-	TokenID      int32        `msgpack:"token_id" json:"token_id"`
-	Text         string       `msgpack:"text,omitempty" json:"text,omitempty"` // detokenized piece (may be empty mid-character)
+	JobID   string `msgpack:"job_id" json:"job_id"`
+	Index   int    `msgpack:"index" json:"index"`
+	TokenID int32  `msgpack:"token_id" json:"token_id"`
+	Text    string `msgpack:"text,omitempty" json:"text,omitempty"` // detokenized piece (may be empty mid-character); of a chat: the response channel's
+	// Reasoning and Call, on a chat job (Sampling.Reply): the piece of
+	// the think channel, and the piece of a tool call, that the token
+	// completes.
+	Reasoning    string       `msgpack:"reasoning,omitempty" json:"reasoning,omitempty"`
+	Call         *CallDelta   `msgpack:"call,omitempty" json:"call,omitempty"`
 	Final        bool         `msgpack:"final,omitempty" json:"final,omitempty"`
 	FinishReason FinishReason `msgpack:"finish_reason,omitempty" json:"finish_reason,omitempty"`
 }
@@ -305,7 +310,19 @@ func (m *TokenMsg) Validate() error {
 	default:
 		return fieldErr(msg, "finish_reason", "is %q, must be stop, length, cancelled or error", m.FinishReason)
 	}
+	if c := m.Call; c != nil && (c.Index < 0 || c.Index >= MaxToolCalls) {
+		return fieldErr(msg, "call.index", "is %d, must be in [0, %d)", c.Index, MaxToolCalls)
+	}
 	return nil
+}
+
+// CallDelta is a piece of a chat reply's tool call: Index counts the
+// reply's calls from 0; Name is set on the piece that starts the call;
+// Arguments continue the call's arguments, one JSON object.
+type CallDelta struct {
+	Index     int    `msgpack:"index" json:"index"`
+	Name      string `msgpack:"name,omitempty" json:"name,omitempty"`
+	Arguments string `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
 }
 
 // CancelRequest asks to cancel a job: sent by a client to the coordinator on

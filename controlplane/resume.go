@@ -18,6 +18,12 @@ type Output struct {
 	TokenIDs     []int32      `msgpack:"token_ids" json:"token_ids"`
 	Text         string       `msgpack:"text,omitempty" json:"text,omitempty"` // the concatenation of the token messages' texts
 	FinishReason FinishReason `msgpack:"finish_reason,omitempty" json:"finish_reason,omitempty"`
+	// Reasoning and ToolCalls, of a chat job: the think channel and the
+	// calls, whole. Malformed: the reply held structure the decode group
+	// could not read (kept in Text).
+	Reasoning string     `msgpack:"reasoning,omitempty" json:"reasoning,omitempty"`
+	ToolCalls []ToolCall `msgpack:"tool_calls,omitempty" json:"tool_calls,omitempty"`
+	Malformed bool       `msgpack:"malformed,omitempty" json:"malformed,omitempty"`
 }
 
 func (o *Output) validate(msg, field string) error {
@@ -30,6 +36,9 @@ func (o *Output) validate(msg, field string) error {
 	case "", FinishStop, FinishLength, FinishCancelled, FinishError:
 	default:
 		return fieldErr(msg, field+".finish_reason", "is %q, must be stop, length, cancelled or error", o.FinishReason)
+	}
+	if len(o.ToolCalls) > MaxToolCalls {
+		return fieldErr(msg, field+".tool_calls", "has %d calls, at most %d allowed", len(o.ToolCalls), MaxToolCalls)
 	}
 	return nil
 }

@@ -47,6 +47,17 @@ type Sampling struct {
 	// Seed seeds the sampler: same seed and prompt, same tokens.
 	Seed uint64 `msgpack:"seed,omitempty" json:"seed,omitempty"`
 	Stop Stop   `msgpack:"stop,omitempty" json:"stop,omitzero"`
+	// Reply, set by the coordinator on a chat job, has the decode group
+	// read the tokens as K3's reply: token messages then carry the think
+	// channel apart (Reasoning) and the calls (Call).
+	Reply *ChatReply `msgpack:"reply,omitempty" json:"reply,omitempty"`
+}
+
+// ChatReply says how a chat job's reply opens: in the think channel when
+// Thinking, and whether its tools element's calls are reported (Tools).
+type ChatReply struct {
+	Thinking bool `msgpack:"thinking,omitempty" json:"thinking,omitempty"`
+	Tools    bool `msgpack:"tools,omitempty" json:"tools,omitempty"`
 }
 
 func (s *Sampling) validate(msg string) error {
@@ -67,16 +78,20 @@ func (s *Sampling) validate(msg string) error {
 	return s.Stop.validate(msg)
 }
 
-// ChatMessage is one turn of a chat-form prompt; the coordinator frames the
-// turns with the model's chat template.
+// ChatMessage is one turn of a chat-form prompt; the coordinator renders
+// the turns in K3's conversation format (docs/API.md).
 type ChatMessage struct {
 	Role    string `msgpack:"role" json:"role"`
 	Content string `msgpack:"content" json:"content"`
 	Name    string `msgpack:"name,omitempty" json:"name,omitempty"`
+	// ReasoningContent is an assistant turn's thinking.
+	ReasoningContent string `msgpack:"reasoning_content,omitempty" json:"reasoning_content,omitempty"`
 	// ToolCalls are the calls an assistant turn made (after its content).
 	ToolCalls []ToolCall `msgpack:"tool_calls,omitempty" json:"tool_calls,omitempty"`
-	// ToolCallID is the call a tool turn answers (required on tool turns).
+	// ToolCallID is the call a tool turn answers; Tool names its function
+	// (one of them is required on tool turns).
 	ToolCallID string `msgpack:"tool_call_id,omitempty" json:"tool_call_id,omitempty"`
+	Tool       string `msgpack:"tool,omitempty" json:"tool,omitempty"`
 }
 
 // ToolCall is one function call of an assistant turn: the call's id (the
@@ -103,11 +118,22 @@ type SubmitRequest struct {
 	TokenIDs []int32       `msgpack:"token_ids,omitempty" json:"token_ids,omitempty"`
 	Prompt   string        `msgpack:"prompt,omitempty" json:"prompt,omitempty"`
 	Messages []ChatMessage `msgpack:"messages,omitempty" json:"messages,omitempty"`
-	// Tools declares the functions the model may call in a chat (a JSON
-	// array of {name, description, parameters}), framed before the first
-	// turn; only with messages.
-	Tools    string `msgpack:"tools,omitempty" json:"tools,omitempty"`
-	Sampling `msgpack:",inline"`
+	// Tools declares the functions the model may call in a chat: a JSON
+	// array of OpenAI tool objects ({"type": "function", "function":
+	// {name, description, parameters}}) or of the functions themselves;
+	// only with messages.
+	Tools string `msgpack:"tools,omitempty" json:"tools,omitempty"`
+	// ReasoningEffort, ToolChoice and ResponseFormat are OpenAI's chat
+	// parameters, with messages only: reasoning_effort "none" turns K3's
+	// thinking off; tool_choice is "auto", "none", "required" or the name
+	// of the one function to call; response_format is OpenAI's object, as
+	// JSON text. ThinkingBudget bounds the thinking before a required
+	// call or JSON reply (0: the default, half of max_tokens).
+	ReasoningEffort string `msgpack:"reasoning_effort,omitempty" json:"reasoning_effort,omitempty"`
+	ToolChoice      string `msgpack:"tool_choice,omitempty" json:"tool_choice,omitempty"`
+	ResponseFormat  string `msgpack:"response_format,omitempty" json:"response_format,omitempty"`
+	ThinkingBudget  int    `msgpack:"thinking_budget,omitempty" json:"thinking_budget,omitempty"`
+	Sampling        `msgpack:",inline"`
 	// IdempotencyKey makes a submission safe to retry: every submission
 	// with the same key within the queue's duplicate window runs once and
 	// is answered with the same job id.
@@ -161,6 +187,23 @@ func (r *SubmitRequest) Validate() error {
 			return fieldErr(msg, "tools", "is not a JSON array of function declarations: %v", err)
 		}
 	}
+	if len(r.Messages) == 0 && (r.ReasoningEffort != "" || r.ToolChoice != "" || r.ResponseFormat != "" || r.ThinkingBudget != 0) {
+		return fieldErr(msg, "messages", "reasoning_effort, tool_choice, response_format and thinking_budget need messages")
+	}
+	for _, f := range []struct{ name, v string }{{"reasoning_effort", r.ReasoningEffort}, {"tool_choice", r.ToolChoice}} {
+		if err := checkText(msg, f.name, f.v, 256); err != nil {
+			return err
+		}
+	}
+	if err := checkText(msg, "response_format", r.ResponseFormat, MaxToolsBytes); err != nil {
+		return err
+	}
+	if r.ResponseFormat != "" && !json.Valid([]byte(r.ResponseFormat)) {
+		return fieldErr(msg, "response_format", "is not JSON")
+	}
+	if r.ThinkingBudget < 0 || r.ThinkingBudget > MaxOutputTokens {
+		return fieldErr(msg, "thinking_budget", "is %d, must be in [0, %d]", r.ThinkingBudget, MaxOutputTokens)
+	}
 	if err := r.Sampling.validate(msg); err != nil {
 		return err
 	}
@@ -190,8 +233,14 @@ func validateChat(msg string, turns []ChatMessage) error {
 			return fieldErr(msg, field+".name", "must be valid UTF-8 of at most 256 bytes")
 		}
 		switch {
-		case m.Role == "tool" && m.ToolCallID == "":
-			return fieldErr(msg, field+".tool_call_id", "is missing: a tool turn names the call it answers")
+		case m.Role == "tool" && m.ToolCallID == "" && m.Tool == "":
+			return fieldErr(msg, field+".tool_call_id", "is missing: a tool turn names the call it answers (or its function, in tool)")
+		case m.Role != "tool" && m.Tool != "":
+			return fieldErr(msg, field+".tool", "is given on a %s turn; only tool turns name a function", m.Role)
+		case m.Role != "assistant" && m.ReasoningContent != "":
+			return fieldErr(msg, field+".reasoning_content", "is given on a %s turn; only assistant turns think", m.Role)
+		case len(m.Tool) > 256 || !utf8.ValidString(m.Tool) || !utf8.ValidString(m.ReasoningContent):
+			return fieldErr(msg, field, "tool and reasoning_content must be valid UTF-8 (tool at most 256 bytes)")
 		case m.Role != "tool" && m.ToolCallID != "":
 			return fieldErr(msg, field+".tool_call_id", "is given on a %s turn; only tool turns answer a call", m.Role)
 		case len(m.ToolCallID) > 256 || !utf8.ValidString(m.ToolCallID):
@@ -213,7 +262,7 @@ func validateChat(msg string, turns []ChatMessage) error {
 			}
 			total += len(c.Arguments)
 		}
-		total += len(m.Content)
+		total += len(m.Content) + len(m.ReasoningContent)
 		content = content || strings.TrimSpace(m.Content) != ""
 	}
 	if total > MaxPromptBytes {

@@ -1,170 +1,234 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 )
 
-func TestEncodeChatTools(t *testing.T) {
-	tok := testTokenizer(t, "small")
-	msgs := []Message{
-		{Role: "user", Content: "Weather in Paris?"},
-		{Role: "assistant", Content: "Checking.", ToolCalls: []ToolCall{{ID: `call_"1"`, Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
-		{Role: "tool", ToolCallID: `call_"1"`, Content: `{"temp":21}`},
-	}
-	const head = `<|open|>tools<|sep|>[{"name":"get_weather"}]<|close|>tools<|sep|><|end_of_msg|>` +
-		`<|open|>message role="user"<|sep|>Weather in Paris?<|close|>message<|sep|><|end_of_msg|>` +
-		`<|open|>message role="assistant"<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>` +
-		`<|open|>tool_call id="call_&quot;1&quot;" name="get_weather"<|sep|>{"city":"Paris"}<|close|>tool_call<|sep|>` +
-		`<|close|>message<|sep|><|end_of_msg|>` +
-		`<|open|>message role="tool" tool_call_id="call_&quot;1&quot;"<|sep|>{"temp":21}<|close|>message<|sep|><|end_of_msg|>` +
-		`<|open|>message role="assistant"<|sep|>`
-	for _, tt := range []struct {
-		opts ChatOptions
-		want string
-	}{
-		{ChatOptions{OpenAssistant: true}, head + `<|open|>response<|sep|>`},
-		{ChatOptions{OpenAssistant: true, CallName: "get_weather"}, head + `<|open|>response<|sep|><|close|>response<|sep|><|open|>tool_call name="get_weather"<|sep|>`},
-		{ChatOptions{OpenAssistant: true, CallAny: true}, head + `<|open|>response<|sep|><|close|>response<|sep|><|open|>`},
-	} {
-		tt.opts.Tools = `[{"name":"get_weather"}]`
-		ids, err := tok.EncodeChat(msgs, tt.opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, _ := tok.DecodeString(ids)
-		if got != tt.want {
-			t.Errorf("%+v:\n got %s\nwant %s", tt.opts, got, tt.want)
-		}
-		want, err := tok.EncodeWithSpecials(tt.want, Open, Close, Sep, EndOfMsg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !equalInts(ids, want) {
-			t.Errorf("%+v: ids differ from encoding the framed text with the markers allowed", tt.opts)
-		}
-	}
-	for _, bad := range []Message{
-		{Role: "user", Content: "x", ToolCalls: []ToolCall{{Name: "f"}}},
-		{Role: "assistant", ToolCalls: []ToolCall{{ID: "c"}}},
-		{Role: "tool", Content: "x", Thinking: "y"},
-	} {
-		if _, err := tok.EncodeChat([]Message{bad}, ChatOptions{}); err == nil {
-			t.Errorf("%+v: rendered, want an error", bad)
-		}
-	}
+// parsedReply is what a ReplyParser made of a turn.
+type parsedReply struct {
+	reasoning, content string
+	names, args        []string
+	malformed, done    bool
 }
 
-// collect runs ids through p and gathers the content and the calls.
-func collect(p *ReplyParser, ids []int) (string, []ToolCall) {
-	var content strings.Builder
-	var calls []ToolCall
+func parseReply(p *ReplyParser, ids []int) parsedReply {
+	var r parsedReply
 	add := func(d ReplyDelta) {
-		content.WriteString(d.Content)
-		if d.Call >= 0 {
-			if d.Start {
-				calls = append(calls, ToolCall{ID: d.ID, Name: d.Name})
-			}
-			calls[d.Call].Arguments += d.Arguments
+		r.reasoning += d.Reasoning
+		r.content += d.Content
+		if d.Start {
+			r.names = append(r.names, d.Name)
+			r.args = append(r.args, "")
+		}
+		if d.Call >= 0 && d.Call < len(r.args) {
+			r.args[d.Call] += d.Arguments
 		}
 	}
 	for _, id := range ids {
 		add(p.Push(id))
 	}
 	add(p.Finish())
-	return content.String(), calls
+	r.malformed, r.done = p.Malformed(), p.Done()
+	return r
 }
 
-// TestReplyParserReadsWhatEncodeChatWrites: an assistant turn rendered by
-// EncodeChat, fed token by token after its open prefix, gives back its
-// content and calls.
-func TestReplyParserReadsWhatEncodeChatWrites(t *testing.T) {
-	tok := testTokenizer(t, "small")
-	turn := Message{Role: "assistant", Content: "Sure — two lookups. ünïcödé 東京",
-		ToolCalls: []ToolCall{{Name: "get_weather", Arguments: `{"city":"Zürich"}`}, {Name: "get_time", Arguments: `{"tz":"Asia/Tokyo"}`}}}
-	prefix, err := tok.EncodeChat(nil, ChatOptions{OpenAssistant: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	full, err := tok.EncodeChat([]Message{turn}, ChatOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !equalInts(full[:len(prefix)], prefix) {
-		t.Fatal("the rendered turn does not start with the open-turn prefix")
-	}
-	content, calls := collect(tok.NewReplyParser(ChatOptions{OpenAssistant: true}, true), full[len(prefix):])
-	if content != turn.Content {
-		t.Errorf("content %q, want %q", content, turn.Content)
-	}
-	if len(calls) != 2 || calls[0] != turn.ToolCalls[0] || calls[1] != turn.ToolCalls[1] {
-		t.Errorf("calls %+v, want %+v", calls, turn.ToolCalls)
-	}
-	p := tok.NewReplyParser(ChatOptions{OpenAssistant: true}, true)
-	collect(p, full[len(prefix):])
-	if p.Calls() != 2 || p.Closed() != 2 {
-		t.Errorf("calls %d closed %d, want 2 and 2", p.Calls(), p.Closed())
-	}
-	// Without tools the calls are dropped, the content stays.
-	content, calls = collect(tok.NewReplyParser(ChatOptions{OpenAssistant: true}, false), full[len(prefix):])
-	if content != turn.Content || len(calls) != 0 {
-		t.Errorf("tools off: content %q calls %+v", content, calls)
-	}
-}
-
-// TestReplyParserForcedCall: a turn opened inside a call (CallName) reads
-// the arguments as the call's; CallAny reads the head the model writes.
-func TestReplyParserForcedCall(t *testing.T) {
-	tok := testTokenizer(t, "small")
-	args := tok.Encode(`{"city":"Oslo"}`)
-	closeCall, _ := tok.EncodeWithSpecials(`<|close|>tool_call<|sep|><|close|>message<|sep|>`, Close, Sep)
-	p := tok.NewReplyParser(ChatOptions{OpenAssistant: true, CallName: "f"}, true)
-	var got string
-	for _, id := range append(append(args, closeCall...), tok.Encode("after the end")...) {
-		d := p.Push(id)
-		if d.Content != "" || (d.Arguments != "" && d.Call != 0) {
-			t.Fatalf("delta %+v: want arguments of call 0 only", d)
+// assistantTurns yields every assistant message of the golden
+// conversations as the ids the model would have generated for it: the
+// history rendered through the message, less the same history ending at
+// the generation prompt.
+func assistantTurns(t *testing.T, tok *Tokenizer, yield func(name string, thinking bool, m ChatMessage, reply []int)) {
+	names, chats := k3Chats(t)
+	for _, name := range names {
+		c := *chats[name]
+		c.ToolChoice, c.ResponseFormat = nil, nil // their messages come after the history
+		thinking, _, _ := Thinking(c.ReasoningEffort)
+		for i, m := range c.Messages {
+			if m.Role != "assistant" || m.Name != "" {
+				continue
+			}
+			before, after := c, c
+			before.Messages, before.NoGenerationPrompt = c.Messages[:i], false
+			after.Messages, after.NoGenerationPrompt = c.Messages[:i+1], true
+			p, err := tok.EncodeChat(&before)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, err := tok.EncodeChat(&after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(q[:len(p)], p) {
+				t.Fatalf("%s: message %d: the generation prompt is not where the turn starts", name, i)
+			}
+			yield(name, thinking, m, q[len(p):])
 		}
-		got += d.Arguments
-	}
-	if got != `{"city":"Oslo"}` || p.Closed() != 1 {
-		t.Errorf("arguments %q closed %d", got, p.Closed())
-	}
-	head, _ := tok.EncodeWithSpecials(`tool_call name="g"<|sep|>{}<|close|>tool_call<|sep|>`, Close, Sep)
-	_, calls := collect(tok.NewReplyParser(ChatOptions{OpenAssistant: true, CallAny: true}, true), head)
-	if len(calls) != 1 || calls[0].Name != "g" || calls[0].Arguments != "{}" {
-		t.Errorf("CallAny: calls %+v", calls)
 	}
 }
 
-// TestReplyParserNoise: random tokens, specials among them, never panic,
-// never put a special token's name into the text, and keep the head bounded.
+// wantArguments is a call's arguments as the parser rebuilds them: the
+// JSON object, or the text of a json block.
+func wantArguments(t *testing.T, raw json.RawMessage) (any, string) {
+	args, block, err := callArguments(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if block != "" {
+		return nil, block
+	}
+	var v any
+	if err := json.Unmarshal([]byte(args.dump(dumpDefault)), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v, ""
+}
+
+func TestReplyParserReadsEveryRenderedTurn(t *testing.T) {
+	tok := testTokenizer(t, "k3")
+	turns := 0
+	assistantTurns(t, tok, func(name string, thinking bool, m ChatMessage, reply []int) {
+		turns++
+		got := parseReply(tok.NewReplyParser(ReplyOptions{Thinking: thinking, Tools: true}), reply)
+		if got.malformed || !got.done {
+			t.Errorf("%s: malformed %v, done %v", name, got.malformed, got.done)
+		}
+		var content string
+		_ = json.Unmarshal(m.Content, &content)
+		if got.content != content {
+			t.Errorf("%s: content %q, want %q", name, got.content, content)
+		}
+		reasoning := m.ReasoningContent
+		if reasoning == "" {
+			reasoning = m.Reasoning
+		}
+		if !thinking || pyStrip(reasoning) == "" {
+			reasoning = ""
+		}
+		if got.reasoning != reasoning {
+			t.Errorf("%s: reasoning %q, want %q", name, got.reasoning, reasoning)
+		}
+		if len(got.names) != len(m.ToolCalls) {
+			t.Fatalf("%s: %d calls, want %d", name, len(got.names), len(m.ToolCalls))
+		}
+		for j, c := range m.ToolCalls {
+			if got.names[j] != c.Function.Name {
+				t.Errorf("%s: call %d names %q, want %q", name, j, got.names[j], c.Function.Name)
+			}
+			want, block := wantArguments(t, c.Function.Arguments)
+			if block != "" {
+				if got.args[j] != block {
+					t.Errorf("%s: call %d: arguments %q, want the json block %q", name, j, got.args[j], block)
+				}
+				continue
+			}
+			var v any
+			if err := json.Unmarshal([]byte(got.args[j]), &v); err != nil || !reflect.DeepEqual(v, want) {
+				t.Errorf("%s: call %d: arguments %s (%v), want %v", name, j, got.args[j], err, want)
+			}
+		}
+	})
+	if turns < 20 {
+		t.Fatalf("only %d assistant turns in the goldens", turns)
+	}
+}
+
+// Truncated at every token, a turn parses to a prefix of the whole: the
+// reasoning and each call's arguments are prefixes, the content is a
+// prefix possibly followed by a marker the parser kept, and the turn is
+// malformed unless the message was closed.
+func TestReplyParserTruncatedAtEveryToken(t *testing.T) {
+	tok := testTokenizer(t, "k3")
+	assistantTurns(t, tok, func(name string, thinking bool, _ ChatMessage, reply []int) {
+		opts := ReplyOptions{Thinking: thinking, Tools: true}
+		whole := parseReply(tok.NewReplyParser(opts), reply)
+		for k := range reply {
+			got := parseReply(tok.NewReplyParser(opts), reply[:k])
+			// A cut inside a character ends the text with U+FFFD.
+			cut := func(s string) string { return strings.TrimSuffix(s, "\uFFFD") }
+			got.reasoning, got.content = cut(got.reasoning), cut(got.content)
+			for j := range got.args {
+				got.args[j] = cut(got.args[j])
+			}
+			if !got.malformed && !got.done {
+				t.Fatalf("%s: cut at %d of %d: neither malformed nor done", name, k, len(reply))
+			}
+			content := got.content
+			if i := strings.Index(content, "<|"); i >= 0 && !strings.HasPrefix(whole.content[min(i, len(whole.content)):], "<|") {
+				content = content[:i] // a marker the parser kept
+			}
+			if !strings.HasPrefix(whole.content, content) || !strings.HasPrefix(whole.reasoning, got.reasoning) {
+				t.Fatalf("%s: cut at %d: reasoning %q content %q are not prefixes of %q, %q", name, k, got.reasoning, got.content, whole.reasoning, whole.content)
+			}
+			if len(got.names) > len(whole.names) {
+				t.Fatalf("%s: cut at %d: %d calls of %d", name, k, len(got.names), len(whole.names))
+			}
+			for j := range got.names {
+				if got.names[j] != whole.names[j] || !strings.HasPrefix(whole.args[j], got.args[j]) {
+					t.Fatalf("%s: cut at %d: call %d %s(%s) is not a prefix of %s(%s)", name, k, j, got.names[j], got.args[j], whole.names[j], whole.args[j])
+				}
+			}
+		}
+	})
+}
+
+func TestReplyParserKeepsWhatItCannotRead(t *testing.T) {
+	tok := testTokenizer(t, "k3")
+	enc := func(s string) []int {
+		ids, err := tok.EncodeWithSpecials(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	for _, tt := range []struct {
+		name, in        string
+		tools           bool
+		content         string
+		calls           int
+		malformed, done bool
+	}{
+		{"plain", `Hi<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>`, true, "Hi", 0, false, true},
+		{"unknown element", `a<|open|>bogus x="1"<|sep|>b<|close|>response<|sep|><|close|>message<|sep|>`, true, `a<|open|>bogus x="1"<|sep|>b`, 0, true, true},
+		{"call without tool", `<|close|>response<|sep|><|open|>tools<|sep|><|open|>call<|sep|><|close|>call<|sep|>`, true, `<|open|>call<|sep|><|close|>call<|sep|>`, 0, true, false},
+		{"tools off keeps the element as text", `ok<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>`, false,
+			`ok<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>`, 0, false, true},
+		{"bad value", `<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="n" type="number"<|sep|>abc<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>`, true, "", 1, true, true},
+		{"text after the message", `x<|close|>response<|sep|><|close|>message<|sep|>tail`, true, "x", 0, false, true},
+		{"stray sep", `a<|sep|>b<|close|>response<|sep|><|close|>message<|sep|>`, true, "a<|sep|>b", 0, true, true},
+	} {
+		got := parseReply(tok.NewReplyParser(ReplyOptions{Tools: tt.tools}), enc(tt.in))
+		if got.content != tt.content || len(got.names) != tt.calls || got.malformed != tt.malformed || got.done != tt.done {
+			t.Errorf("%s: content %q calls %d malformed %v done %v; want %q %d %v %v", tt.name, got.content, len(got.names), got.malformed, got.done,
+				tt.content, tt.calls, tt.malformed, tt.done)
+		}
+	}
+}
+
+// Random tokens, markers among them, never make the parser fail or hold
+// more than its bounds.
 func TestReplyParserNoise(t *testing.T) {
 	tok := testTokenizer(t, "small")
-	r := rand.New(rand.NewPCG(1, 2))
-	open, _ := tok.SpecialID(Open)
-	for round := range 200 {
-		p := tok.NewReplyParser(ChatOptions{OpenAssistant: true, CallAny: round%2 == 0}, true)
-		ids := make([]int, 400)
-		for i := range ids {
-			switch r.IntN(8) {
-			case 0:
-				ids[i] = tok.NumRanks() + r.IntN(8) // the markers and their neighbours
-			case 1:
-				ids[i] = open
-			default:
-				ids[i] = r.IntN(tok.VocabSize())
+	markers := []int{}
+	for _, m := range []string{Open, Close, Sep, EndOfMsg, BOS} {
+		id, _ := tok.SpecialID(m)
+		markers = append(markers, id)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		p := tok.NewReplyParser(ReplyOptions{Thinking: rng.IntN(2) == 0, Tools: true})
+		for range 500 {
+			id := rng.IntN(tok.VocabSize() + 10)
+			if rng.IntN(4) == 0 {
+				id = markers[rng.IntN(len(markers))]
+			}
+			p.Push(id)
+			if len(p.head) > maxHead+64 {
+				t.Fatalf("head grew to %d bytes", len(p.head))
 			}
 		}
-		content, calls := collect(p, ids)
-		for _, name := range []string{Open, Close, Sep, EndOfMsg} {
-			if strings.Contains(content, name) {
-				t.Fatalf("round %d: content holds %s", round, name)
-			}
-		}
-		if len(calls) != p.Calls() || p.Closed() > p.Calls() || len(p.head) > maxHead+64 {
-			t.Fatalf("round %d: %d calls reported, %d started, %d closed, head %d bytes", round, len(calls), p.Calls(), p.Closed(), len(p.head))
-		}
+		p.Finish()
 	}
 }

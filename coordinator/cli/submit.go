@@ -22,10 +22,15 @@ func submitCmd() *cobra.Command {
 		Use:   "submit [PROMPT]",
 		Short: "run a job: stream its tokens, then print how it was routed and where its time went",
 		Long: `Submit a job and follow it to its end. The prompt is the argument (text), a
-file (--file, "-" for stdin) or token ids (--ids 5,17,200). Text is tokenized
-by the coordinator; --chat frames it as a user turn and stops at the end of
-the model's turn. The generated text goes to stdout as it streams (token ids
-when the model has no tokenizer); the route and the timing go to stderr.
+file (--file, "-" for stdin) or token ids (--ids 5,17,200), or a chat:
+--chat FILE.json takes an OpenAI chat completions request body (messages,
+tools, tool_choice, response_format, reasoning_effort, max_tokens,
+temperature, ...; "-" for stdin), --user the text as one user message. Text
+is tokenized, and a chat rendered in Kimi K3's conversation format, by the
+coordinator. The generated text goes to stdout as it streams (token ids
+when the model has no tokenizer); a chat's thinking and response are
+printed apart, under "thinking:" and "response:", and its tool calls after
+them; the route and the timing go to stderr.
 On a terminal, stderr shows the job's progress as it goes (queued, waiting
 for a weight pass, layers prefilled n/N, transfer, the first token);
 piped or redirected, it stays quiet until the report at the end. --json
@@ -43,8 +48,9 @@ before submitting and a retried submit runs the job once.
 	f := cmd.Flags()
 	f.String("file", "", "read the prompt text from this file (- for stdin)")
 	f.String("ids", "", "the prompt as comma-separated token ids")
-	f.Bool("chat", false, "send the text as a user message in the model's chat format")
-	f.String("system", "", "with --chat: a system message first")
+	f.String("chat", "", "an OpenAI chat completions request body (`file.json`, - for stdin): its messages, tools and parameters; flags given override its sampling")
+	f.Bool("user", false, "send the text as a user message in K3's conversation format")
+	f.String("system", "", "with --user: a system message first")
 	f.Int("max-tokens", 0, "tokens to generate (0: the coordinator's default)")
 	f.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	f.Float64("top-p", 0, "nucleus sampling threshold (0 or 1: off)")
@@ -106,6 +112,7 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 		prog = newProgressLine(errw, time.Now())
 		defer prog.Close()
 	}
+	ch := &chatPrinter{w: out}
 	h := client.Handlers{
 		Event: func(ev cp.JobEvent) {
 			switch {
@@ -122,6 +129,8 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 			switch {
 			case asJSON:
 				printJSON(t)
+			case len(req.Messages) > 0:
+				ch.token(t)
 			case t.Text != "":
 				fmt.Fprint(out, client.Printable(t.Text))
 			case t.TokenID >= 0 && req.Prompt == "" && len(req.Messages) == 0:
@@ -140,7 +149,10 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 		// The stream above lacks what was published while the
 		// connection was down: print the whole text once more.
 		fmt.Fprintf(errw, "\n(the connection dropped while the job ran; its whole output follows)\n")
-		if res.Text != "" {
+		if len(req.Messages) > 0 {
+			ch.section = ""
+			ch.whole(res)
+		} else if res.Text != "" {
 			fmt.Fprint(out, client.Printable(res.Text))
 		} else {
 			for _, t := range res.Tokens {
@@ -152,6 +164,7 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 		prog.Close()
 	}
 	if !asJSON {
+		ch.calls(res.Calls)
 		fmt.Fprintln(out)
 		if prog == nil && res.Final.Route != nil {
 			// Not shown as it happened: the route leads the report.
@@ -187,11 +200,20 @@ func submission(cmd *cobra.Command, args []string) (cp.SubmitRequest, error) {
 			sources++
 		}
 	}
+	chatFile, _ := f.GetString("chat")
+	if chatFile != "" {
+		sources++
+	}
 	if sources != 1 {
-		return req, errors.New("give the prompt once: as an argument, --file or --ids")
+		return req, errors.New("give the prompt once: as an argument, --file, --ids or --chat")
 	}
 	text := ""
 	switch {
+	case chatFile != "":
+		var err error
+		if req, err = readChatFile(chatFile, cmd.InOrStdin()); err != nil {
+			return req, err
+		}
 	case len(args) > 0:
 		text = args[0]
 	case file != "":
@@ -215,23 +237,34 @@ func submission(cmd *cobra.Command, args []string) (cp.SubmitRequest, error) {
 			req.TokenIDs = append(req.TokenIDs, int32(n))
 		}
 	}
-	if chat, _ := f.GetBool("chat"); chat {
-		if text == "" {
-			return req, errors.New("--chat needs text, not --ids")
-		}
+	user, _ := f.GetBool("user")
+	switch {
+	case user && text == "":
+		return req, errors.New("--user needs text (an argument or --file)")
+	case user:
 		if sys, _ := f.GetString("system"); sys != "" {
 			req.Messages = append(req.Messages, cp.ChatMessage{Role: "system", Content: sys})
 		}
 		req.Messages = append(req.Messages, cp.ChatMessage{Role: "user", Content: text})
-	} else {
+	case chatFile == "":
 		req.Prompt = text
 	}
-	req.MaxTokens, _ = f.GetInt("max-tokens")
-	req.Temperature, _ = f.GetFloat64("temperature")
-	req.TopP, _ = f.GetFloat64("top-p")
+	if chatFile == "" || f.Changed("max-tokens") {
+		req.MaxTokens, _ = f.GetInt("max-tokens")
+	}
+	if chatFile == "" || f.Changed("temperature") {
+		req.Temperature, _ = f.GetFloat64("temperature")
+	}
+	if chatFile == "" || f.Changed("top-p") {
+		req.TopP, _ = f.GetFloat64("top-p")
+	}
+	if chatFile == "" || f.Changed("seed") {
+		req.Seed, _ = f.GetUint64("seed")
+	}
+	if chatFile == "" || f.Changed("stop") {
+		req.Stop.Texts, _ = f.GetStringArray("stop")
+	}
 	req.TopK, _ = f.GetInt("top-k")
-	req.Seed, _ = f.GetUint64("seed")
-	req.Stop.Texts, _ = f.GetStringArray("stop")
 	req.Stop.TokenIDs, _ = f.GetInt32Slice("stop-id")
 	policy, _ := f.GetString("policy")
 	req.Policy = cp.Policy(policy)

@@ -23,8 +23,11 @@ type Result struct {
 	Final  cp.JobEvent
 	Events []cp.JobEvent
 	Tokens []int32 // generated token ids, in order
-	Text   string  // their text (empty for a model without tokenizer)
-	Finish cp.FinishReason
+	Text   string  // their text (empty for a model without tokenizer); of a chat: the response
+	// Reasoning and Calls are a chat's think channel and tool calls.
+	Reasoning string
+	Calls     []cp.ToolCall
+	Finish    cp.FinishReason
 	// Submitted is when the client sent the submission.
 	Submitted time.Time
 	// Recovered: token messages were lost (the connection dropped), so
@@ -129,6 +132,7 @@ type follower struct {
 	res    *Result
 
 	text      strings.Builder
+	reasoning strings.Builder
 	final     bool // the final event arrived
 	lastToken bool // the final token message arrived
 	missed    bool // token messages were lost (the connection dropped)
@@ -260,8 +264,11 @@ func (f *follower) follow() (*Result, error) {
 		res.Tokens, res.Finish, res.Recovered = append([]int32(nil), out.TokenIDs...), out.FinishReason, true
 		f.text.Reset()
 		f.text.WriteString(out.Text)
+		f.reasoning.Reset()
+		f.reasoning.WriteString(out.Reasoning)
+		res.Calls = append([]cp.ToolCall(nil), out.ToolCalls...)
 	}
-	res.Text = f.text.String()
+	res.Text, res.Reasoning = f.text.String(), f.reasoning.String()
 	return res, nil
 }
 
@@ -322,6 +329,8 @@ func (f *follower) token(t cp.TokenMsg) {
 		// handed it back): so do its tokens.
 		res.Tokens, f.lastToken, f.missed = nil, false, false
 		f.text.Reset()
+		f.reasoning.Reset()
+		res.Calls = nil
 	case t.Index < len(res.Tokens):
 		return // seen already
 	case t.Index > len(res.Tokens) || f.missed:
@@ -337,6 +346,15 @@ func (f *follower) token(t cp.TokenMsg) {
 		res.Tokens = append(res.Tokens, t.TokenID)
 	}
 	f.text.WriteString(t.Text)
+	f.reasoning.WriteString(t.Reasoning)
+	if c := t.Call; c != nil {
+		if c.Index == len(res.Calls) {
+			res.Calls = append(res.Calls, cp.ToolCall{Name: c.Name})
+		}
+		if c.Index < len(res.Calls) {
+			res.Calls[c.Index].Arguments += c.Arguments
+		}
+	}
 	if f.h.Token != nil {
 		f.h.Token(t)
 	}

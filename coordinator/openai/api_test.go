@@ -331,8 +331,8 @@ func TestChatStreamedAndNot(t *testing.T) {
 		}
 	}
 	c := decode[completion](t, whole)
-	prompt, err := d.c.Tokenizer.EncodeChat([]tokenizer.Message{{Role: "system", Content: "Be brief."},
-		{Role: "user", Content: "Why split prefill and decode?"}}, tokenizer.ChatOptions{OpenAssistant: true})
+	prompt, err := d.c.Tokenizer.EncodeChat(&tokenizer.Chat{Messages: []tokenizer.ChatMessage{tokenizer.Text("system", "Be brief."),
+		tokenizer.Text("user", "Why split prefill and decode?")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,47 +403,34 @@ func must(r *http.Response, err error) *http.Response {
 	return r
 }
 
-// TestToolCallRoundTrip: with tool_choice naming a function, the reply is
-// that function's call (streamed incrementally, the same whole); the call
-// and a tool result go back in as the next turn's history, framed in the
-// model's tool syntax (usage counts exactly that prompt).
-func TestToolCallRoundTrip(t *testing.T) {
+// TestToolHistoryRendered: a call and its result go back in as the next
+// turn's history, rendered in K3's released format (usage counts exactly
+// that prompt).
+func TestToolHistoryRendered(t *testing.T) {
 	d := startDeployment(t, nil)
-	tools := []map[string]any{{"type": "function", "function": map[string]any{"name": "get_weather",
+	tool := map[string]any{"type": "function", "function": map[string]any{"name": "get_weather",
 		"description": "Current weather", "parameters": map[string]any{"type": "object",
-			"properties": map[string]any{"city": map[string]any{"type": "string"}}}}}}
-	body := map[string]any{"model": modelName, "max_tokens": 8, "temperature": 0, "tools": tools,
-		"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}},
-		"messages":    []map[string]any{{"role": "user", "content": "Weather in Paris?"}}}
-	c := decode[completion](t, post(t, d.url+"/v1/chat/completions", "", body))
-	msg := c.Choices[0].Message
-	if len(msg.ToolCalls) != 1 || msg.ToolCalls[0].Function.Name != "get_weather" || msg.ToolCalls[0].ID == "" || msg.ToolCalls[0].Type != "function" {
-		t.Fatalf("message %+v", msg)
-	}
-	body["stream"] = true
-	s := readStream(t, post(t, d.url+"/v1/chat/completions", "", body))
-	if len(s.calls) != 1 || s.calls[0].name != "get_weather" || s.calls[0].args != msg.ToolCalls[0].Function.Arguments {
-		t.Fatalf("streamed calls %+v, whole %+v", s.calls[0], msg.ToolCalls)
-	}
-
-	// The call and its result go back in.
-	call := msg.ToolCalls[0]
-	next := map[string]any{"model": modelName, "max_tokens": 4, "temperature": 0, "tools": tools,
+			"properties": map[string]any{"city": map[string]any{"type": "string"}}}}}
+	body := map[string]any{"model": modelName, "max_tokens": 4, "temperature": 0, "tools": []any{tool},
 		"messages": []map[string]any{{"role": "user", "content": "Weather in Paris?"},
-			{"role": "assistant", "content": nil, "tool_calls": []map[string]any{{"id": call.ID, "type": "function",
+			{"role": "assistant", "content": nil, "tool_calls": []map[string]any{{"id": "call_7", "type": "function",
 				"function": map[string]any{"name": "get_weather", "arguments": `{"city":"Paris"}`}}}},
-			{"role": "tool", "tool_call_id": call.ID, "content": `{"temp_c": 21}`}}}
-	r := decode[completion](t, post(t, d.url+"/v1/chat/completions", "", next))
-	decl, _ := json.Marshal([]map[string]any{{"name": "get_weather", "description": "Current weather",
-		"parameters": tools[0]["function"].(map[string]any)["parameters"]}})
-	want, err := d.c.Tokenizer.EncodeChat([]tokenizer.Message{{Role: "user", Content: "Weather in Paris?"},
-		{Role: "assistant", ToolCalls: []tokenizer.ToolCall{{ID: call.ID, Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
-		{Role: "tool", ToolCallID: call.ID, Content: `{"temp_c": 21}`}}, tokenizer.ChatOptions{OpenAssistant: true, Tools: string(decl)})
+			{"role": "tool", "tool_call_id": "call_7", "content": `{"temp_c": 21}`}}}
+	r := decode[completion](t, post(t, d.url+"/v1/chat/completions", "", body))
+	raw, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chat tokenizer.Chat
+	if err := json.Unmarshal(raw, &chat); err != nil {
+		t.Fatal(err)
+	}
+	want, err := d.c.Tokenizer.EncodeChat(&chat)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Usage.PromptTokens != len(want) {
-		t.Fatalf("the tool round's prompt has %d tokens, the framing of its history %d", r.Usage.PromptTokens, len(want))
+		t.Fatalf("the tool round's prompt has %d tokens, its rendering %d", r.Usage.PromptTokens, len(want))
 	}
 }
 
@@ -679,7 +666,7 @@ func TestConcurrentStreams(t *testing.T) {
 		mu.Lock()
 		toks := published[s.jobID]
 		mu.Unlock()
-		p := d.c.Tokenizer.NewReplyParser(tokenizer.ChatOptions{OpenAssistant: true}, false)
+		p := d.c.Tokenizer.NewReplyParser(tokenizer.ReplyOptions{Thinking: true})
 		var want strings.Builder
 		for _, id := range toks {
 			want.WriteString(p.Push(int(id)).Content)

@@ -80,8 +80,8 @@ func TestOpenAISDK(t *testing.T) {
 		t.Fatalf("%v: %s", err, stdout.String())
 	}
 	t.Logf("the SDK saw: %s", stdout.String())
-	prompt, err := d.c.Tokenizer.EncodeChat([]tokenizer.Message{{Role: "system", Content: "Be brief."},
-		{Role: "user", Content: "Why split prefill and decode?"}}, tokenizer.ChatOptions{OpenAssistant: true})
+	prompt, err := d.c.Tokenizer.EncodeChat(&tokenizer.Chat{Messages: []tokenizer.ChatMessage{tokenizer.Text("system", "Be brief."),
+		tokenizer.Text("user", "Why split prefill and decode?")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -21,9 +22,9 @@ type plan struct {
 	chat         bool
 	prompt       []int32
 	sampling     cp.Sampling
-	opts         tokenizer.ChatOptions // chat: how the prompt ends
-	tools        bool                  // chat: report tool calls
-	stops        []string              // stop texts, applied to the text here too
+	reply        tokenizer.ReplyOptions // chat: how the reply is read
+	grammar      *grammar.Spec          // chat: what the reply must be (nil: free)
+	stops        []string               // stop texts, applied to the text here too
 	stream       bool
 	includeUsage bool
 	user         string
@@ -102,7 +103,9 @@ func sampling(maxTokens *int, temperature, topP *float64, seed *int64, n *int, s
 	return s, nil
 }
 
-// chat plans a chat completion.
+// chat plans a chat completion: the request rendered in K3's released
+// conversation format (tokenizer.RenderChat), the grammar its reply must
+// follow, and how to read the reply.
 func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 	if err := p.checkModel(req.Model); err != nil {
 		return nil, err
@@ -112,9 +115,6 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 	}
 	if req.Logprobs {
 		return nil, badRequest("logprobs", "logprobs are not supported")
-	}
-	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
-		return nil, badRequest("response_format", "response_format %q is not supported (only text)", rf.Type)
 	}
 	limit := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -132,46 +132,42 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 	}
 	pl := &plan{chat: true, sampling: s, stops: req.Stop, stream: req.Stream, user: req.User,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
-	msgs := make([]tokenizer.Message, len(req.Messages))
-	for i, m := range req.Messages {
-		var err *apiError
-		if msgs[i], err = message(i, &m); err != nil {
-			return nil, err
+	c := &tokenizer.Chat{Messages: make([]tokenizer.ChatMessage, len(req.Messages)), Tools: req.Tools,
+		ToolChoice: req.ToolChoice, ResponseFormat: req.ResponseFormat, ReasoningEffort: req.ReasoningEffort}
+	for i := range req.Messages {
+		m, aerr := message(i, req.Messages[i])
+		if aerr != nil {
+			return nil, aerr
 		}
+		c.Messages[i] = m
 	}
-	pl.opts = tokenizer.ChatOptions{OpenAssistant: true}
-	names := map[string]bool{}
-	var decls []function
-	for i, t := range req.Tools {
-		param := fmt.Sprintf("tools[%d]", i)
-		if t.Type != "function" {
-			return nil, badRequest(param+".type", "tool type %q is not supported (only function)", t.Type)
-		}
-		if !funcName.MatchString(t.Function.Name) {
-			return nil, badRequest(param+".function.name", "function name %q must be 1 to 64 of a-z, A-Z, 0-9, _ and -", t.Function.Name)
-		}
-		if names[t.Function.Name] {
-			return nil, badRequest(param+".function.name", "function %q is declared twice", t.Function.Name)
-		}
-		names[t.Function.Name] = true
-		decls = append(decls, function{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	names, aerr := tools(req.Tools)
+	if aerr != nil {
+		return nil, aerr
 	}
-	if len(decls) > 0 {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(decls); err != nil {
-			return nil, badRequest("tools", "tools: %v", err)
-		}
-		pl.opts.Tools = strings.TrimSpace(b.String())
-		pl.tools = true
+	if aerr := toolChoice(req.ToolChoice, names); aerr != nil {
+		return nil, aerr
 	}
-	if err := toolChoice(req.ToolChoice, names, pl); err != nil {
-		return nil, err
+	if aerr := responseFormat(c); aerr != nil {
+		return nil, aerr
 	}
-	ids, err := p.tok.EncodeChat(msgs, pl.opts)
-	if err != nil {
+	var err error
+	if _, _, err := tokenizer.Thinking(req.ReasoningEffort); err != nil {
+		return nil, badRequest("reasoning_effort", "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
+	}
+	if pl.reply, err = c.Reply(); err != nil {
 		return nil, badRequest("messages", "%v", err)
+	}
+	budget, aerr := thinkingBudget(req.ThinkingBudget, s.MaxTokens)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if pl.grammar, err = c.Constraint(budget); err != nil {
+		return nil, badRequest("response_format", "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
+	}
+	ids, err := p.tok.EncodeChat(c)
+	if err != nil {
+		return nil, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
 	}
 	// The turn ends at <|end_of_msg|>.
 	if eom := p.tok.EndOfMessageID(); eom >= 0 {
@@ -184,100 +180,135 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 	return pl, nil
 }
 
-// message converts one chat turn.
-func message(i int, m *chatMessage) (tokenizer.Message, *apiError) {
-	param := fmt.Sprintf("messages[%d]", i)
-	role := m.Role
-	if role == "developer" {
-		role = "system" // OpenAI's newer name for the system turn
+// defaultThinkingBudget bounds the thinking of a reply held to a grammar
+// when the request sets neither thinking_budget nor max_tokens.
+const defaultThinkingBudget = 4096
+
+// thinkingBudget is the think channel's bound for a constrained reply:
+// thinking_budget, else half of max_tokens, else defaultThinkingBudget;
+// so that the call or the JSON still comes within max_tokens.
+func thinkingBudget(given *int, maxTokens int) (int, *apiError) {
+	switch {
+	case given != nil && (*given < 0 || *given > cp.MaxOutputTokens):
+		return 0, badRequest("thinking_budget", "thinking_budget is %d, must be in [0, %d] (0: no thinking before a call or JSON)", *given, cp.MaxOutputTokens)
+	case given != nil && *given == 0:
+		return 0, nil
+	case given != nil:
+		return *given, nil
+	case maxTokens > 0:
+		return max(1, maxTokens/2), nil
 	}
-	content, err := contentText(m.Content)
-	if err != nil {
-		return tokenizer.Message{}, badRequest(param+".content", "%s", err)
-	}
-	out := tokenizer.Message{Role: role, Content: content}
-	switch role {
-	case "system", "user":
-	case "assistant":
-		for j, c := range m.ToolCalls {
-			cparam := fmt.Sprintf("%s.tool_calls[%d]", param, j)
-			if c.Type != "" && c.Type != "function" {
-				return out, badRequest(cparam+".type", "tool call type %q is not supported (only function)", c.Type)
-			}
-			if !funcName.MatchString(c.Function.Name) {
-				return out, badRequest(cparam+".function.name", "function name %q must be 1 to 64 of a-z, A-Z, 0-9, _ and -", c.Function.Name)
-			}
-			if c.ID == "" {
-				return out, badRequest(cparam+".id", "a tool call needs its id")
-			}
-			out.ToolCalls = append(out.ToolCalls, tokenizer.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
-		}
-	case "tool":
-		if m.ToolCallID == "" {
-			return out, badRequest(param+".tool_call_id", "a tool message needs the tool_call_id it answers")
-		}
-		out.ToolCallID = m.ToolCallID
-	default:
-		return out, badRequest(param+".role", "role %q: want system, developer, user, assistant or tool", m.Role)
-	}
-	if role != "assistant" && len(m.ToolCalls) > 0 {
-		return out, badRequest(param+".tool_calls", "only assistant messages carry tool calls")
-	}
-	return out, nil
+	return defaultThinkingBudget, nil
 }
 
-// contentText reads a message's content: a string, null, or an array of
-// text parts.
-func contentText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return "", nil
+// message checks one chat message and adjusts it to K3's renderer: a
+// developer message becomes a system message (OpenAI's newer name for it,
+// which the released renderer would drop).
+func message(i int, m tokenizer.ChatMessage) (tokenizer.ChatMessage, *apiError) {
+	param := fmt.Sprintf("messages[%d]", i)
+	if m.Role == "developer" {
+		m.Role = "system"
 	}
-	if raw[0] == '"' {
-		var s string
-		err := json.Unmarshal(raw, &s)
-		return s, err
+	switch m.Role {
+	case "system", "user", "assistant", "tool":
+	default:
+		return m, badRequest(param+".role", "role %q: want system, developer, user, assistant or tool", m.Role)
+	}
+	if err := contentText(m.Content); err != nil {
+		return m, badRequest(param+".content", "%s", err)
+	}
+	if m.Role != "assistant" && len(m.ToolCalls) > 0 {
+		return m, badRequest(param+".tool_calls", "only assistant messages carry tool calls")
+	}
+	if m.Role != "assistant" && (m.ReasoningContent != "" || m.Reasoning != "") {
+		return m, badRequest(param+".reasoning_content", "only assistant messages carry reasoning")
+	}
+	if m.Role == "tool" && m.ToolCallID == "" && m.Tool == "" && m.Name == "" {
+		return m, badRequest(param+".tool_call_id", "a tool message needs the tool_call_id it answers")
+	}
+	for j, c := range m.ToolCalls {
+		cparam := fmt.Sprintf("%s.tool_calls[%d]", param, j)
+		if c.Type != "" && c.Type != "function" {
+			return m, badRequest(cparam+".type", "tool call type %q is not supported (only function)", c.Type)
+		}
+		if !funcName.MatchString(c.Function.Name) {
+			return m, badRequest(cparam+".function.name", "function name %q must be 1 to 64 of a-z, A-Z, 0-9, _ and -", c.Function.Name)
+		}
+	}
+	return m, nil
+}
+
+// contentText checks a message's content: a string, null, or an array of
+// text parts.
+func contentText(raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || raw[0] == '"' {
+		var s *string
+		if len(raw) > 0 && json.Unmarshal(raw, &s) != nil {
+			return fmt.Errorf("content is not a valid JSON string")
+		}
+		return nil
 	}
 	var parts []contentPart
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", fmt.Errorf("content must be a string or an array of text parts")
+		return fmt.Errorf("content must be a string or an array of text parts")
 	}
-	var b strings.Builder
 	for j, part := range parts {
 		if part.Type != "text" {
-			return "", fmt.Errorf("content[%d] is of type %q: this model reads text only", j, part.Type)
+			return fmt.Errorf("content[%d] is of type %q: this model reads text only", j, part.Type)
 		}
-		b.WriteString(part.Text)
 	}
-	return b.String(), nil
+	return nil
 }
 
-// toolChoice applies tool_choice: "none", "auto", "required" or a named
+// tools checks the tool declarations and returns the functions' names.
+func tools(raws []json.RawMessage) (map[string]bool, *apiError) {
+	names := map[string]bool{}
+	for i, raw := range raws {
+		param := fmt.Sprintf("tools[%d]", i)
+		var t struct {
+			Type     string   `json:"type"`
+			Function function `json:"function"`
+		}
+		if err := json.Unmarshal(raw, &t); err != nil {
+			return nil, badRequest(param, "a tool must be {\"type\": \"function\", \"function\": {...}}: %v", err)
+		}
+		if t.Type != "function" {
+			return nil, badRequest(param+".type", "tool type %q is not supported (only function)", t.Type)
+		}
+		if !funcName.MatchString(t.Function.Name) {
+			return nil, badRequest(param+".function.name", "function name %q must be 1 to 64 of a-z, A-Z, 0-9, _ and -", t.Function.Name)
+		}
+		if names[t.Function.Name] {
+			return nil, badRequest(param+".function.name", "function %q is declared twice", t.Function.Name)
+		}
+		names[t.Function.Name] = true
+	}
+	return names, nil
+}
+
+// toolChoice checks tool_choice: "none", "auto", "required" or a named
 // function.
-func toolChoice(raw json.RawMessage, names map[string]bool, pl *plan) *apiError {
+func toolChoice(raw json.RawMessage, names map[string]bool) *apiError {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil
 	}
-	var mode string
 	if raw[0] == '"' {
+		var mode string
 		if err := json.Unmarshal(raw, &mode); err != nil {
 			return badRequest("tool_choice", "tool_choice: %v", err)
 		}
 		switch mode {
-		case "none":
-			pl.tools = false // the declarations stay in the prompt; calls are not made
+		case "none", "auto":
 			return nil
-		case "auto":
 		case "required":
-			pl.opts.CallAny = true
-		default:
-			return badRequest("tool_choice", "tool_choice %q: want none, auto, required or a function", mode)
+			if len(names) == 0 {
+				return badRequest("tool_choice", "tool_choice %q needs tools", mode)
+			}
+			return nil
 		}
-		if len(names) == 0 {
-			return badRequest("tool_choice", "tool_choice %q needs tools", mode)
-		}
-		return nil
+		return badRequest("tool_choice", "tool_choice %q: want none, auto, required or a function", mode)
 	}
 	var named struct {
 		Type     string `json:"type"`
@@ -291,7 +322,30 @@ func toolChoice(raw json.RawMessage, names map[string]bool, pl *plan) *apiError 
 	if !names[named.Function.Name] {
 		return badRequest("tool_choice", "tool_choice names function %q, which tools does not declare", named.Function.Name)
 	}
-	pl.opts.CallName = named.Function.Name
+	return nil
+}
+
+// responseFormat checks response_format: text, json_object, or
+// json_schema with a schema.
+func responseFormat(c *tokenizer.Chat) *apiError {
+	if len(bytes.TrimSpace(c.ResponseFormat)) == 0 || bytes.Equal(bytes.TrimSpace(c.ResponseFormat), []byte("null")) {
+		return nil
+	}
+	var rf struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(c.ResponseFormat, &rf); err != nil {
+		return badRequest("response_format", `response_format must be {"type": "text" | "json_object" | "json_schema", ...}`)
+	}
+	switch rf.Type {
+	case "text", "json_object":
+	case "json_schema":
+		if c.ResponseSchema() == nil {
+			return badRequest("response_format.json_schema.schema", "response_format json_schema needs json_schema.schema")
+		}
+	default:
+		return badRequest("response_format.type", "response_format type %q: want text, json_object or json_schema", rf.Type)
+	}
 	return nil
 }
 

@@ -90,6 +90,7 @@ type response struct {
 	stopped   bool // a stop text ended the content here
 	tokens    []int32
 	content   strings.Builder
+	reasoning strings.Builder
 	calls     []toolCall
 	route     *cp.RouteDecision
 	committed bool // the status and headers are written
@@ -112,11 +113,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pl *plan) {
 	prefix := "cmpl-"
 	if pl.chat {
 		prefix = "chatcmpl-"
-		resp.read = s.cfg.Tokenizer.NewReplyParser(pl.opts, pl.tools)
-		if pl.opts.CallName != "" {
-			// The prompt opened the call: it is the reply's first.
-			resp.calls = append(resp.calls, toolCall{ID: resp.callID(0), Type: "function", Function: callFunction{Name: pl.opts.CallName}})
-		}
+		resp.read = s.cfg.Tokenizer.NewReplyParser(pl.reply)
 	} else {
 		resp.read = &plainReader{tok: s.cfg.Tokenizer}
 		if s.cfg.Tokenizer != nil {
@@ -222,6 +219,7 @@ func (r *response) delta(d tokenizer.ReplyDelta) {
 		return
 	}
 	r.content.WriteString(d.Content)
+	r.reasoning.WriteString(d.Reasoning)
 	var dc *toolCall
 	if d.Call >= 0 {
 		if d.Start {
@@ -242,6 +240,9 @@ func (r *response) delta(d tokenizer.ReplyDelta) {
 		return
 	}
 	r.commit()
+	if d.Reasoning != "" {
+		r.chunk(&respMessage{ReasoningContent: &d.Reasoning}, "", nil, nil, nil)
+	}
 	if d.Content != "" {
 		r.chunk(&respMessage{Content: &d.Content}, d.Content, nil, nil, nil)
 	}
@@ -267,11 +268,6 @@ func (r *response) commit() {
 	if r.pl.chat {
 		empty := ""
 		r.chunk(&respMessage{Role: "assistant", Content: &empty}, "", nil, nil, nil)
-		if r.pl.opts.CallName != "" {
-			i := 0
-			c := r.calls[0]
-			r.chunk(&respMessage{ToolCalls: []toolCall{{Index: &i, ID: c.ID, Type: c.Type, Function: callFunction{Name: c.Function.Name}}}}, "", nil, nil, nil)
-		}
 	}
 	r.flush()
 }
@@ -359,17 +355,7 @@ func (r *response) finish(res *client.Result, err error, reason string) {
 		}
 	}
 	if reason == "" {
-		reason = string(res.Finish)
-		closed := 0
-		if p, ok := r.read.(*tokenizer.ReplyParser); ok && r.pl.tools {
-			closed = p.Closed()
-		}
-		if reason == string(cp.FinishStop) && closed > 0 {
-			reason = "tool_calls"
-		}
-		if reason == "" {
-			reason = string(cp.FinishStop)
-		}
+		reason = finishReason(res.Finish, r.read)
 	}
 	u := &usage{PromptTokens: len(r.pl.prompt), CompletionTokens: len(r.tokens)}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
@@ -405,9 +391,34 @@ func (r *response) finish(res *client.Result, err error, reason string) {
 	if content := r.content.String(); content != "" || len(r.calls) == 0 {
 		msg.Content = &content
 	}
+	if reasoning := r.reasoning.String(); reasoning != "" {
+		msg.ReasoningContent = &reasoning
+	}
 	msg.ToolCalls = r.calls
 	writeJSON(r.w, http.StatusOK, chatCompletion{ID: r.id, Object: "chat.completion", Created: r.create, Model: r.model,
 		Choices: []chatChoice{{Message: msg, FinishReason: &reason}}, Usage: u, Tandem: info})
+}
+
+// finishReason is the choice's finish_reason: the job's, except that a
+// chat turn the model ended with complete calls finishes "tool_calls", and
+// one whose structure the parser could not read (kept as content)
+// finishes "malformed".
+func finishReason(job cp.FinishReason, read reader) string {
+	reason := string(job)
+	if reason == "" {
+		reason = string(cp.FinishStop)
+	}
+	p, ok := read.(*tokenizer.ReplyParser)
+	if !ok || reason != string(cp.FinishStop) {
+		return reason
+	}
+	switch {
+	case p.Malformed():
+		return "malformed"
+	case p.Closed() > 0:
+		return "tool_calls"
+	}
+	return reason
 }
 
 // info is tandem's account of the job for the final object.

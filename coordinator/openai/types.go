@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // The wire types of the OpenAI API that tandem serves. Requests keep
@@ -12,24 +14,27 @@ import (
 // meaning tandem cannot honour (checked in request.go).
 
 type chatRequest struct {
-	Model               string          `json:"model"`
-	Messages            []chatMessage   `json:"messages"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	Seed                *int64          `json:"seed"`
-	Stop                stopField       `json:"stop"`
-	N                   *int            `json:"n"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *streamOptions  `json:"stream_options"`
-	Tools               []toolDef       `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	User                string          `json:"user"`
-	Logprobs            bool            `json:"logprobs"`
-	ResponseFormat      *struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
+	Model               string                  `json:"model"`
+	Messages            []tokenizer.ChatMessage `json:"messages"`
+	MaxTokens           *int                    `json:"max_tokens"`
+	MaxCompletionTokens *int                    `json:"max_completion_tokens"`
+	Temperature         *float64                `json:"temperature"`
+	TopP                *float64                `json:"top_p"`
+	Seed                *int64                  `json:"seed"`
+	Stop                stopField               `json:"stop"`
+	N                   *int                    `json:"n"`
+	Stream              bool                    `json:"stream"`
+	StreamOptions       *streamOptions          `json:"stream_options"`
+	Tools               []json.RawMessage       `json:"tools"`
+	ToolChoice          json.RawMessage         `json:"tool_choice"`
+	User                string                  `json:"user"`
+	Logprobs            bool                    `json:"logprobs"`
+	ResponseFormat      json.RawMessage         `json:"response_format"`
+	// ReasoningEffort is OpenAI's; none turns K3's thinking off.
+	ReasoningEffort string `json:"reasoning_effort"`
+	// ThinkingBudget (tandem's) bounds the think channel of a reply held
+	// to a grammar, in tokens.
+	ThinkingBudget *int `json:"thinking_budget"`
 }
 
 type completionRequest struct {
@@ -52,14 +57,6 @@ type completionRequest struct {
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
-}
-
-type chatMessage struct {
-	Role       string          `json:"role"`
-	Content    json.RawMessage `json:"content"` // a string, an array of parts, or null
-	Name       string          `json:"name,omitempty"`
-	ToolCalls  []toolCall      `json:"tool_calls,omitempty"`
-	ToolCallID string          `json:"tool_call_id,omitempty"`
 }
 
 type contentPart struct {
@@ -137,9 +134,12 @@ type chatChoice struct {
 }
 
 type respMessage struct {
-	Role      string     `json:"role,omitempty"`
-	Content   *string    `json:"content,omitempty"`
-	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+	// ReasoningContent is K3's think channel, under the name
+	// OpenAI-compatible servers use.
+	ReasoningContent *string    `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
 }
 
 // chatChunk is a streamed chunk: the same fields as a whole completion

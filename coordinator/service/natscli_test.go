@@ -237,7 +237,7 @@ func TestWholeJobFromTheNATSCLI(t *testing.T) {
 		t.Fatalf("tokens %v %q; the final event's output %v %q", got, text.String(), final.Output.TokenIDs, final.Output.Text)
 	}
 	// The prompt is the chat template's framing of the turn.
-	framed, err := c.Tokenizer.EncodeChat([]tokenizer.Message{{Role: "user", Content: "Hello"}}, tokenizer.ChatOptions{OpenAssistant: true})
+	framed, err := c.Tokenizer.EncodeChat(&tokenizer.Chat{Messages: []tokenizer.ChatMessage{tokenizer.Text("user", "Hello")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/jobs"
 	"github.com/tandem-inference/tandem/internal/progress"
-	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // smallSubmit is the size up to which a submission is not held to the
@@ -233,6 +232,7 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 	m, tok := c.cfg.Model, c.cfg.Tokenizer
 	out := *req
 	out.Prompt, out.Messages, out.Tools = "", nil, ""
+	out.ReasoningEffort, out.ToolChoice, out.ResponseFormat, out.ThinkingBudget = "", "", "", 0
 	switch {
 	case req.Prompt != "" || len(req.Messages) > 0:
 		if tok == nil {
@@ -242,20 +242,18 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 		if req.Prompt != "" {
 			ids = tok.Encode(req.Prompt)
 		} else {
-			turns := make([]tokenizer.Message, 0, len(req.Messages))
-			for _, t := range req.Messages {
-				// Framed as the HTTP front door frames them (docs/API.md,
-				// "Chat format and tools"): one template for both doors.
-				m := tokenizer.Message{Role: t.Role, Content: t.Content, ToolCallID: t.ToolCallID}
-				for _, c := range t.ToolCalls {
-					m.ToolCalls = append(m.ToolCalls, tokenizer.ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
-				}
-				turns = append(turns, m)
+			chat, err := ChatOf(req)
+			if err != nil {
+				return nil, refuse(cp.CodeBadRequest, "%v", err)
 			}
-			var err error
-			if ids, err = tok.EncodeChat(turns, tokenizer.ChatOptions{OpenAssistant: true, Tools: req.Tools}); err != nil {
+			if ids, err = tok.EncodeChat(chat); err != nil {
 				return nil, refuse(cp.CodeBadRequest, "messages: %v", err)
 			}
+			reply, err := chat.Reply()
+			if err != nil {
+				return nil, refuse(cp.CodeBadRequest, "%v", err)
+			}
+			out.Reply = &cp.ChatReply{Thinking: reply.Thinking, Tools: reply.Tools}
 			// A chat turn ends with <|end_of_msg|>: stop there.
 			if eom := tok.EndOfMessageID(); eom >= 0 && !slices.Contains(out.Stop.TokenIDs, int32(eom)) {
 				out.Stop.TokenIDs = append(slices.Clone(out.Stop.TokenIDs), int32(eom))

@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -31,12 +32,14 @@ func TestToolTurnsOverNATS(t *testing.T) {
 	if res.Final.State != cp.StateDone {
 		t.Fatalf("tool chat: %+v", res.Final)
 	}
-	want, err := c.Tokenizer.EncodeChat([]tokenizer.Message{
-		{Role: "system", Content: "Answer briefly."},
-		{Role: "user", Content: "Weather in Paris?"},
-		{Role: "assistant", ToolCalls: []tokenizer.ToolCall{{ID: "call_1", Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
-		{Role: "tool", ToolCallID: "call_1", Content: `{"temp_c": 21}`},
-	}, tokenizer.ChatOptions{OpenAssistant: true, Tools: tools})
+	call := tokenizer.Text("assistant", "")
+	call.ToolCalls = []tokenizer.ChatToolCall{{ID: "call_1", Function: tokenizer.ChatFunctionCall{Name: "get_weather", Arguments: json.RawMessage(`"{\"city\":\"Paris\"}"`)}}}
+	result := tokenizer.Text("tool", `{"temp_c": 21}`)
+	result.ToolCallID = "call_1"
+	want, err := c.Tokenizer.EncodeChat(&tokenizer.Chat{
+		Tools:    []json.RawMessage{json.RawMessage(`{"type":"function","function":{"name":"get_weather","description":"the weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}`)},
+		Messages: []tokenizer.ChatMessage{tokenizer.Text("system", "Answer briefly."), tokenizer.Text("user", "Weather in Paris?"), call, result},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +47,7 @@ func TestToolTurnsOverNATS(t *testing.T) {
 		t.Fatalf("prompt of %d tokens, the chat template makes %d", got, len(want))
 	}
 	// Without the tools and the call, the prompt is another one.
-	plain, _ := c.Tokenizer.EncodeChat([]tokenizer.Message{{Role: "user", Content: "Weather in Paris?"}}, tokenizer.ChatOptions{OpenAssistant: true})
+	plain, _ := c.Tokenizer.EncodeChat(&tokenizer.Chat{Messages: []tokenizer.ChatMessage{tokenizer.Text("user", "Weather in Paris?")}})
 	if len(plain) >= len(want) {
 		t.Fatalf("the framed tool chat (%d tokens) is not longer than the bare question (%d)", len(want), len(plain))
 	}

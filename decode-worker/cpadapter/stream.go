@@ -27,6 +27,7 @@ type stream struct {
 	local    bool
 	stopIDs  map[int32]bool
 	dec      *tokenizer.StreamDecoder
+	reply    *tokenizer.ReplyParser // a chat job's: reads the tokens as K3's reply
 	text     tokenizer.StopText
 	reserved uint64
 	log      *zap.Logger
@@ -48,6 +49,8 @@ type stream struct {
 	stopped  bool      // a stop text ended the job
 	out      []int32   // the tokens published
 	outText  strings.Builder
+	thinking strings.Builder // a chat's think channel
+	calls    []cp.ToolCall   // a chat's calls
 }
 
 type item struct {
@@ -76,6 +79,9 @@ func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
 	}
 	if a.cfg.Tokenizer != nil {
 		s.dec = tokenizer.NewStreamDecoder(a.cfg.Tokenizer)
+		if r := as.Sampling.Reply; r != nil {
+			s.reply = a.cfg.Tokenizer.NewReplyParser(tokenizer.ReplyOptions{Thinking: r.Thinking, Tools: r.Tools})
+		}
 	}
 	go s.run()
 	return s
@@ -186,18 +192,21 @@ func (s *stream) token(index int, id int32, now time.Time) {
 		s.publish(cp.WorkerProgress(s.a.cfg.WorkerID, s.id), &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Stage: cp.StateDecoding,
 			Time: now, Tokens: index + 1, Elapsed: now.Sub(s.first)})
 	}
-	var out string
-	if s.dec != nil && !s.stopIDs[id] {
+	msg := &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id}
+	switch {
+	case s.reply != nil:
+		s.chat(msg, s.reply.Push(int(id)))
+	case s.dec != nil && !s.stopIDs[id]:
 		piece, err := s.dec.Push(int(id))
 		if err != nil {
 			s.log.Warn("token does not decode", zap.Int32("token", id), zap.Error(err))
 		}
-		out, s.stopped = s.text.Push(piece)
+		msg.Text, s.stopped = s.text.Push(piece)
 	}
-	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: index, TokenID: id, Text: out})
+	s.publish(s.tokens, msg)
 	s.count = index + 1
 	s.out = append(s.out, id)
-	s.outText.WriteString(out)
+	s.outText.WriteString(msg.Text)
 	if s.stopped {
 		// The group keeps stepping until the cancel lands; those tokens
 		// are dropped above.
@@ -209,12 +218,45 @@ func (s *stream) token(index int, id int32, now time.Time) {
 	}
 }
 
+// chat fills a chat job's token message from the reply's delta: the
+// response channel as the text (stop texts apply to it), the think channel
+// and the call apart.
+func (s *stream) chat(msg *cp.TokenMsg, d tokenizer.ReplyDelta) {
+	if d.Content != "" && !s.stopped {
+		msg.Text, s.stopped = s.text.Push(d.Content)
+	}
+	msg.Reasoning = d.Reasoning
+	s.thinking.WriteString(d.Reasoning)
+	if d.Call < 0 || d.Call >= cp.MaxToolCalls {
+		return
+	}
+	if d.Start {
+		s.calls = append(s.calls, cp.ToolCall{Name: d.Name})
+	}
+	if d.Call < len(s.calls) {
+		s.calls[d.Call].Arguments += d.Arguments
+		msg.Call = &cp.CallDelta{Index: d.Call, Arguments: d.Arguments}
+		if d.Start {
+			msg.Call.Name = d.Name
+		}
+	}
+}
+
 func (s *stream) end(r pipeline.Result) {
 	s.mu.Lock()
 	cancelledBy := s.cancelled
 	s.mu.Unlock()
 	var rest string
-	if s.dec != nil && !s.stopped {
+	var last cp.TokenMsg
+	switch {
+	case s.stopped:
+	case s.reply != nil:
+		s.chat(&last, s.reply.Finish())
+		rest = last.Text
+		if !s.stopped {
+			rest += s.text.Flush()
+		}
+	case s.dec != nil:
 		var stop bool
 		rest, stop = s.text.Push(s.dec.Flush())
 		if !stop {
@@ -261,12 +303,16 @@ func (s *stream) end(r pipeline.Result) {
 	}
 	s.outText.WriteString(rest)
 	p.Output = &cp.Output{TokenIDs: s.out, Text: s.outText.String(), FinishReason: reason}
+	if s.reply != nil {
+		p.Output.Reasoning, p.Output.ToolCalls, p.Output.Malformed = s.thinking.String(), s.calls, s.reply.Malformed()
+	}
 	s.mu.Lock()
 	s.final = p
 	s.mu.Unlock()
 	// The final token message goes out before the final progress, so a
 	// client that sees the job end has every token.
-	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: s.count, TokenID: -1, Text: rest, Final: true, FinishReason: reason})
+	s.publish(s.tokens, &cp.TokenMsg{JobID: s.id, Index: s.count, TokenID: -1, Text: rest, Reasoning: last.Reasoning, Call: last.Call,
+		Final: true, FinishReason: reason})
 	s.publish(cp.WorkerProgress(s.a.cfg.WorkerID, s.id), p)
 	s.log.Info("job ended", zap.String("finish", string(reason)), zap.Int("tokens", s.count), zap.Duration("decode", p.Elapsed))
 }
