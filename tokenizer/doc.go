@@ -1,7 +1,8 @@
 // Package tokenizer is Kimi K3's tokenizer: a tiktoken-format byte-level
 // BPE (a tiktoken.model rank file), Kimi's pre-split pattern, the 256
-// special tokens named in tokenizer_config.json, the XTML chat framing and a
-// streaming detokenizer.
+// special tokens named in tokenizer_config.json, K3's released
+// conversation format (RenderChat, a port of the checkpoint's
+// encoding_k3.py, and ReplyParser) and a streaming detokenizer.
 //
 // Encoding follows Moonshot's Python wrapper around tiktoken exactly: the
 // text is cut into pieces of at most 400,000 characters and runs of at most

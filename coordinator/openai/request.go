@@ -189,10 +189,8 @@ const defaultThinkingBudget = 4096
 // so that the call or the JSON still comes within max_tokens.
 func thinkingBudget(given *int, maxTokens int) (int, *apiError) {
 	switch {
-	case given != nil && (*given < 0 || *given > cp.MaxOutputTokens):
-		return 0, badRequest("thinking_budget", "thinking_budget is %d, must be in [0, %d] (0: no thinking before a call or JSON)", *given, cp.MaxOutputTokens)
-	case given != nil && *given == 0:
-		return 0, nil
+	case given != nil && (*given < 1 || *given > cp.MaxOutputTokens):
+		return 0, badRequest("thinking_budget", "thinking_budget is %d, must be in [1, %d] (no thinking at all: reasoning_effort none)", *given, cp.MaxOutputTokens)
 	case given != nil:
 		return *given, nil
 	case maxTokens > 0:

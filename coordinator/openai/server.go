@@ -3,9 +3,10 @@
 // and a health check. Each request becomes an ordinary job submitted with
 // coordinator/client, so routing, cancellation, limits and metrics are the
 // coordinator's; the front door keeps no job state and several can serve
-// one deployment. Chat prompts are framed here in the model's XTML chat
-// format (tokenizer.EncodeChat), tools included, and the reply is read
-// back token by token (tokenizer.ReplyParser) into content and tool calls.
+// one deployment. Chat prompts are rendered here in K3's released
+// conversation format (tokenizer.EncodeChat), and the reply is read back
+// token by token (tokenizer.ReplyParser) into reasoning, content and tool
+// calls.
 package openai
 
 import (
