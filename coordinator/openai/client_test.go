@@ -25,30 +25,7 @@ const clientDir = "testdata/client"
 // SDK raises each error with its status. Usage is checked here against
 // the chat format's framing.
 func TestOpenAISDK(t *testing.T) {
-	if testing.Short() {
-		t.Skip("node client; -short (the race run covers the same handlers with Go clients)")
-	}
-	if _, err := os.Stat(filepath.Join(clientDir, "node_modules", "openai", "package.json")); err != nil {
-		t.Skipf("npm openai not installed (run %s/setup.sh): %v", clientDir, err)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skipf("node not found: %v", err)
-	}
-	d := startDeployment(t, func(c *openai.Config) {
-		c.APIKeys = []string{"sk-tandem-test"}
-		c.MaxPromptTokens = 500
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "check.mjs")
-	cmd.Dir = clientDir
-	cmd.Env = append(os.Environ(), "TANDEM_URL="+d.url+"/v1", "TANDEM_MODEL="+modelName, "TANDEM_KEY=sk-tandem-test")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node check.mjs: %v\n%s\n%s", err, stdout.String(), stderr.String())
-	}
+	d, stdout := runSDK(t, "check.mjs")
 	type use struct {
 		Prompt     int `json:"prompt_tokens"`
 		Completion int `json:"completion_tokens"`
@@ -76,10 +53,10 @@ func TestOpenAISDK(t *testing.T) {
 			Cls    string `json:"cls"`
 		} `json:"errors"`
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
-		t.Fatalf("%v: %s", err, stdout.String())
+	if err := json.Unmarshal(stdout, &out); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
 	}
-	t.Logf("the SDK saw: %s", stdout.String())
+	t.Logf("the SDK saw: %s", stdout)
 	prompt, err := d.c.Tokenizer.EncodeChat(&tokenizer.Chat{Messages: []tokenizer.ChatMessage{tokenizer.Text("system", "Be brief."),
 		tokenizer.Text("user", "Why split prefill and decode?")}})
 	if err != nil {
@@ -103,6 +80,62 @@ func TestOpenAISDK(t *testing.T) {
 		if got := out.Errors[name]; got.Status != want.status || got.Cls != want.cls || got.Code == "" {
 			t.Errorf("%s: the SDK raised %+v, want %d %s", name, got, want.status, want.cls)
 		}
+	}
+}
+
+// runSDK starts a deployment and runs the node script (testdata/client)
+// against it with the official openai package; it returns the deployment
+// and what the script printed.
+func runSDK(t *testing.T, script string) (*deployment, []byte) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("node client; -short (the race run covers the same handlers with Go clients)")
+	}
+	if _, err := os.Stat(filepath.Join(clientDir, "node_modules", "openai", "package.json")); err != nil {
+		t.Skipf("npm openai not installed (run %s/setup.sh): %v", clientDir, err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skipf("node not found: %v", err)
+	}
+	d := startDeployment(t, func(c *openai.Config) {
+		c.APIKeys = []string{"sk-tandem-test"}
+		c.MaxPromptTokens = 500
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Dir = clientDir
+	cmd.Env = append(os.Environ(), "TANDEM_URL="+d.url+"/v1", "TANDEM_MODEL="+modelName, "TANDEM_KEY=sk-tandem-test")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node %s: %v\n%s\n%s", script, err, stdout.String(), stderr.String())
+	}
+	return d, stdout.Bytes()
+}
+
+// TestOpenAISDKGrammar: through the official openai package, tool_choice
+// "required" and a strict json_schema give valid calls and JSON on 20
+// seeds each at temperature 1 from the synthetic model's random weights,
+// and with thinking on a stream carries reasoning_content deltas within
+// thinking_budget before the call (testdata/client/grammar.mjs checks the
+// schemas; here, that every reply was seen).
+func TestOpenAISDKGrammar(t *testing.T) {
+	_, stdout := runSDK(t, "grammar.mjs")
+	var out struct {
+		Calls    [][]struct{ Name, Arguments string } `json:"calls"`
+		JSON     []string                             `json:"json"`
+		Thinking struct {
+			ReasoningDeltas int `json:"reasoningDeltas"`
+		} `json:"thinking"`
+	}
+	if err := json.Unmarshal(stdout, &out); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	t.Logf("the SDK saw: %s", stdout)
+	if len(out.Calls) != 20 || len(out.JSON) != 20 || out.Thinking.ReasoningDeltas < 1 {
+		t.Fatalf("%d call replies, %d JSON replies, %d reasoning deltas", len(out.Calls), len(out.JSON), out.Thinking.ReasoningDeltas)
 	}
 }
 

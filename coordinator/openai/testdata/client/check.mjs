@@ -49,16 +49,17 @@ for await (const chunk of stream) {
 }
 out.streamed = { content, finish, usage };
 
-// A tool call: forced, whole and streamed; then the call and its result go back in.
+// A tool call: forced (the grammar holds the reply to it), whole and streamed; then the call and its result go back in.
 const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Current weather',
-  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 } }, required: ['city'] } } }];
 const ask = [{ role: 'user', content: 'Weather in Paris?' }];
 const toolChoice = { type: 'function', function: { name: 'get_weather' } };
-const called = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: toolChoice, max_tokens: 8, temperature: 0 });
+const called = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: toolChoice, max_tokens: 80, temperature: 0,
+  reasoning_effort: 'none' });
 const call = called.choices[0].message.tool_calls?.[0];
 check(call && call.type === 'function' && call.function.name === 'get_weather' && call.id, 'a get_weather call');
-const callStream = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: toolChoice, max_tokens: 8,
-  temperature: 0, stream: true });
+const callStream = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: toolChoice, max_tokens: 80,
+  temperature: 0, reasoning_effort: 'none', stream: true });
 const calls = [];
 for await (const chunk of callStream) {
   for (const tc of chunk.choices[0]?.delta?.tool_calls ?? []) {
