@@ -171,8 +171,11 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 			fmt.Fprintf(errw, "routed %s\n  %s\n", client.Route(res.Final.Route), res.Final.Route.Reason)
 		}
 		fmt.Fprintf(errw, "job %s %s", res.JobID, res.Final.State)
-		if res.Finish != "" {
-			fmt.Fprintf(errw, " (%s)", res.Finish)
+		if finish := res.Finish; finish != "" {
+			if finish == cp.FinishStop && len(res.Calls) > 0 {
+				finish = "tool_calls" // as the OpenAI API says it
+			}
+			fmt.Fprintf(errw, " (%s)", finish)
 		}
 		fmt.Fprintln(errw)
 		if res.Final.Error != nil {

@@ -100,7 +100,7 @@ func runSDK(t *testing.T, script string) (*deployment, []byte) {
 	}
 	d := startDeployment(t, func(c *openai.Config) {
 		c.APIKeys = []string{"sk-tandem-test"}
-		c.MaxPromptTokens = 500
+		c.MaxPromptTokens = 900
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
