@@ -89,18 +89,54 @@ func Argmax(logits []float32) int {
 // sampling refuses logits that are not all finite, since they would make the
 // distribution meaningless.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
+	return s.sample(logits, nil)
+}
+
+// SampleMasked returns the next token among the ids whose bit is set in
+// mask (bit id%64 of word id/64; a grammar's mask): the others are out
+// before temperature, top-k and top-p. Greedy takes the argmax among the
+// allowed ids. It fails if no id is allowed; the draws stay seeded, as in
+// Sample.
+func (s *Sampler) SampleMasked(logits []float32, mask []uint64) (int32, error) {
+	if mask == nil {
+		return 0, fmt.Errorf("sampling: no mask")
+	}
+	return s.sample(logits, mask)
+}
+
+// allowed reports whether mask allows id (a nil mask allows all).
+func allowed(mask []uint64, id int) bool {
+	return mask == nil || id/64 < len(mask) && mask[id/64]&(1<<(id%64)) != 0
+}
+
+func (s *Sampler) sample(logits []float32, mask []uint64) (int32, error) {
 	if len(logits) == 0 {
 		return 0, fmt.Errorf("sampling: no logits")
 	}
+	if mask != nil {
+		any := false
+		for i := range logits {
+			if allowed(mask, i) {
+				any = true
+				break
+			}
+		}
+		if !any {
+			return 0, fmt.Errorf("sampling: the mask allows no token")
+		}
+	}
 	if s.p.Greedy() {
-		return int32(Argmax(logits)), nil
+		if mask == nil {
+			return int32(Argmax(logits)), nil
+		}
+		return int32(argmaxMasked(logits, mask)), nil
 	}
 	for i, x := range logits {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+		if allowed(mask, i) && (math.IsNaN(float64(x)) || math.IsInf(float64(x), 0)) {
 			return 0, fmt.Errorf("sampling: logit %d is %v", i, x)
 		}
 	}
-	cand := s.candidates(logits)
+	cand := s.candidates(logits, mask)
 	// Softmax weights relative to the largest candidate, in float64.
 	maxl := logits[cand[0]]
 	for _, i := range cand {
@@ -128,19 +164,36 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	return cand[len(cand)-1], nil // u rounded up to total
 }
 
-// candidates returns the token ids still in play after top-k: all of them
-// in id order, or the K most likely in descending order (ties: lower id).
-func (s *Sampler) candidates(logits []float32) []int32 {
+// argmaxMasked is Argmax among the ids mask allows.
+func argmaxMasked(logits []float32, mask []uint64) int {
+	best := -1
+	for i, x := range logits {
+		if allowed(mask, i) && (best < 0 || x > logits[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// candidates returns the token ids still in play (among those mask
+// allows) after top-k: all of them in id order, or the K most likely in
+// descending order (ties: lower id).
+func (s *Sampler) candidates(logits []float32, mask []uint64) []int32 {
 	s.cand = s.cand[:0]
 	k := s.p.TopK
 	if k == 0 || k >= len(logits) {
 		for i := range logits {
-			s.cand = append(s.cand, int32(i))
+			if allowed(mask, i) {
+				s.cand = append(s.cand, int32(i))
+			}
 		}
 		return s.cand
 	}
 	h := minHeap{logits: logits, ids: s.cand}
 	for i := range logits {
+		if !allowed(mask, i) {
+			continue
+		}
 		id := int32(i)
 		if len(h.ids) < k {
 			h.push(id)
