@@ -13,7 +13,6 @@ func maskOf(n int, ids ...int) []uint64 {
 	return m
 }
 
-
 func TestSampleMaskedGreedy(t *testing.T) {
 	logits := []float32{5, 1, 3, 3, 9, 0}
 	s, _ := New(Params{})
