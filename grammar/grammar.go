@@ -242,6 +242,7 @@ type Matcher struct {
 	s        int32
 	thinking bool // in the think channel
 	thought  int  // tokens in it
+	ended    bool // <|end_of_msg|> accepted
 	buf      []int
 }
 
@@ -305,6 +306,7 @@ func (m *Matcher) Accept(id int) error {
 		return fmt.Errorf("%w: id %d", ErrRejected, id)
 	}
 	m.s = s
+	m.ended = len(syms) == 1 && syms[0] == symEOM
 	if m.thinking {
 		if len(syms) == 1 && syms[0] == symClose {
 			m.thinking = false
@@ -323,6 +325,10 @@ func (m *Matcher) Done() bool {
 	defer m.g.mu.Unlock()
 	return m.g.states[m.s].final
 }
+
+// Ended reports that the last token accepted was the <|end_of_msg|> that
+// ends the reply: the sequence ends with it.
+func (m *Matcher) Ended() bool { return m.ended }
 
 // Cache compiles each distinct Spec once. It is safe for concurrent use.
 type Cache struct {

@@ -2,8 +2,6 @@ package grammar_test
 
 import (
 	"bytes"
-	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -11,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tandem-inference/tandem/grammar"
+	"github.com/tandem-inference/tandem/internal/schemacheck"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -144,121 +143,13 @@ func parse(tb testing.TB, tv *testVocab, ids []int, thinking bool) ([]*call, str
 	return calls, content.String()
 }
 
-// validate checks v against schema (the keywords the grammar enforces).
-func validate(schema, v any) error {
-	s, ok := schema.(map[string]any)
-	if !ok {
-		return nil // true or absent
-	}
-	if t, ok := s["type"]; ok {
-		types, ok := t.([]any)
-		if !ok {
-			types = []any{t}
-		}
-		match := false
-		for _, tn := range types {
-			match = match || hasType(tn.(string), v)
-		}
-		if !match {
-			return fmt.Errorf("%v is not of type %v", v, t)
-		}
-	}
-	if e, ok := s["enum"]; ok {
-		found := false
-		for _, ev := range e.([]any) {
-			found = found || fmt.Sprint(ev) == fmt.Sprint(v)
-		}
-		if !found {
-			return fmt.Errorf("%v not in enum %v", v, e)
-		}
-	}
-	if c, ok := s["const"]; ok && fmt.Sprint(c) != fmt.Sprint(v) {
-		return fmt.Errorf("%v is not const %v", v, c)
-	}
-	if alts, ok := s["anyOf"]; ok {
-		var errs []string
-		for _, a := range alts.([]any) {
-			err := validate(a, v)
-			if err == nil {
-				errs = nil
-				break
-			}
-			errs = append(errs, err.Error())
-		}
-		if errs != nil {
-			return fmt.Errorf("no anyOf branch: %v", errs)
-		}
-	}
-	if obj, ok := v.(map[string]any); ok {
-		props, _ := s["properties"].(map[string]any)
-		for _, r := range asList(s["required"]) {
-			if _, ok := obj[r.(string)]; !ok {
-				return fmt.Errorf("required key %v missing in %v", r, obj)
-			}
-		}
-		for k, val := range obj {
-			ps, declared := props[k]
-			if !declared {
-				if s["additionalProperties"] == false {
-					return fmt.Errorf("extra key %q", k)
-				}
-				ps = s["additionalProperties"]
-			}
-			if err := validate(ps, val); err != nil {
-				return fmt.Errorf("%s: %w", k, err)
-			}
-		}
-	}
-	if arr, ok := v.([]any); ok {
-		if n, ok := s["minItems"].(json.Number); ok {
-			if min, _ := n.Int64(); len(arr) < int(min) {
-				return fmt.Errorf("%d items < minItems %d", len(arr), min)
-			}
-		}
-		if n, ok := s["maxItems"].(json.Number); ok {
-			if max, _ := n.Int64(); len(arr) > int(max) {
-				return fmt.Errorf("%d items > maxItems %d", len(arr), max)
-			}
-		}
-		for i, it := range arr {
-			if err := validate(s["items"], it); err != nil {
-				return fmt.Errorf("[%d]: %w", i, err)
-			}
-		}
-	}
-	return nil
-}
-
-func asList(v any) []any { l, _ := v.([]any); return l }
-
-func hasType(t string, v any) bool {
-	switch v := v.(type) {
-	case nil:
-		return t == "null"
-	case bool:
-		return t == "boolean"
-	case string:
-		return t == "string"
-	case json.Number:
-		return t == "number" || t == "integer" && !strings.ContainsAny(string(v), ".eE")
-	case map[string]any:
-		return t == "object"
-	case []any:
-		return t == "array"
-	}
-	return false
-}
-
 func decodeJSON(tb testing.TB, s string) any {
 	tb.Helper()
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		tb.Fatalf("%q: %v", s, err)
-	}
-	if dec.More() {
-		tb.Fatalf("%q: trailing data", s)
+	v, err := schemacheck.Decode(s)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	return v
 }
+
+var validate = schemacheck.Validate
