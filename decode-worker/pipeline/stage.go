@@ -195,7 +195,15 @@ func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Res
 			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: logits: %v", w.cfg.Rank, err)
 			continue
 		}
+		var t0 time.Time
+		if s.matcher != nil {
+			t0 = time.Now()
+		}
 		tok, ended, serr := s.draw(logits[i])
+		if s.matcher != nil {
+			w.grammarDraws.Add(1)
+			w.grammarNanos.Add(int64(time.Since(t0)))
+		}
 		if serr != nil {
 			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: %v", w.cfg.Rank, serr)
 			continue

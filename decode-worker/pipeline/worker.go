@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -114,6 +115,9 @@ type Worker struct {
 	ring     *mesh.Ring
 	dtype    model.DType
 	grammars *grammar.Cache // compiled once per distinct spec
+	// grammarDraws and grammarNanos count the draws within grammars and
+	// their time (Stats).
+	grammarDraws, grammarNanos atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc

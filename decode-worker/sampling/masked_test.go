@@ -25,8 +25,11 @@ func TestSampleMaskedGreedy(t *testing.T) {
 			t.Errorf("allow %v: got %d, %v; want %d", tc.allow, got, err, tc.want)
 		}
 	}
-	if _, err := s.SampleMasked(logits, maskOf(len(logits))); err == nil {
-		t.Error("an empty mask sampled")
+	for _, p := range []Params{{}, {Temperature: 1}, {Temperature: 1, TopK: 2}} {
+		s, _ := New(p)
+		if _, err := s.SampleMasked(logits, maskOf(len(logits))); err == nil {
+			t.Errorf("%+v: an empty mask sampled", p)
+		}
 	}
 }
 
