@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"math"
 	"reflect"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tandem-inference/tandem/grammar"
 )
 
 var when = time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
@@ -64,6 +67,9 @@ func sampleMessages() []Message {
 		&CacheReply{WorkerID: "gpu-0", Kind: KindPrefill, Model: "m-0123456789ab-ba9876543210", CacheDType: "f32", Dropped: 1},
 		&CacheReply{WorkerID: "mac-1", Kind: KindDecode, GroupID: "macs", Rank: 1, Off: true},
 		&CacheReply{Error: "decode rank mac-0: listing cache entries: context deadline exceeded", Code: CodeUnavailable},
+		&SubmitRequest{Prompt: "Hello", Sampling: Sampling{Grammar: &grammar.Spec{Mode: grammar.ModeToolCall, Thinking: true, ThinkBudget: 64, Tool: "f",
+			Tools: []grammar.Tool{{Name: "f", Parameters: json.RawMessage(`{"type":"object"}`)}, {Name: "g"}}}}},
+		&SubmitRequest{Prompt: "Hello", Sampling: Sampling{Grammar: &grammar.Spec{Mode: grammar.ModeJSONSchema, Schema: json.RawMessage(`{"type":"array"}`)}}},
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tandem-inference/tandem/grammar"
 )
 
 // Protocol-level limits. They bound what a decoder accepts from anyone; the
@@ -51,6 +53,10 @@ type Sampling struct {
 	// read the tokens as K3's reply: token messages then carry the think
 	// channel apart (Reasoning) and the calls (Call).
 	Reply *ChatReply `msgpack:"reply,omitempty" json:"reply,omitempty"`
+	// Grammar, when set, constrains the reply (tool_choice required or
+	// named, response_format json): the decode group draws each token
+	// within it and ends the reply when it is complete.
+	Grammar *grammar.Spec `msgpack:"grammar,omitempty" json:"grammar,omitempty"`
 }
 
 // ChatReply says how a chat job's reply opens: in the think channel when
@@ -74,6 +80,11 @@ func (s *Sampling) validate(msg string) error {
 		return fieldErr(msg, "top_p", "is %v, must be in [0, 1]", s.TopP)
 	case s.TopK < 0:
 		return fieldErr(msg, "top_k", "is %d, must be >= 0 (0 means no limit)", s.TopK)
+	}
+	if s.Grammar != nil {
+		if err := s.Grammar.Validate(); err != nil {
+			return fieldErr(msg, "grammar", "%v", err)
+		}
 	}
 	return s.Stop.validate(msg)
 }

@@ -43,6 +43,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/health"
 	"github.com/tandem-inference/tandem/kernels"
@@ -147,7 +148,8 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret,
+	vocab := grammarVocabulary(cfg, layout, m.Model.Cfg.VocabSize, log)
+	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret, Vocabulary: vocab,
 		Transport: tr, Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
 		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout,
 		PrefixCache: pipeline.PrefixCacheConfig{Off: !cfg.PrefixCache, Stride: cfg.PrefixStride, ModelID: modelID}, Log: base})
@@ -215,6 +217,32 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	stopServing()
 	wg.Wait()
 	return nil
+}
+
+// grammarVocabulary is the vocabulary the last rank draws grammar-constrained
+// tokens with: the model directory's tokenizer's, or nil (with a warning
+// when the tokenizer is there but unusable; jobs with a grammar are then
+// refused).
+func grammarVocabulary(cfg *workerConfig, layout *rank.Layout, vocabSize int, log *zap.Logger) *grammar.Vocabulary {
+	if cfg.Rank != layout.Last() {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Model, tokenizer.ModelFile)); err != nil {
+		return nil
+	}
+	tok, err := tokenizer.Load(cfg.Model)
+	if err == nil && tok.VocabSize() != vocabSize {
+		err = fmt.Errorf("the tokenizer has %d ids, the model %d", tok.VocabSize(), vocabSize)
+	}
+	var v *grammar.Vocabulary
+	if err == nil {
+		v, err = tok.GrammarVocabulary()
+	}
+	if err != nil {
+		log.Warn("no grammar-constrained decoding on this rank", zap.Error(err))
+		return nil
+	}
+	return v
 }
 
 // startAdapter joins the control plane: the rank registers in the worker

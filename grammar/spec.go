@@ -1,11 +1,3 @@
-// Package grammar constrains generation to a grammar: K3's tool-call
-// element with arguments that satisfy the tools' JSON schemas, or JSON that
-// satisfies a response schema. A Spec says what the reply must be; Compile
-// turns it into a Grammar; a Matcher follows one sequence's tokens and
-// gives, before each token, the mask of the vocabulary's ids that keep the
-// reply within the grammar.
-//
-// The package is pure: no I/O, no clocks, no randomness.
 package grammar
 
 import (

@@ -9,6 +9,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -16,9 +18,11 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // Options configure an in-process group.
@@ -64,6 +68,7 @@ type Group struct {
 
 	mu    sync.Mutex
 	ranks []*member
+	vocab *grammar.Vocabulary // the model directory's tokenizer's, if it has one
 }
 
 // member is one rank's resources.
@@ -94,6 +99,15 @@ func Start(ctx context.Context, opt Options) (*Group, error) {
 		return nil, err
 	}
 	g := &Group{opt: opt, ranks: make([]*member, opt.Ranks)}
+	if _, err := os.Stat(filepath.Join(opt.ModelDir, tokenizer.ModelFile)); err == nil {
+		tok, err := tokenizer.Load(opt.ModelDir)
+		if err != nil {
+			return nil, fmt.Errorf("group: %w", err)
+		}
+		if g.vocab, err = tok.GrammarVocabulary(); err != nil {
+			return nil, fmt.Errorf("group: %w", err)
+		}
+	}
 	var eps []string
 	for r := range g.ranks {
 		srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: "127.0.0.1:0", Timeouts: opt.Timeouts, Transport: g.transport(r)})
@@ -150,6 +164,9 @@ func (g *Group) startRank(r int, change func(*pipeline.Config)) error {
 		Timeouts: g.opt.Timeouts, MemoryBudget: g.opt.MemoryBudget, MicroBatches: g.opt.MicroBatches, MaxBatch: g.opt.MaxBatch,
 		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Log: g.opt.Log,
 		Transport: g.transport(r)}
+	if r == g.Layout.Last() {
+		cfg.Vocabulary = g.vocab
+	}
 	if change != nil {
 		change(&cfg)
 	}

@@ -10,6 +10,8 @@
 // activations fit any transport frame limit.
 package mesh
 
+import "github.com/tandem-inference/tandem/grammar"
+
 // Kind is what a message is.
 type Kind uint8
 
@@ -93,7 +95,9 @@ type Admit struct {
 	LatentDType uint8     `msgpack:"latent,omitempty"`
 	Sampling    Sampling  `msgpack:"sampling"`
 	Stop        []int32   `msgpack:"stop,omitempty"`
-	Verdicts    []Verdict `msgpack:"verdicts,omitempty"`
+	// Grammar, when set, constrains the tokens the last rank draws.
+	Grammar  *grammar.Spec `msgpack:"grammar,omitempty"`
+	Verdicts []Verdict     `msgpack:"verdicts,omitempty"`
 	// Prefix is the head's prefix-cache decision for the sequence.
 	Prefix *Prefix `msgpack:"prefix,omitempty"`
 	// Evicted lists the cache entries ranks dropped for room while this

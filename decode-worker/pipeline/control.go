@@ -291,6 +291,16 @@ func (w *Worker) admitLocal(id string, a *mesh.Admit) error {
 		for _, t := range a.Stop {
 			s.stop[t] = true
 		}
+		if a.Grammar != nil {
+			if w.cfg.Vocabulary == nil {
+				return errors.New("a grammar needs the tokenizer's vocabulary on the last rank, and this rank has none")
+			}
+			g, err := w.grammars.Get(a.Grammar)
+			if err != nil {
+				return err
+			}
+			s.matcher, s.mask = g.NewMatcher(w.cfg.Vocabulary), make([]uint64, w.cfg.Vocabulary.MaskWords())
+		}
 	}
 	e, err := w.reserve(id, capacity, pre.Hit, a)
 	if err != nil {

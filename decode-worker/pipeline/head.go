@@ -27,6 +27,13 @@ func (w *Worker) Submit(ctx context.Context, req Request) error {
 	if err := req.validate(w.m.Cfg.VocabSize, w.n); err != nil {
 		return err
 	}
+	if req.Grammar != nil {
+		// A grammar that cannot compile is the request's fault: refuse it
+		// here, before any rank reserves anything.
+		if _, err := w.grammars.Get(req.Grammar); err != nil {
+			return fmt.Errorf("decode group: sequence %q: %w", req.ID, err)
+		}
+	}
 	req.Tokens = slices.Clone(req.Tokens)
 	req.Stop = slices.Clone(req.Stop)
 	if req.Remote != nil {
@@ -117,7 +124,7 @@ func (w *Worker) admitAs(req *Request, reply chan error, useCache bool, evicted 
 	}
 	a := &mesh.Admit{Tokens: len(req.Tokens), MaxTokens: req.MaxTokens, LatentDType: uint8(w.dtype),
 		Sampling: mesh.Sampling{Temperature: req.Sampling.Temperature, TopK: req.Sampling.TopK, TopP: req.Sampling.TopP, Seed: req.Sampling.Seed},
-		Stop:     req.Stop, Evicted: evicted}
+		Stop:     req.Stop, Grammar: req.Grammar, Evicted: evicted}
 	if rm := req.Remote; rm != nil {
 		a.Remote, a.Cached, a.Deadline = true, rm.Tokens, rm.Deadline.UnixNano()
 		for _, s := range rm.Sessions {

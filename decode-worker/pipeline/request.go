@@ -7,6 +7,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/grammar"
 )
 
 // Request is one sequence submitted to the group's head (rank 0).
@@ -27,6 +28,11 @@ type Request struct {
 	MaxTokens int
 	// Stop ends the sequence after any of these tokens (which is emitted).
 	Stop []int32
+	// Grammar, when set, constrains the tokens drawn: each step's mask
+	// comes from it, and the sequence ends (ReasonStop) with the
+	// <|end_of_msg|> that closes the reply. The last rank needs
+	// Config.Vocabulary.
+	Grammar *grammar.Spec
 	// Sink receives the tokens and the end. Required.
 	Sink Sink
 }
@@ -155,6 +161,11 @@ func (r *Request) validate(vocab, ranks int) error {
 	}
 	if err := r.Sampling.Validate(); err != nil {
 		return bad("%v", err)
+	}
+	if r.Grammar != nil {
+		if err := r.Grammar.Validate(); err != nil {
+			return bad("%v", err)
+		}
 	}
 	if rm := r.Remote; rm != nil {
 		switch {

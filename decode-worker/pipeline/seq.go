@@ -5,6 +5,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
+	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/kvtransfer"
 )
 
@@ -22,6 +23,8 @@ type seq struct {
 	sampler   *sampling.Sampler
 	stop      map[int32]bool
 	generated int
+	matcher   *grammar.Matcher // the grammar's, if the sequence has one
+	mask      []uint64
 
 	// Head.
 	req       Request

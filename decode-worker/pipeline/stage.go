@@ -195,7 +195,15 @@ func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Res
 			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: logits: %v", w.cfg.Rank, err)
 			continue
 		}
-		tok, serr := s.sampler.Sample(logits[i])
+		var t0 time.Time
+		if s.matcher != nil {
+			t0 = time.Now()
+		}
+		tok, ended, serr := s.draw(logits[i])
+		if s.matcher != nil {
+			w.grammarDraws.Add(1)
+			w.grammarNanos.Add(int64(time.Since(t0)))
+		}
 		if serr != nil {
 			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: %v", w.cfg.Rank, serr)
 			continue
@@ -203,13 +211,32 @@ func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Res
 		s.generated++
 		r.Token = tok
 		switch {
-		case s.stop[tok]:
+		case s.stop[tok] || ended:
 			r.Done, r.Reason = true, string(ReasonStop)
 		case s.generated >= s.admit.MaxTokens:
 			r.Done, r.Reason = true, string(ReasonLength)
 		}
 	}
 	return out
+}
+
+// draw samples the sequence's next token, within its grammar if it has
+// one; ended reports the token that completes the grammar's reply.
+func (s *seq) draw(logits []float32) (tok int32, ended bool, err error) {
+	if s.matcher == nil {
+		tok, err = s.sampler.Sample(logits)
+		return tok, false, err
+	}
+	if err := s.matcher.Mask(s.mask); err != nil {
+		return 0, false, err
+	}
+	if tok, err = s.sampler.SampleMasked(logits, s.mask); err != nil {
+		return 0, false, err
+	}
+	if err := s.matcher.Accept(int(tok)); err != nil {
+		return 0, false, err
+	}
+	return tok, s.matcher.Ended(), nil
 }
 
 // stepDone counts and logs a step this rank computed.

@@ -36,6 +36,11 @@ type Stats struct {
 	// PrefillAttention is the part of ComputeTime spent in the MLA
 	// attention of prefill steps, for the sequences that went on.
 	PrefillAttention time.Duration
+	// GrammarDraws are the tokens this rank (the last) drew within a
+	// grammar, and GrammarTime the time those draws took: the masks, the
+	// masked sampling and the matchers' steps (part of ComputeTime).
+	GrammarDraws int64
+	GrammarTime  time.Duration
 
 	// Head only.
 	Admitted, Refused, Finished, Failed int64
@@ -81,7 +86,8 @@ func (w *Worker) publish() {
 		Admitted: c.admitted, Refused: c.refused, Finished: c.finished, Failed: c.failed,
 		Queued: len(w.queue) + len(w.overflow), InFlight: len(w.flights), Tokens: c.tokens,
 		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows, LargestDecodeStep: c.largest,
-		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh}
+		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh,
+		GrammarDraws: w.grammarDraws.Load(), GrammarTime: time.Duration(w.grammarNanos.Load())}
 	if w.cache != nil {
 		s.Cache = w.cache.Stats()
 		if w.head && !w.cacheOff {

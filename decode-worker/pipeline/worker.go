@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,6 +29,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -74,6 +76,10 @@ type Config struct {
 	// PrefixCache sets up the rank's prefix-state cache; every rank of a
 	// group must be given the same settings.
 	PrefixCache PrefixCacheConfig
+	// Vocabulary, on the last rank, is the tokenizer's vocabulary for
+	// sequences with a grammar (Request.Grammar); without it such
+	// sequences are refused.
+	Vocabulary *grammar.Vocabulary
 	// Log receives the rank's logs, with the group and rank added.
 	Log *zap.Logger
 }
@@ -108,6 +114,10 @@ type Worker struct {
 	log      *zap.Logger
 	ring     *mesh.Ring
 	dtype    model.DType
+	grammars *grammar.Cache // compiled once per distinct spec
+	// grammarDraws and grammarNanos count the draws within grammars and
+	// their time (Stats).
+	grammarDraws, grammarNanos atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -204,7 +214,10 @@ func Start(cfg Config) (*Worker, error) {
 		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
 		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
 		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now(),
-		cancelEnded: map[string]struct{}{}}
+		cancelEnded: map[string]struct{}{}, grammars: grammar.NewCache(64)}
+	if v := cfg.Vocabulary; v != nil && v.Size() != cfg.Model.Cfg.VocabSize {
+		return nil, fmt.Errorf("pipeline: the grammar vocabulary has %d ids, the model %d", v.Size(), cfg.Model.Cfg.VocabSize)
+	}
 	for range w.maxSteps {
 		w.slots = append(w.slots, &slot{})
 	}

@@ -12,6 +12,7 @@ package sampling
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 
 	"github.com/tandem-inference/tandem/internal/expmath"
@@ -89,18 +90,83 @@ func Argmax(logits []float32) int {
 // sampling refuses logits that are not all finite, since they would make the
 // distribution meaningless.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
+	return s.sample(logits, nil)
+}
+
+// SampleMasked returns the next token among the ids whose bit is set in
+// mask (bit id%64 of word id/64; a grammar's mask): the others are out
+// before temperature, top-k and top-p. Greedy takes the argmax among the
+// allowed ids. It fails if no id is allowed; the draws stay seeded, as in
+// Sample.
+func (s *Sampler) SampleMasked(logits []float32, mask []uint64) (int32, error) {
+	if mask == nil {
+		return 0, fmt.Errorf("sampling: no mask")
+	}
+	return s.sample(logits, mask)
+}
+
+// each calls f for every id below n that mask allows (all of them for a
+// nil mask), in increasing order, skipping masked-off words whole.
+func each(mask []uint64, n int, f func(id int)) {
+	if mask == nil {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
+	for w, word := range mask {
+		for word != 0 {
+			id := w*64 + bits.TrailingZeros64(word)
+			if id >= n {
+				return
+			}
+			f(id)
+			word &= word - 1
+		}
+	}
+}
+
+func (s *Sampler) sample(logits []float32, mask []uint64) (int32, error) {
 	if len(logits) == 0 {
 		return 0, fmt.Errorf("sampling: no logits")
 	}
 	if s.p.Greedy() {
-		return int32(Argmax(logits)), nil
-	}
-	for i, x := range logits {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return 0, fmt.Errorf("sampling: logit %d is %v", i, x)
+		if mask == nil {
+			return int32(Argmax(logits)), nil
 		}
+		best := -1
+		each(mask, len(logits), func(i int) {
+			if best < 0 || logits[i] > logits[best] {
+				best = i
+			}
+		})
+		if best < 0 {
+			return 0, fmt.Errorf("sampling: the mask allows no token")
+		}
+		return int32(best), nil
 	}
-	cand := s.candidates(logits)
+	bad := -1
+	if mask == nil {
+		for i, x := range logits {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				bad = i
+				break
+			}
+		}
+	} else {
+		each(mask, len(logits), func(i int) {
+			if x := float64(logits[i]); bad < 0 && (math.IsNaN(x) || math.IsInf(x, 0)) {
+				bad = i
+			}
+		})
+	}
+	if bad >= 0 {
+		return 0, fmt.Errorf("sampling: logit %d is %v", bad, logits[bad])
+	}
+	cand := s.candidates(logits, mask)
+	if len(cand) == 0 {
+		return 0, fmt.Errorf("sampling: the mask allows no token")
+	}
 	// Softmax weights relative to the largest candidate, in float64.
 	maxl := logits[cand[0]]
 	for _, i := range cand {
@@ -128,19 +194,24 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	return cand[len(cand)-1], nil // u rounded up to total
 }
 
-// candidates returns the token ids still in play after top-k: all of them
-// in id order, or the K most likely in descending order (ties: lower id).
-func (s *Sampler) candidates(logits []float32) []int32 {
+// candidates returns the token ids still in play (among those mask
+// allows) after top-k: all of them in id order, or the K most likely in
+// descending order (ties: lower id).
+func (s *Sampler) candidates(logits []float32, mask []uint64) []int32 {
 	s.cand = s.cand[:0]
 	k := s.p.TopK
 	if k == 0 || k >= len(logits) {
-		for i := range logits {
-			s.cand = append(s.cand, int32(i))
+		if mask == nil {
+			for i := range logits {
+				s.cand = append(s.cand, int32(i))
+			}
+		} else {
+			each(mask, len(logits), func(i int) { s.cand = append(s.cand, int32(i)) })
 		}
 		return s.cand
 	}
 	h := minHeap{logits: logits, ids: s.cand}
-	for i := range logits {
+	each(mask, len(logits), func(i int) {
 		id := int32(i)
 		if len(h.ids) < k {
 			h.push(id)
@@ -148,7 +219,7 @@ func (s *Sampler) candidates(logits []float32) []int32 {
 			h.ids[0] = id
 			h.down(0)
 		}
-	}
+	})
 	// Pop ascending into the tail, giving descending order.
 	out := h.ids
 	for n := len(out) - 1; n > 0; n-- {
