@@ -23,7 +23,6 @@ type plan struct {
 	prompt       []int32
 	sampling     cp.Sampling
 	reply        tokenizer.ReplyOptions // chat: how the reply is read
-	grammar      *grammar.Spec          // chat: what the reply must be (nil: free)
 	stops        []string               // stop texts, applied to the text here too
 	stream       bool
 	includeUsage bool
@@ -162,8 +161,16 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	if pl.grammar, err = c.Constraint(budget); err != nil {
-		return nil, badRequest("response_format", "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
+	if pl.sampling.Grammar, err = c.Constraint(budget); err != nil {
+		return nil, badRequest(constraintParam(c), "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
+	}
+	if g := pl.sampling.Grammar; g != nil {
+		// The decode group compiles it again (cached there); compiled
+		// here, a schema it cannot hold is the client's 400, not a
+		// failed job.
+		if _, err := grammar.Compile(g); err != nil {
+			return nil, badRequest(constraintParam(c), "%v", err)
+		}
 	}
 	ids, err := p.tok.EncodeChat(c)
 	if err != nil {
@@ -178,6 +185,14 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 	}
 	pl.prompt = toInt32(ids)
 	return pl, nil
+}
+
+// constraintParam names the request field a constraint's error is about.
+func constraintParam(c *tokenizer.Chat) string {
+	if rf := c.ResponseFormatType(); rf == "json_schema" || rf == "json_object" {
+		return "response_format"
+	}
+	return "tools"
 }
 
 // defaultThinkingBudget bounds the thinking of a reply held to a grammar

@@ -13,7 +13,9 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/jobs"
+	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // smallSubmit is the size up to which a submission is not held to the
@@ -231,6 +233,7 @@ func refuse(code cp.ErrorCode, format string, args ...any) error {
 func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 	m, tok := c.cfg.Model, c.cfg.Tokenizer
 	out := *req
+	var chat *tokenizer.Chat
 	out.Prompt, out.Messages, out.Tools = "", nil, ""
 	out.ReasoningEffort, out.ToolChoice, out.ResponseFormat, out.ThinkingBudget = "", "", "", 0
 	switch {
@@ -242,8 +245,8 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 		if req.Prompt != "" {
 			ids = tok.Encode(req.Prompt)
 		} else {
-			chat, err := ChatOf(req)
-			if err != nil {
+			var err error
+			if chat, err = ChatOf(req); err != nil {
 				return nil, refuse(cp.CodeBadRequest, "%v", err)
 			}
 			if ids, err = tok.EncodeChat(chat); err != nil {
@@ -298,6 +301,23 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 	if n+out.MaxTokens > m.MaxPositions {
 		return nil, refuse(cp.CodeTooLarge, "prompt (%d tokens) and max_tokens (%d) exceed the model's %d positions", n, out.MaxTokens, m.MaxPositions)
 	}
+	if chat != nil && req.Grammar != nil {
+		return nil, refuse(cp.CodeBadRequest, "sampling.grammar: a chat's reply is constrained by its tool_choice and response_format, not by a grammar of its own")
+	}
+	if chat != nil {
+		g, err := chat.Constraint(thinkingBudget(req.ThinkingBudget, out.MaxTokens))
+		if err != nil {
+			return nil, refuse(cp.CodeBadRequest, "%v", err)
+		}
+		out.Grammar = g
+	}
+	if out.Grammar != nil {
+		// The decode group compiles it again (cached there); here a
+		// schema it cannot hold is the client's error, not a failed job.
+		if _, err := grammar.Compile(out.Grammar); err != nil {
+			return nil, refuse(cp.CodeBadRequest, "%v", err)
+		}
+	}
 	// What the decode groups can hold at all (their memory budgets); one
 	// that is busy now may take the job later.
 	workers, _ := c.view.snapshot()
@@ -314,6 +334,16 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 		}
 	}
 	return &out, nil
+}
+
+// thinkingBudget bounds the think channel of a chat reply held to a
+// grammar, so that the call or the JSON still comes within max_tokens:
+// the request's thinking_budget, else half of max_tokens.
+func thinkingBudget(given, maxTokens int) int {
+	if given > 0 {
+		return given
+	}
+	return max(1, maxTokens/2)
 }
 
 // cancelJob cancels a job: a running job on every worker involved (the
