@@ -14,9 +14,9 @@ const (
 	// MaxStates bounds the automaton states a Grammar determinizes; a
 	// sequence that needs more fails (ErrTooComplex).
 	MaxStates = 1 << 15
-	// maxMasks bounds the masks a Grammar keeps; when full it forgets
-	// them all.
-	maxMasks = 256
+	// maxMaskWords bounds the masks a Grammar keeps (8 MiB: 400 masks of
+	// K3's vocabulary); when full it forgets them all.
+	maxMaskWords = 1 << 20
 )
 
 // ErrRejected reports a token the grammar does not allow.
@@ -38,6 +38,7 @@ type Grammar struct {
 	index  map[string]int32
 	masks  map[maskKey][]uint64
 	walk   []int32 // scratch: the state by trie depth
+	words  int     // in masks
 }
 
 type maskKey struct {
@@ -227,10 +228,12 @@ func (g *Grammar) mask(v *Vocabulary, s int32) ([]uint64, error) {
 		}
 		i++
 	}
-	if len(g.masks) >= maxMasks {
+	if g.words+len(m) > maxMaskWords {
 		clear(g.masks)
+		g.words = 0
 	}
 	g.masks[maskKey{v, s}] = m
+	g.words += len(m)
 	return m, nil
 }
 

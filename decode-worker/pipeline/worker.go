@@ -214,7 +214,7 @@ func Start(cfg Config) (*Worker, error) {
 		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
 		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
 		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now(),
-		cancelEnded: map[string]struct{}{}, grammars: grammar.NewCache(64)}
+		cancelEnded: map[string]struct{}{}, grammars: grammar.NewCache(16)}
 	if v := cfg.Vocabulary; v != nil && v.Size() != cfg.Model.Cfg.VocabSize {
 		return nil, fmt.Errorf("pipeline: the grammar vocabulary has %d ids, the model %d", v.Size(), cfg.Model.Cfg.VocabSize)
 	}
