@@ -49,7 +49,7 @@ type e2eFlags struct {
 	asJSON, verbose            bool
 	cacheCompare               bool
 	cachePolicy                string
-	chat                       bool
+	chat, cacheInTurn          bool
 }
 
 // e2eOutput is the JSON line of bench e2e.
@@ -87,7 +87,9 @@ type e2eOutput struct {
 	// The prefix cache compared (agent workload): TTFT p50 of replays
 	// under CachePolicy with the decode group's prefix cache on and off,
 	// their ratio, and the share of the prompt tokens the cache served.
-	CachePolicy         string  `json:"cache_policy,omitempty"`
+	CachePolicy string `json:"cache_policy,omitempty"`
+	// CacheInTurn: the comparison's replays ran each job alone, in turn.
+	CacheInTurn         bool    `json:"cache_in_turn,omitempty"`
 	TTFTP50             float64 `json:"ttft_p50_s,omitempty"`
 	TTFTP50NoCache      float64 `json:"ttft_p50_s_no_cache,omitempty"`
 	CacheSpeedup        float64 `json:"cache_ttft_speedup,omitempty"`
@@ -320,6 +322,7 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.verbose, "v", false, "log the services (to stderr)")
 	fs.BoolVar(&f.cacheCompare, "cache-compare", true, "with --workload agent: also replay the workload under --cache-policy with the decode group's prefix cache off and on (--rounds times each) and report both TTFT p50s")
 	fs.StringVar(&f.cachePolicy, "cache-policy", "local", "routing policy of the prefix cache comparison (the decode group holds the cache)")
+	fs.BoolVar(&f.cacheInTurn, "cache-in-turn", false, "the prefix cache comparison replays the jobs in turn, each when the one before ended: the share of the prompt tokens the cache serves as the prompts allow, whatever the machine's load (with arrivals, a turn that comes before the one before it was prefilled misses)")
 	fs.BoolVar(&f.chat, "chat", false, "with --workload agent: build each session's turns as K3 chats (thinking on, tools declared, each reply with its reasoning and a tool call, then the tool's result) rendered by the model's tokenizer at about the workload's lengths; the cache comparison also replays token ids of the same lengths")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench e2e [flags]
@@ -568,7 +571,7 @@ the profile alone is reported next to it.
 	out.Predicted[string(router.Threshold)] = sim.Summarize(tr)
 
 	if f.cacheCompare && f.workload == "agent" && f.trace == "" {
-		if err := compareCache(ctx, d, nc, jobs, router.Policy(f.cachePolicy), f.rounds, vocab, key, f.jobTimeout, f.chat, &out); err != nil {
+		if err := compareCache(ctx, d, nc, jobs, router.Policy(f.cachePolicy), f.rounds, vocab, key, f.jobTimeout, f.chat, f.cacheInTurn, &out); err != nil {
 			return err
 		}
 	}
@@ -865,9 +868,10 @@ func intList(s, flagName string) ([]int, error) {
 // emptied, the router started afresh), rounds times, and records both TTFT
 // p50s, their ratio and the share of prompt tokens the cache served. With
 // ids, each round also replays the jobs with the cache on as token ids of
-// the same lengths (withoutTokens), and records that share too.
+// the same lengths (withoutTokens), and records that share too. inTurn
+// replays each job when the one before ended.
 func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policy router.Policy, rounds, vocab int,
-	key string, timeout time.Duration, ids bool, out *e2eOutput) error {
+	key string, timeout time.Duration, ids, inTurn bool, out *e2eOutput) error {
 	switch policy {
 	case router.Local, router.Remote, router.Auto:
 	default:
@@ -883,7 +887,7 @@ func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if err := d.setCache(ctx, true); err != nil { // emptied: cold
 				return err
 			}
-			ms, _, err := replay(ctx, nc, withoutTokens(jobs), cp.Policy(policy), vocab, fmt.Sprintf("%s-cacheids-%d", key, round), timeout, false)
+			ms, _, err := replay(ctx, nc, withoutTokens(jobs), cp.Policy(policy), vocab, fmt.Sprintf("%s-cacheids-%d", key, round), timeout, inTurn)
 			if err != nil {
 				return err
 			}
@@ -905,7 +909,7 @@ func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if err := d.setCache(ctx, on); err != nil {
 				return err
 			}
-			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(policy), vocab, fmt.Sprintf("%s-cache%v-%d", key, on, round), timeout, false)
+			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(policy), vocab, fmt.Sprintf("%s-cache%v-%d", key, on, round), timeout, inTurn)
 			if err != nil {
 				return err
 			}
@@ -927,7 +931,7 @@ func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 	if err := d.setCache(ctx, true); err != nil {
 		return err
 	}
-	out.CachePolicy = string(policy)
+	out.CachePolicy, out.CacheInTurn = string(policy), inTurn
 	out.TTFTP50 = sim.Summarize(mergeResults(results[true])).TTFTP50
 	out.TTFTP50NoCache = sim.Summarize(mergeResults(results[false])).TTFTP50
 	if out.TTFTP50 > 0 {
