@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/model/synth"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 func init() {
@@ -48,6 +49,7 @@ type e2eFlags struct {
 	asJSON, verbose            bool
 	cacheCompare               bool
 	cachePolicy                string
+	chat, cacheInTurn          bool
 }
 
 // e2eOutput is the JSON line of bench e2e.
@@ -85,12 +87,24 @@ type e2eOutput struct {
 	// The prefix cache compared (agent workload): TTFT p50 of replays
 	// under CachePolicy with the decode group's prefix cache on and off,
 	// their ratio, and the share of the prompt tokens the cache served.
-	CachePolicy         string  `json:"cache_policy,omitempty"`
+	CachePolicy string `json:"cache_policy,omitempty"`
+	// CacheInTurn: the comparison's replays ran each job alone, in turn.
+	CacheInTurn         bool    `json:"cache_in_turn,omitempty"`
 	TTFTP50             float64 `json:"ttft_p50_s,omitempty"`
 	TTFTP50NoCache      float64 `json:"ttft_p50_s_no_cache,omitempty"`
 	CacheSpeedup        float64 `json:"cache_ttft_speedup,omitempty"`
 	CacheHitTokensRatio float64 `json:"cache_hit_tokens_ratio,omitempty"`
-	TookS               float64 `json:"took_s"`
+	// Chat: the agent's turns were K3 chats (--chat), and
+	// CacheHitTokensRatioIDs is the cache's share of the same jobs' prompt
+	// tokens replayed as token ids of the same lengths (each session's
+	// turns extending one another, no prefix shared across sessions).
+	// ChatFraming is the chats' tokens before the first user message (the
+	// tools, the thinking-effort and system messages), the same in every
+	// session: each chat's turns are the workload's lengths plus these.
+	Chat                   bool    `json:"chat,omitempty"`
+	ChatFraming            int     `json:"chat_framing_tokens,omitempty"`
+	CacheHitTokensRatioIDs float64 `json:"cache_hit_tokens_ratio_ids,omitempty"`
+	TookS                  float64 `json:"took_s"`
 	// LoadAverage is the machine's 1-minute load average over the whole
 	// run, sampled (absent where it cannot be read): with 2 cores, 2 is
 	// busy, and anything above is other work the figures shared them with.
@@ -308,6 +322,8 @@ func runE2E(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.verbose, "v", false, "log the services (to stderr)")
 	fs.BoolVar(&f.cacheCompare, "cache-compare", true, "with --workload agent: also replay the workload under --cache-policy with the decode group's prefix cache off and on (--rounds times each) and report both TTFT p50s")
 	fs.StringVar(&f.cachePolicy, "cache-policy", "local", "routing policy of the prefix cache comparison (the decode group holds the cache)")
+	fs.BoolVar(&f.cacheInTurn, "cache-in-turn", false, "the prefix cache comparison replays the jobs in turn, each when the one before ended: the share of the prompt tokens the cache serves as the prompts allow, whatever the machine's load (with arrivals, a turn that comes before the one before it was prefilled misses)")
+	fs.BoolVar(&f.chat, "chat", false, "with --workload agent: build each session's turns as K3 chats (thinking on, tools declared, each reply with its reasoning and a tool call, then the tool's result) rendered by the model's tokenizer at about the workload's lengths; the cache comparison also replays token ids of the same lengths")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench e2e [flags]
 
@@ -362,6 +378,8 @@ the profile alone is reported next to it.
 		return fmt.Errorf("--rounds %d: want at least 1", f.rounds)
 	case f.warmup < 0 || f.ranks < 0 || f.threads < 0 || f.probeReps < 0:
 		return errors.New("--warmup, --probe, --ranks and --threads may not be negative")
+	case f.chat && (f.workload != "agent" || f.trace != ""):
+		return fmt.Errorf("--chat builds the agent workload's sessions as chats: want --workload agent without --trace (not %q)", f.workload)
 	}
 	start := time.Now()
 	loadAll := sampleLoad(loadEvery)
@@ -436,12 +454,23 @@ the profile alone is reported next to it.
 	if err != nil {
 		return err
 	}
+	framing := 0
+	if f.chat {
+		tok, err := tokenizer.Load(dir)
+		if err != nil {
+			return fmt.Errorf("--chat: the model's tokenizer: %w", err)
+		}
+		if jobs, framing, err = agentChats(tok, jobs); err != nil {
+			return err
+		}
+		wname += fmt.Sprintf(", as K3 chats (thinking on, tools, tool results; %d tokens of framing added)", framing)
+	}
 	warmLens, err := intList(f.warmupPrompts, "--warmup-prompts")
 	if err != nil {
 		return err
 	}
 
-	out := e2eOutput{Model: name, Ranks: f.ranks, Rounds: f.rounds, Threads: f.threads, PrefillBudget: budget, LinkRate: rate, Profile: prof.Name,
+	out := e2eOutput{Model: name, Chat: f.chat, ChatFraming: framing, Ranks: f.ranks, Rounds: f.rounds, Threads: f.threads, PrefillBudget: budget, LinkRate: rate, Profile: prof.Name,
 		SeedTokens: f.seedTokens, Policies: map[string]e2ePolicy{}, Predicted: map[string]sim.Summary{}, Tolerance: f.tolerance, Threshold: f.threshold, CalibrationOK: true}
 	ws := workload.Summarize(jobs)
 	out.Workload = e2eWorkload{Name: wname, Jobs: ws.Jobs, Sessions: ws.Sessions, MedianPrompt: ws.MedianPrompt, MaxPrompt: ws.MaxPrompt,
@@ -542,7 +571,7 @@ the profile alone is reported next to it.
 	out.Predicted[string(router.Threshold)] = sim.Summarize(tr)
 
 	if f.cacheCompare && f.workload == "agent" && f.trace == "" {
-		if err := compareCache(ctx, d, nc, jobs, router.Policy(f.cachePolicy), f.rounds, vocab, key, f.jobTimeout, &out); err != nil {
+		if err := compareCache(ctx, d, nc, jobs, router.Policy(f.cachePolicy), f.rounds, vocab, key, f.jobTimeout, f.chat, f.cacheInTurn, &out); err != nil {
 			return err
 		}
 	}
@@ -837,17 +866,42 @@ func intList(s, flagName string) ([]int, error) {
 // compareCache replays the jobs under policy with the decode group's
 // prefix cache off and then on (each replay cold: every rank's cache
 // emptied, the router started afresh), rounds times, and records both TTFT
-// p50s, their ratio and the share of prompt tokens the cache served.
+// p50s, their ratio and the share of prompt tokens the cache served. With
+// ids, each round also replays the jobs with the cache on as token ids of
+// the same lengths (withoutTokens), and records that share too. inTurn
+// replays each job when the one before ended.
 func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policy router.Policy, rounds, vocab int,
-	key string, timeout time.Duration, out *e2eOutput) error {
+	key string, timeout time.Duration, ids, inTurn bool, out *e2eOutput) error {
 	switch policy {
 	case router.Local, router.Remote, router.Auto:
 	default:
 		return fmt.Errorf("--cache-policy %q: want local, remote or auto", policy)
 	}
 	results := map[bool][]*sim.Result{}
-	var cached, prompt int
+	var cached, prompt, idsCached, idsPrompt int
 	for round := range rounds {
+		if ids {
+			if err := d.resetRouter(ctx); err != nil {
+				return err
+			}
+			if err := d.setCache(ctx, true); err != nil { // emptied: cold
+				return err
+			}
+			ms, _, err := replay(ctx, nc, withoutTokens(jobs), cp.Policy(policy), vocab, fmt.Sprintf("%s-cacheids-%d", key, round), timeout, inTurn)
+			if err != nil {
+				return err
+			}
+			var c, p int
+			for _, m := range ms {
+				if m.Err != nil {
+					return fmt.Errorf("e2e: cache comparison (token ids): %s: %w", m.Job.ID, m.Err)
+				}
+				c += m.Final.Timing.CachedTokens
+				p += m.Job.Prompt
+			}
+			idsCached, idsPrompt = idsCached+c, idsPrompt+p
+			say("e2e: prefix cache on, token ids of the chats' lengths, policy %s, round %d: %.1f%% of the prompt tokens from it", policy, round+1, 100*float64(c)/float64(p))
+		}
 		for _, on := range []bool{false, true} {
 			if err := d.resetRouter(ctx); err != nil {
 				return err
@@ -855,7 +909,7 @@ func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 			if err := d.setCache(ctx, on); err != nil {
 				return err
 			}
-			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(policy), vocab, fmt.Sprintf("%s-cache%v-%d", key, on, round), timeout, false)
+			ms, t0, err := replay(ctx, nc, jobs, cp.Policy(policy), vocab, fmt.Sprintf("%s-cache%v-%d", key, on, round), timeout, inTurn)
 			if err != nil {
 				return err
 			}
@@ -877,7 +931,7 @@ func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 	if err := d.setCache(ctx, true); err != nil {
 		return err
 	}
-	out.CachePolicy = string(policy)
+	out.CachePolicy, out.CacheInTurn = string(policy), inTurn
 	out.TTFTP50 = sim.Summarize(mergeResults(results[true])).TTFTP50
 	out.TTFTP50NoCache = sim.Summarize(mergeResults(results[false])).TTFTP50
 	if out.TTFTP50 > 0 {
@@ -885,6 +939,11 @@ func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []work
 	}
 	if prompt > 0 {
 		out.CacheHitTokensRatio = float64(cached) / float64(prompt)
+	}
+	if idsPrompt > 0 {
+		out.CacheHitTokensRatioIDs = float64(idsCached) / float64(idsPrompt)
+		say("e2e: prefix cache: %.1f%% of the chats' prompt tokens came from it, %.1f%% as token ids of the same lengths",
+			100*out.CacheHitTokensRatio, 100*out.CacheHitTokensRatioIDs)
 	}
 	say("e2e: prefix cache: TTFT p50 %s with it, %s without (x%.2f); %.0f%% of the prompt tokens came from it",
 		report.Duration(out.TTFTP50), report.Duration(out.TTFTP50NoCache), out.CacheSpeedup, 100*out.CacheHitTokensRatio)

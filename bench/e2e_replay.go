@@ -35,10 +35,13 @@ type measured struct {
 	Err error
 }
 
-// promptTokens is a job's prompt: token ids that depend on its session (or
-// on the job alone), so that an agent session's turns extend one another
-// as a growing conversation does.
+// promptTokens is a job's prompt: its own token ids (a rendered chat), or
+// token ids that depend on its session (or on the job alone), so that an
+// agent session's turns extend one another as a growing conversation does.
 func promptTokens(j workload.Job, vocab int) []int32 {
+	if j.Tokens != nil {
+		return j.Tokens
+	}
 	h := fnv.New64a()
 	if j.Session != "" {
 		h.Write([]byte(j.Session))

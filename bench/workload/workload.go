@@ -26,6 +26,10 @@ type Job struct {
 	// lone request); Turn counts from 0 within it.
 	Session string `json:"session,omitempty"`
 	Turn    int    `json:"turn,omitempty"`
+	// Tokens, when set, are the prompt's token ids (Prompt of them): a
+	// chat rendered for the model (bench e2e --chat). Unset, a replay makes
+	// ids of its own.
+	Tokens []int32 `json:"-"`
 }
 
 // Validate checks one job.
@@ -41,6 +45,8 @@ func (j Job) Validate() error {
 		return fmt.Errorf("job %s: %d output tokens, want at least 1", j.ID, j.Output)
 	case j.Turn < 0:
 		return fmt.Errorf("job %s: turn %d is negative", j.ID, j.Turn)
+	case j.Tokens != nil && len(j.Tokens) != j.Prompt:
+		return fmt.Errorf("job %s: %d prompt token ids for a prompt of %d tokens", j.ID, len(j.Tokens), j.Prompt)
 	}
 	return nil
 }
