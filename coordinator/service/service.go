@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -282,14 +283,17 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	defer func() { stopServing(); waitSubmits() }()
 	for range 2 {
-		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllCancel, cp.QueueGroupCoordinators, c.cancelJob); err != nil {
+		if _, err := cp.Subscribe(c.nc, cp.SubjectAllCancel, cp.QueueGroupCoordinators, serveCtx.Done(),
+			c.fromClient(func(m *nats.Msg) { cp.Answer(serveCtx, m, c.cancelJob) })); err != nil {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllList, cp.QueueGroupCoordinators, c.list); err != nil {
+	if _, err := cp.Subscribe(c.nc, cp.SubjectAllList, cp.QueueGroupCoordinators, serveCtx.Done(),
+		c.fromClient(func(m *nats.Msg) { cp.Answer(serveCtx, m, c.list) })); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
-	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllAvailability, cp.QueueGroupCoordinators, c.availability); err != nil {
+	if _, err := cp.Subscribe(c.nc, cp.SubjectAllAvailability, cp.QueueGroupCoordinators, serveCtx.Done(),
+		c.fromClient(func(m *nats.Msg) { cp.Answer(serveCtx, m, c.availability) })); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	bgWG.Add(1)
@@ -307,6 +311,27 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	runs.Wait()
 	c.log.Info("coordinator stopped")
 	return nil
+}
+
+// fromClient guards handle, the handler of a client request subject: a
+// request is handled only when its reply subject is the asking client's own
+// inbox (cp.CheckClientReply). Any other request is dropped before it is
+// decoded, with a log line and the dropped_requests_total metric, and
+// nothing is sent anywhere: the coordinator's permissions are not lent to
+// a client that names another subject as its reply. A message without a
+// reply subject goes to handle, which ignores it.
+func (c *Coordinator) fromClient(handle nats.MsgHandler) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		if m.Reply != "" {
+			if err := cp.CheckClientReply(m.Subject, m.Reply); err != nil {
+				c.m.DroppedRequest(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+				c.log.Warn("client request dropped unanswered: its reply subject is not the client's inbox",
+					zap.String("subject", m.Subject), zap.String("reply", m.Reply), zap.Error(err))
+				return
+			}
+		}
+		handle(m)
+	}
 }
 
 // consume takes jobs from the queue until ctx ends, and drives each.

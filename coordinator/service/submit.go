@@ -133,7 +133,7 @@ func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error)
 			return nil, fmt.Errorf("connect for submissions: %w", err)
 		}
 		conns = append(conns, snc)
-		if _, err := cp.Subscribe(snc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, ctx.Done(), intake); err != nil {
+		if _, err := cp.Subscribe(snc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, ctx.Done(), c.fromClient(intake)); err != nil {
 			closeAll()
 			return nil, err
 		}
