@@ -27,6 +27,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/costmodel"
+	"github.com/tandem-inference/tandem/internal/bytebudget"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -79,6 +80,11 @@ type Config struct {
 	// neither exhausts memory nor keeps the coordinator from reading its
 	// connection.
 	SubmitBytes int64
+	// Budget, when set, is the byte budget submissions are held to instead
+	// of one of SubmitBytes: `coordinator serve` shares one between the
+	// coordinator and its HTTP front door, so that request bodies and
+	// submissions together stay within it.
+	Budget *bytebudget.Budget
 	// AssignTimeout bounds a worker's answer to an assignment or a
 	// cancellation (default 10 s).
 	AssignTimeout time.Duration
@@ -159,6 +165,10 @@ func (c *Config) withDefaults() (Config, error) {
 		d.SubmitBytes = 64 << 20
 	}
 	d.SubmitBytes = max(d.SubmitBytes, cp.MaxMessageSize)
+	if d.Budget == nil {
+		d.Budget = bytebudget.New(d.SubmitBytes)
+	}
+	d.SubmitBytes = d.Budget.Limit()
 	if d.KeepFinished <= 0 {
 		d.KeepFinished = 10000
 	}
@@ -202,6 +212,11 @@ func New(nc *nats.Conn, cfg Config) (*Coordinator, error) {
 		est: router.NewEstimator(cfg.Rates, cfg.Alpha), view: newView(), load: newLoadTracker(),
 		runs: map[string]*run{}, pendingCancel: map[string]string{}, ready: make(chan struct{})}, nil
 }
+
+// Budget is the byte budget the coordinator holds submissions to (its
+// Config.Budget, or the one it made of SubmitBytes): an HTTP front door
+// in the same process holds its request bodies to it too.
+func (c *Coordinator) Budget() *bytebudget.Budget { return c.cfg.Budget }
 
 // Ready is closed once the coordinator serves requests and takes jobs.
 func (c *Coordinator) Ready() <-chan struct{} { return c.ready }

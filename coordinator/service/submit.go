@@ -73,10 +73,19 @@ func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error)
 			return // a publish, not a request: nobody to answer
 		}
 		size := int64(len(m.Data))
+		budget := c.cfg.Budget
 		mu.Lock()
-		err := admitSubmission(held, size, c.cfg.SubmitBytes)
+		err := admitSubmission(submitLoad{Bytes: budget.Held(), Count: held.Count}, size, budget.Limit())
+		switch {
+		case err != nil:
+		case size <= smallSubmit:
+			budget.Take(size)
+		case !budget.TryTake(size):
+			// The HTTP front door took the room in between.
+			err = refuse(cp.CodeUnavailable, "the coordinator is reading %s of submissions and request bodies, at most %s at once (submit_bytes); retry later",
+				progress.HumanBytes(budget.Held()), progress.HumanBytes(budget.Limit()))
+		}
 		if err == nil {
-			held.Bytes += size
 			held.Count++
 		}
 		mu.Unlock()
@@ -95,8 +104,8 @@ func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error)
 		go func() {
 			defer wg.Done()
 			defer func() {
+				budget.Release(size)
 				mu.Lock()
-				held.Bytes -= size
 				held.Count--
 				mu.Unlock()
 			}()
