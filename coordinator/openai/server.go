@@ -262,6 +262,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*heldBody, *a
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
+	if r.ContentLength == 0 { // GET /v1/models: nothing to hold
+		b := &heldBody{Reader: bytes.NewReader(nil), budget: s.cfg.Budget}
+		b.dropBuf = func() {}
+		return b, nil
+	}
 	rc := http.NewResponseController(w)
 	// Not every ResponseWriter has a connection (tests' recorders).
 	if err := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)); err == nil {
