@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -114,7 +115,7 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, req, rep Messag
 		ctx, cancel = context.WithTimeout(ctx, DefaultRequestTimeout)
 		defer cancel()
 	}
-	r, err := nc.RequestMsgWithContext(ctx, m)
+	r, err := request(ctx, nc, m)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("%s request on %s: nobody serves this subject (is the coordinator or worker running?): %w", typeName(req), subject, err)
@@ -125,6 +126,29 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, req, rep Messag
 		return fmt.Errorf("%s reply on %s: %w", typeName(req), subject, err)
 	}
 	return nil
+}
+
+// request sends m and waits for its reply. A client request (ClientOf) is
+// answered only on the asking client's own inbox (CheckClientReply): a
+// connection whose inboxes lie elsewhere (nats.go's default "_INBOX", on a
+// server without tandem identities) gets its reply on a one-off inbox under
+// the client's prefix instead.
+func request(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*nats.Msg, error) {
+	client, err := ClientOf(m.Subject)
+	inbox := InboxPrefix(PrincipalClient, client) + "."
+	if err != nil || strings.HasPrefix(nc.Opts.InboxPrefix+".", inbox) {
+		return nc.RequestMsgWithContext(ctx, m)
+	}
+	m.Reply = inbox + strings.TrimPrefix(nats.NewInbox(), "_INBOX.")
+	sub, err := nc.SubscribeSync(m.Reply)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishMsg(m); err != nil {
+		return nil, err
+	}
+	return sub.NextMsgWithContext(ctx)
 }
 
 // Submit submits a job as the connection's client (ClientName) and returns

@@ -214,3 +214,31 @@ func TestNatsCLISubmitsJSON(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckClientReply: a client request may be answered only on the asking
+// client's own inbox, a plain subject under it.
+func TestCheckClientReply(t *testing.T) {
+	for _, tc := range []struct {
+		subject, reply string
+		ok             bool
+	}{
+		{ClientSubmit("alice"), "_INBOX.client.alice.abc.1", true},
+		{ClientList("alice"), "_INBOX.client.alice.x", true},
+		{ClientCancel("alice"), "_INBOX.client.bob.x", false},
+		{ClientSubmit("alice"), "_INBOX.client.alice", false},
+		{ClientSubmit("alice"), "_INBOX.client.alice.", false},
+		{ClientSubmit("alice"), "_INBOX.client.alicex.y", false},
+		{ClientSubmit("alice"), "_INBOX.client.alice.*", false},
+		{ClientSubmit("alice"), "_INBOX.client.alice.>", false},
+		{ClientSubmit("alice"), "_INBOX.client.alice.a..b", false},
+		{ClientSubmit("alice"), "_INBOX.client.alice.a b", false},
+		{ClientAvailability("alice"), "$JS.API.STREAM.PURGE." + JobsStream, false},
+		{ClientSubmit("alice"), HeartbeatSubject("w1"), false},
+		{ClientSubmit("alice"), "_INBOX.abc", false},
+		{WorkerAssign("w1"), "_INBOX.client.alice.x", false},
+	} {
+		if err := CheckClientReply(tc.subject, tc.reply); (err == nil) != tc.ok {
+			t.Errorf("CheckClientReply(%q, %q) = %v, want ok %v", tc.subject, tc.reply, err, tc.ok)
+		}
+	}
+}

@@ -136,3 +136,33 @@ func WorkerStatus(workerID string) string { return Prefix + ".workers." + worker
 // "$KV.tandem-v1-workers.>" (with the coordinator's identity: workers and
 // clients may not read the registry).
 func HeartbeatSubject(workerID string) string { return "$KV." + WorkersBucket + "." + workerID }
+
+// CheckClientReply checks the reply subject of a client request on subject
+// (ClientSubmit, ClientCancel, ClientList or ClientAvailability). The NATS
+// server checks what a client publishes on, never the reply subject it
+// names, and the coordinator answers with its own unrestricted
+// permissions: a reply sent wherever a request asks would be the client's
+// publish on a subject it may not use (a JetStream API call, another
+// client's events, a worker's registry key, the coordinator's own inbox).
+// So a request is answered only on the asking client's own inbox,
+// InboxPrefix(PrincipalClient, client) followed by one or more plain tokens
+// (no wildcard, no white space), where the client is the one the subject
+// names (the server lets a client publish only under its own
+// ClientPrefix). A request that fails the check must be dropped unanswered.
+func CheckClientReply(subject, reply string) error {
+	client, err := ClientOf(subject)
+	if err != nil {
+		return err
+	}
+	inbox := InboxPrefix(PrincipalClient, client) + "."
+	rest, ok := strings.CutPrefix(reply, inbox)
+	if !ok || rest == "" {
+		return fmt.Errorf("reply subject %q of a request on %s is not under the client's own inbox %s>", reply, subject, inbox)
+	}
+	for tok := range strings.SplitSeq(rest, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return fmt.Errorf("reply subject %q of a request on %s is not a plain subject", reply, subject)
+		}
+	}
+	return nil
+}

@@ -92,6 +92,24 @@ func (h *slotHolder) close() {
 // share of the handshake slots, so a job's transfer from another address
 // takes less than a second longer than the same transfer on an idle server.
 func TestSlotHoldingPeerDoesNotStarveTransfers(t *testing.T) {
+	slotsHeldDuringATransfer(t, "127.0.0.2")
+}
+
+// TestSlotHoldingPeerOnTheSendersAddress: the same attack from the
+// sender's own address (a process beside the prefill worker), where a
+// per-source share does not help: the attacker's silent connections hold
+// every slot of that source. The sender's connections, which answer the
+// challenge at once, take the slots of the connections that waited
+// longest without answering, so the transfer still takes less than a
+// second longer than on an idle server (it once waited 1.5 s to 28.5 s).
+func TestSlotHoldingPeerOnTheSendersAddress(t *testing.T) {
+	slotsHeldDuringATransfer(t, "127.0.0.1")
+}
+
+// slotsHeldDuringATransfer times a transfer on an idle server, then again
+// while 100 connections from local hold (and, when closed, take again)
+// handshake slots without ever answering.
+func slotsHeldDuringATransfer(t *testing.T, local string) {
 	// Raw TCP connections hold the slots, and the sender dials TCP.
 	onTCP(t)
 	r := newRig(t, "tiny", 1, ServerConfig{}) // the default limits
@@ -128,11 +146,11 @@ func TestSlotHoldingPeerDoesNotStarveTransfers(t *testing.T) {
 	}
 	baseline := transfer("idle")
 
-	// 100 connections from 127.0.0.2: more than every slot the server has.
-	h := holdSlots(t, "127.0.0.2", srv.Addr(), 100)
+	// 100 connections from local: more than every slot the server has.
+	h := holdSlots(t, local, srv.Addr(), 100)
 	defer h.close()
-	// The attack is in place once the holder has every slot it can get
-	// and is being refused more.
+	// The attack is in place once the holder has every slot of its
+	// source and newer connections of its own take the older ones'.
 	held := 0
 	for deadline := time.After(10 * time.Second); held < srv.slots.perSource; held++ {
 		select {
@@ -141,35 +159,61 @@ func TestSlotHoldingPeerDoesNotStarveTransfers(t *testing.T) {
 			t.Fatalf("the holder got %d connections through", held)
 		}
 	}
-	select {
-	case <-h.refused:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the holder was never refused")
+	for deadline := time.Now().Add(10 * time.Second); srv.Stats().HandshakesEvicted == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's connections never contended for slots")
+		}
 	}
 	attacked := transfer("attacked")
-	t.Logf("transfer on an idle server %v, while a peer holds its handshake slots %v", baseline, attacked)
+	t.Logf("transfer on an idle server %v, while a peer on %s holds its handshake slots %v (%d of its connections closed unanswered)",
+		baseline, local, attacked, srv.Stats().HandshakesEvicted)
 	if attacked-baseline > time.Second {
 		t.Fatalf("a slot-holding peer delayed the transfer by %v (idle %v, attacked %v)", attacked-baseline, baseline, attacked)
 	}
 }
 
+// closer is a connection stand-in that records its closing.
+type closer struct{ closed bool }
+
+func (c *closer) Close() error { c.closed = true; return nil }
+
 func TestPreAuthSlots(t *testing.T) {
 	p := preAuthSlots{max: 3, perSource: 2, bySource: map[string]int{}}
-	if !p.take("a") || !p.take("a") || p.take("a") {
-		t.Fatal("a source gets its share and no more")
+	var cs [8]closer
+	a0, ev := p.take("a", &cs[0])
+	a1, ev1 := p.take("a", &cs[1])
+	if a0 == nil || a1 == nil || ev != nil || ev1 != nil {
+		t.Fatal("a source gets its share")
 	}
-	if !p.take("b") || p.take("c") {
-		t.Fatal("the total is bounded too")
+	// A third from a: a0, the oldest of a, gives its slot up.
+	a2, ev := p.take("a", &cs[2])
+	if a2 == nil || ev != &cs[0] {
+		t.Fatalf("a third connection from a took %v's slot, want the oldest's", ev)
 	}
-	p.give("a")
-	if !p.take("c") || p.take("a") {
-		t.Fatal("a slot given back goes to whoever asks first")
+	p.give(a0) // its serveConn ends: nothing counted twice
+	if len(p.held) != 2 || p.bySource["a"] != 2 {
+		t.Fatalf("after a handover: %d held, %v", len(p.held), p.bySource)
 	}
-	p.give("a")
-	p.give("b")
-	p.give("c")
-	if p.total != 0 || len(p.bySource) != 0 {
-		t.Fatalf("left %d slots, %v", p.total, p.bySource)
+	b0, ev := p.take("b", &cs[3])
+	if b0 == nil || ev != nil {
+		t.Fatal("b gets a free slot")
+	}
+	// The server is full: c takes the oldest unanswered slot of anyone.
+	p.answer(a1)
+	c0, ev := p.take("c", &cs[4])
+	if c0 == nil || ev != &cs[2] {
+		t.Fatalf("c took %v's slot, want a2's (a1 has answered)", ev)
+	}
+	p.answer(b0)
+	p.answer(c0)
+	if sl, ev := p.take("d", &cs[5]); sl != nil || ev != nil {
+		t.Fatal("every holder has answered: no slot to take")
+	}
+	for _, sl := range []*preAuthSlot{a1, a2, b0, c0} {
+		p.give(sl)
+	}
+	if len(p.held) != 0 || len(p.bySource) != 0 {
+		t.Fatalf("left %d slots, %v", len(p.held), p.bySource)
 	}
 	for addr, want := range map[string]string{"127.0.0.2:5555": "127.0.0.2", "[::1]:80": "::1", "pipe": "pipe"} {
 		if got := sourceOf(addr); got != want {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,8 +32,14 @@ type ServerConfig struct {
 	MaxHandshakes int
 	// MaxHandshakesPerSource bounds those from one source address (default
 	// MaxHandshakes/4, at least 1), so that one peer holding connections
-	// open without authenticating cannot take every slot and starve the
-	// senders of real jobs. Each is bounded by Timeouts.Handshake too.
+	// open without authenticating cannot take every slot. Each is bounded
+	// by Timeouts.Handshake too. A connection that arrives when its source
+	// (or the server) is at its bound does not wait and is not refused: the
+	// connection there that has waited longest without answering the
+	// challenge is closed and gives it its slot. An honest sender answers
+	// within one round trip, so it is never the one closed, and slots held
+	// open, even from the sender's own address, cannot keep a job's sender
+	// out.
 	MaxHandshakesPerSource int
 }
 
@@ -62,6 +70,9 @@ type Server struct {
 	protocolErrors   atomic.Int64
 	checksumFailures atomic.Int64
 	connErrors       atomic.Int64
+	// handshakesEvicted counts connections closed unanswered to give
+	// their slot to a newer one.
+	handshakesEvicted atomic.Int64
 }
 
 // ServerStats are counters for tests, metrics and leak checks.
@@ -77,6 +88,9 @@ type ServerStats struct {
 	ProtocolErrors   int64 // sessions failed by a peer breaking the protocol
 	ChecksumFailures int64 // chunks that failed CRC-32C; none was committed
 	ConnErrors       int64 // connections lost (I/O errors, corrupt framing)
+	// HandshakesEvicted counts connections closed before they answered the
+	// challenge, to give their slot to a newer one (MaxHandshakesPerSource).
+	HandshakesEvicted int64
 }
 
 // Listen starts a server on cfg.Addr. Close stops it.
@@ -110,7 +124,7 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	if per <= 0 {
 		per = max(n/4, 1)
 	}
-	srv.slots = preAuthSlots{max: n, perSource: min(per, n), bySource: map[string]int{}}
+	srv.slots = preAuthSlots{max: n, perSource: min(per, n), held: make([]*preAuthSlot, 0, n), bySource: map[string]int{}}
 	ln, err := srv.tr.Listen(cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("kvtransfer: listen on %q: %w", cfg.Addr, err)
@@ -184,6 +198,7 @@ func (srv *Server) Stats() ServerStats {
 	st.ProtocolErrors = srv.protocolErrors.Load()
 	st.ChecksumFailures = srv.checksumFailures.Load()
 	st.ConnErrors = srv.connErrors.Load()
+	st.HandshakesEvicted = srv.handshakesEvicted.Load()
 	return st
 }
 
@@ -233,46 +248,86 @@ func (srv *Server) serve() {
 			c.Close()
 			return
 		}
-		src := sourceOf(c.RemoteAddr())
-		if !srv.slots.take(src) { // too many unauthenticated connections, from there or at all
+		sl, evicted := srv.slots.take(sourceOf(c.RemoteAddr()), c)
+		if evicted != nil {
+			srv.handshakesEvicted.Add(1)
+			evicted.Close() // its serveConn ends; its slot is this one's now
+		}
+		if sl == nil { // every slot is held by a connection that has answered
 			srv.untrack(c)
 			c.Close()
 			continue
 		}
 		srv.wg.Add(1)
-		go srv.serveConn(c, src)
+		go srv.serveConn(c, sl)
 	}
 }
 
 // preAuthSlots counts connections not yet authenticated, in all and per
-// source address.
+// source address, oldest first.
 type preAuthSlots struct {
 	max, perSource int
 
 	mu       sync.Mutex
-	total    int
+	held     []*preAuthSlot // oldest first; at most max
 	bySource map[string]int
 }
 
-// take reserves a slot for a connection from src, unless the server or
-// that source is at its limit.
-func (p *preAuthSlots) take(src string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.total >= p.max || p.bySource[src] >= p.perSource {
-		return false
-	}
-	p.total++
-	p.bySource[src]++
-	return true
+// preAuthSlot is one connection's slot.
+type preAuthSlot struct {
+	src      string
+	conn     io.Closer
+	answered bool // its HELLO arrived: it is no longer waiting on its peer
 }
 
-func (p *preAuthSlots) give(src string) {
+// take reserves a slot for connection c from src. When the server or that
+// source is at its limit, the oldest connection there (of src when the
+// source is full, else of any source) that has not answered the challenge
+// loses its slot to c: take returns it as evicted, for the caller to close.
+// Take returns no slot when none can be had (every holder there has
+// answered, and is about to give its slot back).
+func (p *preAuthSlots) take(src string, c io.Closer) (sl *preAuthSlot, evicted io.Closer) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.total--
-	if p.bySource[src]--; p.bySource[src] <= 0 {
-		delete(p.bySource, src)
+	if p.bySource[src] >= p.perSource || len(p.held) >= p.max {
+		fromSrc := p.bySource[src] >= p.perSource
+		i := slices.IndexFunc(p.held, func(h *preAuthSlot) bool { return !h.answered && (!fromSrc || h.src == src) })
+		if i < 0 {
+			return nil, nil
+		}
+		victim := p.held[i]
+		p.removeLocked(i)
+		evicted = victim.conn
+	}
+	sl = &preAuthSlot{src: src, conn: c}
+	p.held = append(p.held, sl)
+	p.bySource[src]++
+	return sl, evicted
+}
+
+// answer marks sl's connection as having answered the challenge: it keeps
+// its slot until give.
+func (p *preAuthSlots) answer(sl *preAuthSlot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sl.answered = true
+}
+
+// give gives sl back; a slot already taken over by a newer connection is
+// not counted twice.
+func (p *preAuthSlots) give(sl *preAuthSlot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i := slices.Index(p.held, sl); i >= 0 {
+		p.removeLocked(i)
+	}
+}
+
+func (p *preAuthSlots) removeLocked(i int) {
+	sl := p.held[i]
+	p.held = slices.Delete(p.held, i, i+1)
+	if p.bySource[sl.src]--; p.bySource[sl.src] <= 0 {
+		delete(p.bySource, sl.src)
 	}
 }
 
@@ -301,13 +356,13 @@ func (srv *Server) untrack(c Conn) {
 	srv.mu.Unlock()
 }
 
-func (srv *Server) serveConn(c Conn, src string) {
+func (srv *Server) serveConn(c Conn, sl *preAuthSlot) {
 	defer srv.wg.Done()
 	slot := true
 	release := func() {
 		if slot {
 			slot = false
-			srv.slots.give(src)
+			srv.slots.give(sl)
 		}
 	}
 	defer release()
@@ -324,6 +379,7 @@ func (srv *Server) serveConn(c Conn, src string) {
 		srv.refuse(c, err)
 		return
 	}
+	srv.slots.answer(sl)
 	switch hello.Kind {
 	case kindTransfer:
 		s, err := srv.authTransfer(hello, snonce)

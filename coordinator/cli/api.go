@@ -12,6 +12,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/openai"
+	"github.com/tandem-inference/tandem/internal/bytebudget"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
@@ -22,6 +23,7 @@ var httpSettings = []setting{
 	{Key: "http.api_keys", Default: []string{}, Help: "bearer keys the API accepts (Authorization: Bearer KEY); none: no authentication, loopback only"},
 	{Key: "http.model_name", Default: "", Help: "the model's name in the API (default: the model directory's name)"},
 	{Key: "http.max_body_bytes", Bytes: true, Default: "16MiB", Help: "largest request body"},
+	{Key: "http.body_timeout", Default: openai.DefaultBodyTimeout, Help: "time a request body has to arrive in full, from the end of its headers (later: 408); a body is read before the request takes a slot"},
 	{Key: "http.max_prompt_tokens", Default: 0, Help: "longest prompt the API accepts, in tokens (0: the model's context length)"},
 	{Key: "http.max_concurrent_per_key", Default: openai.DefaultMaxConcurrentPerKey, Help: "requests one API key may have in flight (without keys: all requests)"},
 	{Key: "http.policy", Default: "", Help: "routing of the API's jobs: auto, local or remote (empty: the coordinator's router.policy)"},
@@ -86,7 +88,7 @@ func runAPI(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer nc.Close()
-	return serveAPI(cmd.Context(), v, nc, v.GetString("model"), info, tok, log, nil)
+	return serveAPI(cmd.Context(), v, nc, v.GetString("model"), info, tok, nil, log, nil)
 }
 
 // apiIdentity gives the API's connection a client's identity: the
@@ -126,16 +128,20 @@ func apiConfig(v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.I
 	}
 	return openai.Config{Conn: nc, Model: info, Tokenizer: tok, ModelName: name, APIKeys: v.GetStringSlice("http.api_keys"),
 		MaxBodyBytes: body, MaxPromptTokens: v.GetInt("http.max_prompt_tokens"),
-		MaxConcurrentPerKey: v.GetInt("http.max_concurrent_per_key"), Policy: policy, Log: log.Named("api")}, nil
+		MaxConcurrentPerKey: v.GetInt("http.max_concurrent_per_key"), BodyTimeout: v.GetDuration("http.body_timeout"),
+		Policy: policy, Log: log.Named("api")}, nil
 }
 
 // serveAPI serves the front door until ctx ends; ready gets its address.
+// budget, when not nil, is the coordinator's submission budget, shared
+// with the request bodies.
 func serveAPI(ctx context.Context, v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.Info, tok *tokenizer.Tokenizer,
-	log *zap.Logger, ready func(string)) error {
+	budget *bytebudget.Budget, log *zap.Logger, ready func(string)) error {
 	cfg, err := apiConfig(v, nc, modelDir, info, tok, log)
 	if err != nil {
 		return err
 	}
+	cfg.Budget = budget
 	srv, err := openai.New(cfg)
 	if err != nil {
 		return err

@@ -164,7 +164,7 @@ func runServe(cmd *cobra.Command, _ []string) error {
 	apiDone := make(chan struct{})
 	go func() {
 		defer close(apiDone)
-		if err := serveAPI(runCtx, v, anc, v.GetString("model"), cfg.Model, cfg.Tokenizer, log, nil); err != nil && runCtx.Err() == nil {
+		if err := serveAPI(runCtx, v, anc, v.GetString("model"), cfg.Model, cfg.Tokenizer, co.Budget(), log, nil); err != nil && runCtx.Err() == nil {
 			apiErr = err
 			stop() // the coordinator does not run on without its API
 		}

@@ -138,6 +138,14 @@ func runSubmit(cmd *cobra.Command, args []string) error {
 			}
 		},
 	}
+	h.Gap = func(from, to int) {
+		if asJSON {
+			return // the JSON reader sees the indices skip
+		}
+		// The stream goes on after the gap; the whole output follows
+		// at the end.
+		fmt.Fprintf(errw, "\n(the connection dropped: %d tokens missed; the stream goes on, the whole output follows at the end)\n", to-from)
+	}
 	res, err := client.Run(ctx, nc, req, h)
 	if err != nil {
 		if res != nil && res.JobID != "" {

@@ -48,6 +48,12 @@ func (r *Result) Err() error {
 type Handlers struct {
 	Event func(cp.JobEvent)
 	Token func(cp.TokenMsg)
+	// Gap, when set, is told that the token messages from index from to
+	// index to (exclusive) were lost while the connection was down. Token
+	// goes on with the message of index to and those after it, as they
+	// arrive; the Result has the whole output, from the final event
+	// (Recovered).
+	Gap func(from, to int)
 }
 
 // tailWait is how long the client waits, after the final event, for the
@@ -72,8 +78,9 @@ const attemptTimeout = 5 * time.Second
 // The connection may drop and come back any number of times (give nc
 // MaxReconnects < 0): after each reconnection Run asks a coordinator for
 // the job's latest event until one answers, so a final event published
-// while it was away is not missed, and token messages it missed are
-// taken from the final event's output. A job handed back to the queue by
+// while it was away is not missed. Token messages go on streaming to
+// Handlers.Token after those it missed (Handlers.Gap says which), and the
+// Result takes the whole output from the final event. A job handed back to the queue by
 // a stopping coordinator runs again from its first token; Run then starts
 // its tokens over. Run returns an error when nc is closed.
 func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (*Result, error) {
@@ -136,6 +143,7 @@ type follower struct {
 	final     bool // the final event arrived
 	lastToken bool // the final token message arrived
 	missed    bool // token messages were lost (the connection dropped)
+	next      int  // the index of the next token message to stream
 	resync    bool // a status request is due (after a reconnection)
 	notStored bool // an attempt was answered not stored (its events may still arrive)
 	retry     *time.Timer
@@ -324,21 +332,33 @@ func (f *follower) event(ev cp.JobEvent) {
 func (f *follower) token(t cp.TokenMsg) {
 	res := f.res
 	switch {
-	case t.Index == 0 && len(res.Tokens) > 0:
+	case t.Index == 0 && f.next > 0:
 		// The job runs again from the start (a stopping coordinator
 		// handed it back): so do its tokens.
-		res.Tokens, f.lastToken, f.missed = nil, false, false
+		res.Tokens, f.lastToken, f.missed, f.next = nil, false, false, 0
 		f.text.Reset()
 		f.reasoning.Reset()
 		res.Calls = nil
-	case t.Index < len(res.Tokens):
+	case t.Index < f.next:
 		return // seen already
-	case t.Index > len(res.Tokens) || f.missed:
+	case t.Index > f.next:
 		// Messages were lost while the connection was down; the final
-		// event's output will have them all.
+		// event's output will have them all. The stream goes on from
+		// here.
+		if f.h.Gap != nil {
+			f.h.Gap(f.next, t.Index)
+		}
 		f.missed = true
+	}
+	f.next = t.Index + 1
+	if f.missed {
+		// Res gets the whole output from the final event; the handler
+		// streams what arrives.
+		if f.h.Token != nil {
+			f.h.Token(t)
+		}
 		if t.Final {
-			f.lastToken = true
+			f.lastToken, res.Finish = true, t.FinishReason
 		}
 		return
 	}

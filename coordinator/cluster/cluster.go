@@ -238,6 +238,10 @@ func (c *Cluster) ConnectAs(ctx context.Context, p cp.Principal, name string) (*
 		}
 	} else {
 		o.User, o.Password, o.Token = c.opt.Server.User, c.opt.Server.Password, c.opt.Server.Token
+		if p == cp.PrincipalClient {
+			// The coordinator answers a client only on its own inbox.
+			o.InboxPrefix = cp.InboxPrefix(p, cp.DefaultClient)
+		}
 	}
 	return cp.Connect(ctx, o)
 }

@@ -33,6 +33,7 @@ type Metrics struct {
 	interToken                  *prometheus.HistogramVec
 	tokens                      *prometheus.CounterVec
 	assignOverhead              prometheus.Histogram
+	droppedRequests             *prometheus.CounterVec
 	prefixCache                 map[string]*prometheus.GaugeVec
 }
 
@@ -88,6 +89,8 @@ func New() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}, []string{"target"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tokens_total",
 			Help: "Tokens of finished jobs, by kind: prompt (all of it), cached (prompt tokens a prefix cache served) and output."}, []string{"kind"}),
+		droppedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dropped_requests_total",
+			Help: "Client requests dropped unanswered because their reply subject was not the client's own inbox, by request (submit, cancel, list, availability)."}, []string{"request"}),
 		assignOverhead: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "submit_to_assign_seconds",
 			Help:    "Control-plane overhead: submission to the workers' acceptance of the assignment.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)}),
@@ -103,7 +106,7 @@ func New() *Metrics {
 	}
 	m.reg.MustRegister(m.interToken, m.tokens,
 		m.queueWaiting, m.queueInFlight, m.running, m.workers, m.submitted, m.finished, m.routes, m.predicted,
-		m.ttft, m.passTime, m.transferTail, m.decodeRate, m.assignOverhead)
+		m.ttft, m.passTime, m.transferTail, m.decodeRate, m.assignOverhead, m.droppedRequests)
 	return m
 }
 
@@ -154,6 +157,14 @@ func (m *Metrics) PrefixCaches(byWorker map[string]PrefixCache) {
 			"prefix_cache_misses": float64(c.Misses), "prefix_cache_evictions": float64(c.Evictions)} {
 			m.prefixCache[name].WithLabelValues(w).Set(v)
 		}
+	}
+}
+
+// DroppedRequest counts a client request (submit, cancel, list or
+// availability) dropped unanswered for its reply subject.
+func (m *Metrics) DroppedRequest(request string) {
+	if m != nil {
+		m.droppedRequests.WithLabelValues(request).Inc()
 	}
 }
 

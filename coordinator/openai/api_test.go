@@ -48,9 +48,16 @@ type deployment struct {
 
 func startDeployment(t *testing.T, mod func(*openai.Config)) *deployment {
 	t.Helper()
+	return startDeploymentWith(t, nil, mod)
+}
+
+// startDeploymentWith is startDeployment with the cluster's options changed
+// by modCluster first.
+func startDeploymentWith(t *testing.T, modCluster func(*cluster.Options), mod func(*openai.Config)) *deployment {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{
+	opt := cluster.Options{
 		ModelDir: testmodel.Dir(t, "demo", 1, 2),
 		Queue:    cp.QueueConfig{Memory: true},
 		Registry: cp.RegistryConfig{Memory: true, TTL: 3 * time.Second},
@@ -63,7 +70,11 @@ func startDeployment(t *testing.T, mod func(*openai.Config)) *deployment {
 		Coordinator: service.Config{AssignTimeout: time.Minute, Rates: router.Rates{PassFloor: 20 * time.Millisecond,
 			LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}, SeedPrefillTokPerS: 3000, SeedLocalTokPerS: 2500},
 		Threads: 1, Log: testLogger(t),
-	})
+	}
+	if modCluster != nil {
+		modCluster(&opt)
+	}
+	c, err := cluster.Start(ctx, opt)
 	if err != nil {
 		t.Fatal(err)
 	}

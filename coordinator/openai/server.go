@@ -10,12 +10,14 @@
 package openai
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -28,6 +30,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
+	"github.com/tandem-inference/tandem/internal/bytebudget"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -52,6 +55,18 @@ type Config struct {
 	// MaxConcurrentPerKey bounds the requests one key has in flight
 	// (default 64); without keys it bounds all requests together.
 	MaxConcurrentPerKey int
+	// BodyTimeout bounds the reading of a request body, from the end of
+	// its headers (default 30 s): a body not in by then is answered 408.
+	// The body is read before the request takes one of its key's slots,
+	// so a slow body holds no slot.
+	BodyTimeout time.Duration
+	// Budget bounds the bytes of request bodies held at once, counted as
+	// they arrive, from the first byte until the body is decoded; a body
+	// that does not fit is answered 503 at once. `coordinator serve`
+	// passes the coordinator's submission budget (service.Config.Budget),
+	// so the NATS path and the HTTP path share one bound. Nil: a budget
+	// of its own, DefaultBodyBudget and at least MaxBodyBytes.
+	Budget *bytebudget.Budget
 	// Policy routes the jobs (empty: the coordinator's default).
 	Policy cp.Policy
 	Log    *zap.Logger
@@ -61,6 +76,8 @@ type Config struct {
 const (
 	DefaultMaxBodyBytes        = 16 << 20
 	DefaultMaxConcurrentPerKey = 64
+	DefaultBodyTimeout         = 30 * time.Second
+	DefaultBodyBudget          = 64 << 20
 )
 
 // Server is a front door. Its handler is safe for concurrent use.
@@ -89,6 +106,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxConcurrentPerKey <= 0 {
 		cfg.MaxConcurrentPerKey = DefaultMaxConcurrentPerKey
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.Budget == nil {
+		cfg.Budget = bytebudget.New(max(DefaultBodyBudget, cfg.MaxBodyBytes))
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
@@ -169,8 +192,9 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// guard authenticates a request and holds one of its key's request slots
-// while it runs.
+// guard authenticates a request, reads its body (readBody), and only then
+// holds one of its key's request slots while it runs: a client that sends
+// its body slowly, or not at all, holds no slot.
 func (s *Server) guard(h func(http.ResponseWriter, *http.Request)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, err := s.authenticate(r)
@@ -178,15 +202,122 @@ func (s *Server) guard(h func(http.ResponseWriter, *http.Request)) http.HandlerF
 			writeError(w, err)
 			return
 		}
+		body, err := s.readBody(w, r)
+		if err != nil {
+			// The body is not read to its end: the connection cannot
+			// carry another request. Flushed now, or the server, seeing
+			// the failed read, would not send the answer at all.
+			w.Header().Set("Connection", "close")
+			writeError(w, err)
+			_ = http.NewResponseController(w).Flush()
+			return
+		}
+		defer body.release()
 		if !s.acquire(key) {
 			writeError(w, newErr(http.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "",
 				"too many requests in flight for this key (at most %d at once)", s.cfg.MaxConcurrentPerKey))
 			return
 		}
 		defer s.release(key)
-		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		r.Body = body
 		h(w, r)
 	}
+}
+
+// heldBody is a request body read in full, its bytes held in the budget
+// until release (decodeBody releases them once decoded).
+type heldBody struct {
+	*bytes.Reader
+	once    sync.Once
+	budget  *bytebudget.Budget
+	held    int64
+	dropBuf func()
+}
+
+func (b *heldBody) Close() error { return nil }
+
+// release gives the body's bytes back to the budget; later calls do
+// nothing.
+func (b *heldBody) release() {
+	b.once.Do(func() {
+		b.budget.Release(b.held)
+		b.dropBuf()
+	})
+}
+
+// bodyChunk is the first buffer a body is read into; the buffer doubles
+// from there, each growth taken from the budget before it is allocated.
+const bodyChunk = 32 << 10
+
+// readBody reads r's body in full within BodyTimeout of now, at most
+// MaxBodyBytes of it (413 past that, 408 when it is not in by the
+// deadline), holding its buffer in the budget as it grows (503 when the
+// budget has no room: retry). The returned body must be released.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*heldBody, *apiError) {
+	limit := s.cfg.MaxBodyBytes
+	tooLarge := func() *apiError {
+		return newErr(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+			"the request body exceeds %d bytes", limit)
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	if r.ContentLength == 0 { // GET /v1/models: nothing to hold
+		b := &heldBody{Reader: bytes.NewReader(nil), budget: s.cfg.Budget}
+		b.dropBuf = func() {}
+		return b, nil
+	}
+	rc := http.NewResponseController(w)
+	// Not every ResponseWriter has a connection (tests' recorders).
+	if err := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)); err == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	var buf []byte
+	held := int64(0)
+	fail := func(e *apiError) (*heldBody, *apiError) {
+		s.cfg.Budget.Release(held)
+		return nil, e
+	}
+	for {
+		if len(buf) == cap(buf) {
+			// Room for one byte past the limit, to tell a body of
+			// exactly the limit from a larger one.
+			next := min(max(2*int64(cap(buf)), bodyChunk), limit+1)
+			if r.ContentLength >= 0 {
+				next = min(next, r.ContentLength+1)
+			}
+			if next <= int64(cap(buf)) {
+				return fail(tooLarge())
+			}
+			grow := next - int64(cap(buf))
+			if !s.cfg.Budget.TryTake(grow) {
+				return fail(newErr(http.StatusServiceUnavailable, "service_unavailable", "overloaded", "",
+					"the server holds %d bytes of requests, at most %d at once; retry later", s.cfg.Budget.Held(), s.cfg.Budget.Limit()))
+			}
+			held += grow
+			nb := make([]byte, len(buf), next)
+			copy(nb, buf)
+			buf = nb
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return fail(tooLarge())
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+				return fail(newErr(http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
+					"the request body did not arrive within %v", s.cfg.BodyTimeout))
+			}
+			return fail(badRequest("", "reading the request body: %v", err))
+		}
+	}
+	b := &heldBody{Reader: bytes.NewReader(buf), budget: s.cfg.Budget, held: held}
+	b.dropBuf = func() { b.Reader = bytes.NewReader(nil) }
+	return b, nil
 }
 
 // authenticate returns the key's slot name ("" without keys).
@@ -294,6 +425,9 @@ func writeError(w http.ResponseWriter, e *apiError) {
 // decodeBody reads a JSON body into v, answering 413 past the body limit
 // and 400 for anything that is not the expected JSON.
 func decodeBody(r *http.Request, v any) *apiError {
+	if b, ok := r.Body.(*heldBody); ok {
+		defer b.release() // decoded: the raw bytes are no longer needed
+	}
 	dec := json.NewDecoder(r.Body)
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError

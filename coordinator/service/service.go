@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/costmodel"
+	"github.com/tandem-inference/tandem/internal/bytebudget"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -78,6 +80,11 @@ type Config struct {
 	// neither exhausts memory nor keeps the coordinator from reading its
 	// connection.
 	SubmitBytes int64
+	// Budget, when set, is the byte budget submissions are held to instead
+	// of one of SubmitBytes: `coordinator serve` shares one between the
+	// coordinator and its HTTP front door, so that request bodies and
+	// submissions together stay within it.
+	Budget *bytebudget.Budget
 	// AssignTimeout bounds a worker's answer to an assignment or a
 	// cancellation (default 10 s).
 	AssignTimeout time.Duration
@@ -158,6 +165,10 @@ func (c *Config) withDefaults() (Config, error) {
 		d.SubmitBytes = 64 << 20
 	}
 	d.SubmitBytes = max(d.SubmitBytes, cp.MaxMessageSize)
+	if d.Budget == nil {
+		d.Budget = bytebudget.New(d.SubmitBytes)
+	}
+	d.SubmitBytes = d.Budget.Limit()
 	if d.KeepFinished <= 0 {
 		d.KeepFinished = 10000
 	}
@@ -201,6 +212,11 @@ func New(nc *nats.Conn, cfg Config) (*Coordinator, error) {
 		est: router.NewEstimator(cfg.Rates, cfg.Alpha), view: newView(), load: newLoadTracker(),
 		runs: map[string]*run{}, pendingCancel: map[string]string{}, ready: make(chan struct{})}, nil
 }
+
+// Budget is the byte budget the coordinator holds submissions to (its
+// Config.Budget, or the one it made of SubmitBytes): an HTTP front door
+// in the same process holds its request bodies to it too.
+func (c *Coordinator) Budget() *bytebudget.Budget { return c.cfg.Budget }
 
 // Ready is closed once the coordinator serves requests and takes jobs.
 func (c *Coordinator) Ready() <-chan struct{} { return c.ready }
@@ -282,14 +298,17 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	defer func() { stopServing(); waitSubmits() }()
 	for range 2 {
-		if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllCancel, cp.QueueGroupCoordinators, c.cancelJob); err != nil {
+		if _, err := cp.Subscribe(c.nc, cp.SubjectAllCancel, cp.QueueGroupCoordinators, serveCtx.Done(),
+			c.fromClient(func(m *nats.Msg) { cp.Answer(serveCtx, m, c.cancelJob) })); err != nil {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllList, cp.QueueGroupCoordinators, c.list); err != nil {
+	if _, err := cp.Subscribe(c.nc, cp.SubjectAllList, cp.QueueGroupCoordinators, serveCtx.Done(),
+		c.fromClient(func(m *nats.Msg) { cp.Answer(serveCtx, m, c.list) })); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
-	if _, err := cp.Serve(serveCtx, c.nc, cp.SubjectAllAvailability, cp.QueueGroupCoordinators, c.availability); err != nil {
+	if _, err := cp.Subscribe(c.nc, cp.SubjectAllAvailability, cp.QueueGroupCoordinators, serveCtx.Done(),
+		c.fromClient(func(m *nats.Msg) { cp.Answer(serveCtx, m, c.availability) })); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	bgWG.Add(1)
@@ -307,6 +326,27 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	runs.Wait()
 	c.log.Info("coordinator stopped")
 	return nil
+}
+
+// fromClient guards handle, the handler of a client request subject: a
+// request is handled only when its reply subject is the asking client's own
+// inbox (cp.CheckClientReply). Any other request is dropped before it is
+// decoded, with a log line and the dropped_requests_total metric, and
+// nothing is sent anywhere: the coordinator's permissions are not lent to
+// a client that names another subject as its reply. A message without a
+// reply subject goes to handle, which ignores it.
+func (c *Coordinator) fromClient(handle nats.MsgHandler) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		if m.Reply != "" {
+			if err := cp.CheckClientReply(m.Subject, m.Reply); err != nil {
+				c.m.DroppedRequest(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+				c.log.Warn("client request dropped unanswered: its reply subject is not the client's inbox",
+					zap.String("subject", m.Subject), zap.String("reply", m.Reply), zap.Error(err))
+				return
+			}
+		}
+		handle(m)
+	}
 }
 
 // consume takes jobs from the queue until ctx ends, and drives each.

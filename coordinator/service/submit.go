@@ -75,10 +75,19 @@ func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error)
 			return // a publish, not a request: nobody to answer
 		}
 		size := int64(len(m.Data))
+		budget := c.cfg.Budget
 		mu.Lock()
-		err := admitSubmission(held, size, c.cfg.SubmitBytes)
+		err := admitSubmission(submitLoad{Bytes: budget.Held(), Count: held.Count}, size, budget.Limit())
+		switch {
+		case err != nil:
+		case size <= smallSubmit:
+			budget.Take(size)
+		case !budget.TryTake(size):
+			// The HTTP front door took the room in between.
+			err = refuse(cp.CodeUnavailable, "the coordinator is reading %s of submissions and request bodies, at most %s at once (submit_bytes); retry later",
+				progress.HumanBytes(budget.Held()), progress.HumanBytes(budget.Limit()))
+		}
 		if err == nil {
-			held.Bytes += size
 			held.Count++
 		}
 		mu.Unlock()
@@ -97,8 +106,8 @@ func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error)
 		go func() {
 			defer wg.Done()
 			defer func() {
+				budget.Release(size)
 				mu.Lock()
-				held.Bytes -= size
 				held.Count--
 				mu.Unlock()
 			}()
@@ -135,7 +144,7 @@ func (c *Coordinator) serveSubmits(ctx context.Context) (wait func(), err error)
 			return nil, fmt.Errorf("connect for submissions: %w", err)
 		}
 		conns = append(conns, snc)
-		if _, err := cp.Subscribe(snc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, ctx.Done(), intake); err != nil {
+		if _, err := cp.Subscribe(snc, cp.SubjectAllSubmit, cp.QueueGroupCoordinators, ctx.Done(), c.fromClient(intake)); err != nil {
 			closeAll()
 			return nil, err
 		}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 )
 
 // LayerKind tells which attention a decoder layer uses.
@@ -431,6 +432,13 @@ func Parse(b []byte) (*Config, error) {
 func convertLayerLists(full, kda []int, n int, lp string, errs *fieldErrors) (mla0, kda0 []int) {
 	seen := make(map[int]string, n)
 	conv := func(name string, list []int) []int {
+		if len(list) > n {
+			// Each layer may be listed once: a longer list is wrong as
+			// a whole, and one error says so (an error per entry of a
+			// hostile list of millions would be the cost).
+			errs.add(lp+name, fmt.Sprintf("lists %d layers, more than the %d there are", len(list), n))
+			return nil
+		}
 		out := make([]int, 0, len(list))
 		for _, l := range list {
 			if l < 1 || l > n {
@@ -644,13 +652,24 @@ type fieldErrors []string
 
 func (e *fieldErrors) add(field, msg string) { *e = append(*e, field+" "+msg) }
 
+// maxShownProblems bounds the problems an error's text lists; the rest are
+// counted.
+const maxShownProblems = 50
+
+// Error lists the problems, at most maxShownProblems of them, in time and
+// space linear in what it shows.
 func (e fieldErrors) Error() string {
 	if len(e) == 1 {
 		return "invalid model config: " + e[0]
 	}
-	s := fmt.Sprintf("invalid model config (%d problems):", len(e))
-	for _, m := range e {
-		s += "\n  " + m
+	var b strings.Builder
+	fmt.Fprintf(&b, "invalid model config (%d problems):", len(e))
+	for _, m := range e[:min(len(e), maxShownProblems)] {
+		b.WriteString("\n  ")
+		b.WriteString(m)
 	}
-	return s
+	if len(e) > maxShownProblems {
+		fmt.Fprintf(&b, "\n  ... and %d more", len(e)-maxShownProblems)
+	}
+	return b.String()
 }

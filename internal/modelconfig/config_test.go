@@ -90,3 +90,39 @@ func TestLayerListsMustCoverTheCount(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// TestLongLayerListsAreRefusedLinearly: a kda_layers list of two million
+// entries (once over 10 minutes to refuse: an error per entry, joined
+// quadratically) is refused as a whole, in one line; a list of the full
+// count whose every entry repeats one layer gets an error per entry, and
+// its text lists the first 50 and counts the rest.
+func TestLongLayerListsAreRefusedLinearly(t *testing.T) {
+	huge := make([]int, 2_000_000)
+	for i := range huge {
+		huge[i] = 1
+	}
+	_, err := Parse(edit(t, func(_, l map[string]any) { l["kda_layers"] = huge }))
+	if err == nil || !strings.Contains(err.Error(), "kda_layers lists 2000000 layers, more than the") {
+		t.Fatalf("got %v", err)
+	}
+	if len(err.Error()) > 4096 {
+		t.Fatalf("the error is %d bytes", len(err.Error()))
+	}
+
+	b := edit(t, func(x, l map[string]any) {
+		x["num_hidden_layers"] = MaxLayers
+		same := make([]int, MaxLayers)
+		for i := range same {
+			same[i] = 2
+		}
+		l["kda_layers"] = same
+		l["full_attn_layers"] = []int{}
+	})
+	_, err = Parse(b)
+	if err == nil || !strings.Contains(err.Error(), "layer 2 is also listed in kda_layers") || !strings.Contains(err.Error(), "... and ") {
+		t.Fatalf("got %v", err)
+	}
+	if n := strings.Count(err.Error(), "\n"); n > maxShownProblems+1 {
+		t.Fatalf("the error has %d lines, want at most %d", n+1, maxShownProblems+2)
+	}
+}

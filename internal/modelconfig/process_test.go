@@ -2,6 +2,7 @@ package modelconfig_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -143,4 +144,49 @@ func withLayers(t *testing.T, dir string, n int) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestCoordinatorRefusesAHugeLayerListAtOnce runs the coordinator on a
+// config.json whose kda_layers holds two million entries (a hostile list
+// once took over 10 minutes to refuse, 40,000 entries 25 s): it exits
+// with an error naming the list well within a minute.
+func TestCoordinatorRefusesAHugeLayerListAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the coordinator")
+	}
+	bin := testbin.Build(t, "./coordinator")
+	dir := withLayers(t, testmodel.Dir(t, "tiny", 1, 2), 2)
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	huge := make([]int, 2_000_000)
+	for i := range huge {
+		huge[i] = 1
+	}
+	cfg["text_config"].(map[string]any)["linear_attn_config"].(map[string]any)["kda_layers"] = huge
+	if b, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "coordinator"), "serve", "--model", dir, "--log-level", "error")
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
+	if ctx.Err() != nil {
+		t.Fatalf("the coordinator did not refuse the list within a minute:\n%.2000s", out)
+	}
+	if err == nil || !strings.Contains(string(out), "kda_layers lists 2000000 layers") {
+		t.Fatalf("coordinator serve: %v, want an error naming kda_layers:\n%.2000s", err, out)
+	}
 }
