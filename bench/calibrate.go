@@ -30,10 +30,11 @@ import (
 )
 
 func init() {
-	register(command{name: "calibrate", short: "measure this machine (disk, compute per layer type, loopback link, decode group) and write it as a hardware profile", run: runCalibrate})
+	register(command{name: "calibrate", short: "measure this machine (disk, compute per layer type, loopback link, decode group) and write it as a hardware profile", run: stages(parseCalibrateFlags, runCalibrate)})
 }
 
-type calibrateFlags struct {
+// calibrateConfig is bench calibrate's configuration, from its flags.
+type calibrateConfig struct {
 	model, preset, out, io, budget, tokens string
 	threads, ranks, reps                   int
 	asJSON                                 bool
@@ -72,8 +73,10 @@ type calibration struct {
 	TookS              float64            `json:"took_s"`
 }
 
-func runCalibrate(ctx context.Context, args []string) error {
-	var f calibrateFlags
+// parseCalibrateFlags parses bench calibrate's command line. After --help
+// it returns pflag.ErrHelp.
+func parseCalibrateFlags(args []string) (calibrateConfig, error) {
+	var f calibrateConfig
 	fs := pflag.NewFlagSet("calibrate", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (default: the --preset synthetic model, generated into the test-model cache if needed)")
 	fs.StringVar(&f.preset, "preset", "tiny", "synthetic model preset when --model is not given")
@@ -100,73 +103,37 @@ then predicts bench e2e on this machine.
 `)
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return err
-	}
+	return f, parseFlags(fs, args)
+}
+
+// validate checks the flags on their own.
+func (f calibrateConfig) validate() error {
 	if f.threads < 1 || f.ranks < 1 || f.reps < 1 {
 		return errors.New("--threads, --ranks and --reps must be at least 1")
 	}
 	if _, err := config.ParseBytes(f.budget); err != nil {
 		return fmt.Errorf("--memory-budget: %w", err)
 	}
-	lengths, err := parseLengths(f.tokens)
-	if err != nil {
-		return err
+	if _, err := parseLengths(f.tokens); err != nil {
+		return fmt.Errorf("--tokens %q: want prompt lengths, comma-separated (1..%d tokens)", f.tokens, 1<<24)
 	}
-	iomode, err := streamer.ParseIOMode(f.io)
-	if err != nil {
-		return err
+	if _, err := streamer.ParseIOMode(f.io); err != nil {
+		return fmt.Errorf("--io: %w", err)
 	}
+	return nil
+}
+
+func runCalibrate(ctx context.Context, f calibrateConfig) error {
 	start := time.Now()
-	dir := f.model
-	if dir == "" {
-		say("calibrate: synthetic %s model (cache %s)", f.preset, synth.CacheDir())
-		if dir, err = synth.Ensure(ctx, synth.CacheDir(), f.preset, 1, 0); err != nil {
-			return err
-		}
-	}
-	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
+	dir, cfg, err := calibrationModel(ctx, f)
 	if err != nil {
 		return err
 	}
 	c := calibration{Model: dir, Threads: f.threads, Ranks: f.ranks, CPUs: runtime.NumCPU(), GroupPrefillS: map[string]float64{}}
-
-	if err := calibrateDisk(ctx, dir, cfg, iomode, f.reps, &c); err != nil {
-		return fmt.Errorf("disk: %w", err)
-	}
-	say("calibrate: disk: %.3f ms + bytes at %.2f GB/s per layer (%s I/O); a %s pass at depth 2 in %.1f ms",
-		c.ReadLatencyMS, c.DiskGBps, c.IOMode, report.Bytes(c.PassBytes), c.PassS*1e3)
-	if err := calibrateCompute(ctx, dir, f.threads, lengths, f.reps, &c); err != nil {
-		return fmt.Errorf("compute: %w", err)
-	}
-	r := c.ComputeFit.Rates
-	say("calibrate: compute (GFLOP/s): kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g; %.3f ms per layer call; worst residual %.0f%% over %d layer timings",
-		r.KDA, r.MLA, r.MLAAttention, r.MoE, r.Dense, c.ComputeFit.OverheadMS, 100*c.ComputeFit.Residual, c.ComputeFit.Samples)
-	if err := calibrateLink(ctx, cfg, f.reps, &c); err != nil {
-		return fmt.Errorf("link: %w", err)
-	}
-	say("calibrate: loopback kvtransfer: %.2f GB/s, round trip %.0f us", c.LinkGBps, c.LinkRTTUS)
-	if err := calibrateGroup(ctx, dir, cfg, f, &c); err != nil {
-		return fmt.Errorf("decode group: %w", err)
-	}
-	gr := c.GroupRates
-	say("calibrate: decode group of %d ranks: step %.2f ms; local prefill %v s fitted by GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g and %.3f ms per layer and chunk (worst error %.0f%%)",
-		f.ranks, c.DecodeStepMS, c.GroupPrefillS, gr.KDA, gr.MLA, gr.MLAAttention, gr.MoE, gr.Dense, c.GroupOverheadMS, 100*c.GroupPrefillWorstE)
-
-	text, err := calibratedProfile(&c, f)
-	if err != nil {
+	if err := measureMachine(ctx, f, dir, cfg, &c); err != nil {
 		return err
 	}
-	if _, err := sim.ParseProfile(text, f.out); err != nil {
-		return fmt.Errorf("the profile written would not parse: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Dir(f.out), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(f.out, text, 0o644); err != nil {
+	if err := writeProfile(&c, f); err != nil {
 		return err
 	}
 	c.Out = f.out
@@ -176,6 +143,73 @@ then predicts bench e2e on this machine.
 		return report.JSONLine(os.Stdout, c)
 	}
 	return nil
+}
+
+// calibrationModel is the checkpoint of --model, or else the synthetic
+// --preset model (generated into the test-model cache if needed), and its
+// config.
+func calibrationModel(ctx context.Context, f calibrateConfig) (string, *model.Config, error) {
+	dir := f.model
+	if dir == "" {
+		say("calibrate: synthetic %s model (cache %s)", f.preset, synth.CacheDir())
+		var err error
+		if dir, err = synth.Ensure(ctx, synth.CacheDir(), f.preset, 1, 0); err != nil {
+			return "", nil, err
+		}
+	}
+	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
+	return dir, cfg, err
+}
+
+// measureMachine measures the disk, the compute per layer type, the
+// loopback link and the decode group into c, saying each as it goes.
+func measureMachine(ctx context.Context, f calibrateConfig, dir string, cfg *model.Config, c *calibration) error {
+	lengths, err := parseLengths(f.tokens)
+	if err != nil {
+		return err
+	}
+	iomode, err := streamer.ParseIOMode(f.io)
+	if err != nil {
+		return err
+	}
+	if err := calibrateDisk(ctx, dir, cfg, iomode, f.reps, c); err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	say("calibrate: disk: %.3f ms + bytes at %.2f GB/s per layer (%s I/O); a %s pass at depth 2 in %.1f ms",
+		c.ReadLatencyMS, c.DiskGBps, c.IOMode, report.Bytes(c.PassBytes), c.PassS*1e3)
+	if err := calibrateCompute(ctx, dir, f.threads, lengths, f.reps, c); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
+	r := c.ComputeFit.Rates
+	say("calibrate: compute (GFLOP/s): kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g; %.3f ms per layer call; worst residual %.0f%% over %d layer timings",
+		r.KDA, r.MLA, r.MLAAttention, r.MoE, r.Dense, c.ComputeFit.OverheadMS, 100*c.ComputeFit.Residual, c.ComputeFit.Samples)
+	if err := calibrateLink(ctx, cfg, f.reps, c); err != nil {
+		return fmt.Errorf("link: %w", err)
+	}
+	say("calibrate: loopback kvtransfer: %.2f GB/s, round trip %.0f us", c.LinkGBps, c.LinkRTTUS)
+	if err := calibrateGroup(ctx, dir, cfg, f, c); err != nil {
+		return fmt.Errorf("decode group: %w", err)
+	}
+	gr := c.GroupRates
+	say("calibrate: decode group of %d ranks: step %.2f ms; local prefill %v s fitted by GFLOP/s kda %.3g, mla %.3g, mla attention %.3g, moe %.3g, dense %.3g and %.3f ms per layer and chunk (worst error %.0f%%)",
+		f.ranks, c.DecodeStepMS, c.GroupPrefillS, gr.KDA, gr.MLA, gr.MLAAttention, gr.MoE, gr.Dense, c.GroupOverheadMS, 100*c.GroupPrefillWorstE)
+	return nil
+}
+
+// writeProfile writes c as a hardware profile to --out, after checking
+// that bench sim would parse it.
+func writeProfile(c *calibration, f calibrateConfig) error {
+	text, err := calibratedProfile(c, f)
+	if err != nil {
+		return err
+	}
+	if _, err := sim.ParseProfile(text, f.out); err != nil {
+		return fmt.Errorf("the profile written would not parse: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(f.out), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(f.out, text, 0o644)
 }
 
 func say(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
@@ -347,7 +381,7 @@ func calibrateLink(ctx context.Context, cfg *model.Config, reps int, c *calibrat
 // step and its own prefill of two prompts; the part of the prefill the
 // compute rates do not explain becomes the group's cost per layer and chunk
 // (the mesh hops, the stage loop).
-func calibrateGroup(ctx context.Context, dir string, cfg *model.Config, f calibrateFlags, c *calibration) error {
+func calibrateGroup(ctx context.Context, dir string, cfg *model.Config, f calibrateConfig, c *calibration) error {
 	// The prefix cache is off: the repeated prompts are measured prefills.
 	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: f.ranks, Threads: f.threads,
 		PrefixCache: pipeline.PrefixCacheConfig{Off: true}})
@@ -480,7 +514,7 @@ measured:
   cpus: "{{.CPUs}}"
 `))
 
-func calibratedProfile(c *calibration, f calibrateFlags) ([]byte, error) {
+func calibratedProfile(c *calibration, f calibrateConfig) ([]byte, error) {
 	g := func(v float64) string { return fmt.Sprintf("%.4g", v) }
 	var args []string
 	if f.model != "" {

@@ -13,11 +13,12 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/layout"
 )
 
 func init() {
-	register(command{name: "checkpoint", short: "verify a checkpoint directory; list or copy the shards a decode rank needs", run: runCheckpoint})
+	register(command{name: "checkpoint", short: "verify a checkpoint directory; list or copy the shards a decode rank needs", run: stages(parseCheckpointFlags, runCheckpoint)})
 }
 
 const checkpointUsage = `usage: bench checkpoint verify [--layers A-B | --rank R --ranks N] DIR
@@ -42,69 +43,108 @@ stubs, and verify with a range that needs one says so.
 
 `
 
-func runCheckpoint(ctx context.Context, args []string) error {
+// checkpointConfig is bench checkpoint's configuration, from its command
+// line.
+type checkpointConfig struct {
+	sub         string // verify or shards
+	dir         string
+	layers      string
+	globals     bool
+	rank, ranks int
+	dest        string // shards --copy
+}
+
+// parseCheckpointFlags parses bench checkpoint's command line: a
+// subcommand, its flags and a directory. After --help it returns
+// pflag.ErrHelp; on a malformed command line it prints the usage.
+func parseCheckpointFlags(args []string) (checkpointConfig, error) {
+	var f checkpointConfig
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, checkpointUsage)
-		return errors.New("want a subcommand: verify or shards")
+		return f, errors.New("want a subcommand: verify or shards")
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(os.Stdout, "%sA flag not given is read from %s (%s for --layers).\n\n%s\n", checkpointUsage,
 			config.EnvName("bench-checkpoint-<SUBCOMMAND>", "<FLAG>"), config.EnvName("bench-checkpoint-verify", "layers"), config.BytesHelp())
-		return nil
+		return f, pflag.ErrHelp
 	}
-	sub := args[0]
-	fs := pflag.NewFlagSet("checkpoint-"+sub, pflag.ContinueOnError)
-	layers := fs.String("layers", "", "layers A-B (0-based, inclusive) or a single layer")
-	globals := fs.Bool("globals", false, "with --layers: also the model-level tensors (embedding, final norm, lm_head)")
-	rk := fs.Int("rank", -1, "decode rank R (with --ranks)")
-	ranks := fs.Int("ranks", 0, "the decode group's size, layers split evenly")
-	var dest *string
-	if sub == "shards" {
-		dest = fs.String("copy", "", "copy the shards into this directory (stubs for the others)")
+	f.sub = args[0]
+	fs := pflag.NewFlagSet("checkpoint-"+f.sub, pflag.ContinueOnError)
+	fs.StringVar(&f.layers, "layers", "", "layers A-B (0-based, inclusive) or a single layer")
+	fs.BoolVar(&f.globals, "globals", false, "with --layers: also the model-level tensors (embedding, final norm, lm_head)")
+	fs.IntVar(&f.rank, "rank", -1, "decode rank R (with --ranks)")
+	fs.IntVar(&f.ranks, "ranks", 0, "the decode group's size, layers split evenly")
+	if f.sub == "shards" {
+		fs.StringVar(&f.dest, "copy", "", "copy the shards into this directory (stubs for the others)")
 	}
 	fs.Usage = func() { fmt.Fprint(fs.Output(), checkpointUsage); fs.PrintDefaults() }
-	if sub != "verify" && sub != "shards" {
+	if f.sub != "verify" && f.sub != "shards" {
 		fs.Usage()
-		return fmt.Errorf("unknown subcommand %q: want verify or shards", sub)
+		return f, fmt.Errorf("unknown subcommand %q: want verify or shards", f.sub)
 	}
 	if err := parseFlags(fs, args[1:]); err != nil {
-		return err
+		return f, err
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
-		return errors.New("want one checkpoint directory")
+		return f, errors.New("want one checkpoint directory")
 	}
-	dir := fs.Arg(0)
-	cfg, _, err := layout.Open(dir)
+	f.dir = fs.Arg(0)
+	return f, nil
+}
+
+// validate checks the range flags on their own; the range against the
+// model is checked once its config is read.
+func (f checkpointConfig) validate() error {
+	switch {
+	case f.layers != "" && f.ranks > 0:
+		return errors.New("give --layers or --rank/--ranks, not both")
+	case f.layers != "":
+		_, err := parseLayers(f.layers)
+		return err
+	case f.ranks > 0 || f.rank >= 0:
+		if f.ranks <= 0 || f.rank < 0 || f.rank >= f.ranks {
+			return fmt.Errorf("--rank %d --ranks %d: want 0 <= rank < ranks", f.rank, f.ranks)
+		}
+	case f.globals:
+		return errors.New("--globals goes with --layers")
+	}
+	return nil
+}
+
+// rangeOf is the part of a model of cfg the flags name; nil for the whole
+// model.
+func (f checkpointConfig) rangeOf(cfg *model.Config) (*layout.Range, error) {
+	switch {
+	case f.layers != "":
+		r, err := parseLayers(f.layers)
+		if err != nil {
+			return nil, err
+		}
+		r.Globals = f.globals
+		return &r, nil
+	case f.ranks > 0:
+		split, err := rank.Split(cfg.NumLayers, f.ranks)
+		if err != nil {
+			return nil, err
+		}
+		// The first rank embeds, the last projects to the vocabulary.
+		return &layout.Range{Lo: split[f.rank][0], Hi: split[f.rank][1], Globals: f.rank == 0 || f.rank == f.ranks-1}, nil
+	}
+	return nil, nil
+}
+
+func runCheckpoint(ctx context.Context, f checkpointConfig) error {
+	cfg, _, err := layout.Open(f.dir)
 	if err != nil {
 		return err
 	}
-	var rg *layout.Range
-	switch {
-	case *layers != "" && *ranks > 0:
-		return errors.New("give --layers or --rank/--ranks, not both")
-	case *layers != "":
-		r, err := parseLayers(*layers)
-		if err != nil {
-			return err
-		}
-		r.Globals = *globals
-		rg = &r
-	case *ranks > 0 || *rk >= 0:
-		if *ranks <= 0 || *rk < 0 || *rk >= *ranks {
-			return fmt.Errorf("--rank %d --ranks %d: want 0 <= rank < ranks", *rk, *ranks)
-		}
-		split, err := rank.Split(cfg.NumLayers, *ranks)
-		if err != nil {
-			return err
-		}
-		// The first rank embeds, the last projects to the vocabulary.
-		rg = &layout.Range{Lo: split[*rk][0], Hi: split[*rk][1], Globals: *rk == 0 || *rk == *ranks-1}
-	case *globals:
-		return errors.New("--globals goes with --layers")
+	rg, err := f.rangeOf(cfg)
+	if err != nil {
+		return err
 	}
-	if sub == "verify" {
-		return verifyCheckpoint(dir, rg)
+	if f.sub == "verify" {
+		return verifyCheckpoint(f.dir, rg)
 	}
 	if rg == nil {
 		whole := layout.Whole(cfg)
@@ -113,15 +153,21 @@ func runCheckpoint(ctx context.Context, args []string) error {
 	if err := rg.Validate(cfg); err != nil {
 		return err
 	}
-	if *dest != "" {
-		n, err := layout.Copy(ctx, dir, *dest, *rg)
+	if f.dest != "" {
+		n, err := layout.Copy(ctx, f.dir, f.dest, *rg)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("copied %s of %s into %s (%s)\n", rg, dir, *dest, progress.HumanBytes(n))
+		fmt.Printf("copied %s of %s into %s (%s)\n", rg, f.dir, f.dest, progress.HumanBytes(n))
 		return nil
 	}
-	shards, err := layout.Needed(dir, *rg)
+	return listShards(f.dir, *rg)
+}
+
+// listShards prints the shards range rg of the checkpoint in dir needs,
+// one a line, and their total to stderr.
+func listShards(dir string, rg layout.Range) error {
+	shards, err := layout.Needed(dir, rg)
 	if err != nil {
 		return err
 	}

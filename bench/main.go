@@ -30,6 +30,27 @@ type command struct {
 
 var commands = map[string]command{}
 
+// configurable is a command's configuration, checked before it runs.
+type configurable interface {
+	validate() error
+}
+
+// stages makes a command's run function from its three parts: parse the
+// flags (pflag.ErrHelp after --help, which main takes as success), validate
+// the configuration, then run it.
+func stages[C configurable](parse func(args []string) (C, error), run func(ctx context.Context, c C) error) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error {
+		c, err := parse(args)
+		if err != nil {
+			return err
+		}
+		if err := c.validate(); err != nil {
+			return err
+		}
+		return run(ctx, c)
+	}
+}
+
 func register(c command) {
 	if _, dup := commands[c.name]; dup {
 		panic("bench: duplicate command " + c.name)

@@ -18,13 +18,14 @@ import (
 )
 
 func init() {
-	register(command{name: "sim", short: "simulate a cluster (K3 on hardware profiles): TTFT by prompt length, break-even, policies on a workload", run: runSim})
+	register(command{name: "sim", short: "simulate a cluster (K3 on hardware profiles): TTFT by prompt length, break-even, policies on a workload", run: stages(parseSimFlags, runSim)})
 }
 
 // defaultLengths are the prompt lengths of the projection: 1k to 1M tokens.
 const defaultLengths = "1000,2000,5000,10000,20000,50000,100000,200000,300000,500000,1000000"
 
-type simFlags struct {
+// simConfig is bench sim's configuration, from its flags.
+type simConfig struct {
 	model, prefill, decode, links string
 	workload, trace               string
 	rate                          float64
@@ -34,7 +35,12 @@ type simFlags struct {
 	agentHistory, agentNew        int
 	out                           string
 	asJSON                        bool
+	args                          []string // the command line, for REPORT.md
 }
+
+// simFlags is simConfig under the name e2e.go builds it by (for
+// simWorkload); it goes when e2e.go moves to simConfig.
+type simFlags = simConfig
 
 // simOutput is the JSON line of bench sim.
 type simOutput struct {
@@ -84,8 +90,10 @@ type simBreakdown struct {
 	Passes       int     `json:"passes"`
 }
 
-func runSim(ctx context.Context, args []string) error {
-	var f simFlags
+// parseSimFlags parses bench sim's command line. After --help it returns
+// pflag.ErrHelp.
+func parseSimFlags(args []string) (simConfig, error) {
+	f := simConfig{args: args}
 	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "k3", "model: a preset (k3, tiny, small, medium), a config.json or a checkpoint directory")
 	fs.StringVar(&f.prefill, "prefill", "rtx5090,h200", "prefill boxes: hardware profiles (configs/hardware) or .yaml paths, comma-separated")
@@ -117,114 +125,144 @@ the policies compared on a workload.
 `)
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
+	return f, parseFlags(fs, args)
+}
+
+// validate checks the flags that need no file or profile: the prompt
+// lengths and the policies.
+func (f simConfig) validate() error {
+	if _, err := parseLengths(f.lengths); err != nil {
 		return err
 	}
-	lengths, err := parseLengths(f.lengths)
-	if err != nil {
-		return err
-	}
+	_, err := f.policyList()
+	return err
+}
+
+// policyList is --policies parsed.
+func (f simConfig) policyList() ([]router.Policy, error) {
 	var policies []router.Policy
 	for _, p := range splitList(f.policies) {
 		switch pol := router.Policy(p); pol {
 		case router.Local, router.Remote, router.Auto, router.Threshold:
 			policies = append(policies, pol)
 		default:
-			return fmt.Errorf("--policies: unknown policy %q (local, remote, auto, threshold)", p)
+			return nil, fmt.Errorf("--policies: unknown policy %q (local, remote, auto, threshold)", p)
 		}
 	}
-	m, err := sim.LoadModel(f.model)
+	return policies, nil
+}
+
+// simRun is one bench sim run: its inputs, loaded, and what it gathers.
+type simRun struct {
+	cfg      simConfig
+	lengths  []int
+	policies []router.Policy
+	m        *sim.Model
+	macs     sim.Setup   // the decode group alone
+	setups   []sim.Setup // each prefill box with each link
+	jobs     []workload.Job
+	out      simOutput
+	order    []string             // the projection's setups, in order
+	curves   map[string][]float64 // TTFT by setup, along lengths
+	results  map[string]map[router.Policy]*sim.Result
+}
+
+func runSim(ctx context.Context, f simConfig) error {
+	r, err := loadSim(f)
 	if err != nil {
 		return err
+	}
+	if err := r.project(ctx); err != nil {
+		return err
+	}
+	r.agentTurns()
+	if err := r.comparePolicies(ctx); err != nil {
+		return err
+	}
+	return r.write()
+}
+
+// loadSim loads the model, the profiles and the workload of f.
+func loadSim(f simConfig) (*simRun, error) {
+	r := &simRun{cfg: f}
+	var err error
+	if r.lengths, err = parseLengths(f.lengths); err != nil {
+		return nil, err
+	}
+	if r.policies, err = f.policyList(); err != nil {
+		return nil, err
+	}
+	if r.m, err = sim.LoadModel(f.model); err != nil {
+		return nil, err
 	}
 	decode, err := sim.LoadProfile(f.decode)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	macs, err := sim.NewSetup(m, nil, decode, nil)
-	if err != nil {
-		return err
+	if r.macs, err = sim.NewSetup(r.m, nil, decode, nil); err != nil {
+		return nil, err
 	}
-	var setups []sim.Setup
 	for _, pn := range splitList(f.prefill) {
 		pp, err := sim.LoadProfile(pn)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, ln := range splitList(f.links) {
 			lp, err := sim.LoadProfile(ln)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			s, err := sim.NewSetup(m, pp, decode, lp)
+			s, err := sim.NewSetup(r.m, pp, decode, lp)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			setups = append(setups, s)
+			r.setups = append(r.setups, s)
 		}
 	}
-	jobs, wname, err := simWorkload(f, m.Name)
+	jobs, wname, err := simWorkload(f, r.m.Name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	out := simOutput{Model: m.Name, PoliciesBySetup: map[string]map[string]sim.Summary{}, BreakEven: map[string]int{},
+	r.jobs = jobs
+	r.out = simOutput{Model: r.m.Name, PoliciesBySetup: map[string]map[string]sim.Summary{}, BreakEven: map[string]int{},
 		RouterBreakEven: map[string]int{}, PassFloorS: map[string]float64{}, Breakdown: map[string]map[string]simBreakdown{}}
 	ws := workload.Summarize(jobs)
-	out.Workload.Name, out.Workload.Jobs, out.Workload.Sessions = wname, ws.Jobs, ws.Sessions
-	out.Workload.MedianPrompt, out.Workload.MaxPrompt, out.Workload.ArrivalsPerMin = ws.MedianPrompt, ws.MaxPrompt, ws.ArrivalsPerMin
+	r.out.Workload.Name, r.out.Workload.Jobs, r.out.Workload.Sessions = wname, ws.Jobs, ws.Sessions
+	r.out.Workload.MedianPrompt, r.out.Workload.MaxPrompt, r.out.Workload.ArrivalsPerMin = ws.MedianPrompt, ws.MaxPrompt, ws.ArrivalsPerMin
+	r.curves = map[string][]float64{}
+	return r, nil
+}
 
-	// The projection: idle TTFT by prompt length.
+// project fills the projection: idle TTFT by prompt length, where the time
+// goes and the break-even of each setup.
+func (r *simRun) project(ctx context.Context) error {
 	ttft := map[string]map[string]float64{}
-	curves := map[string][]float64{}
-	var order []string
 	addPoint := func(key string, n int, s float64) {
 		if ttft[key] == nil {
 			ttft[key] = map[string]float64{}
-			order = append(order, key)
+			r.order = append(r.order, key)
 		}
 		ttft[key][strconv.Itoa(n)] = round3(s)
-		curves[key] = append(curves[key], s)
+		r.curves[key] = append(r.curves[key], s)
 	}
-	bd := func(j sim.JobResult, pr *sim.PassResult) simBreakdown {
-		b := simBreakdown{Target: string(j.Target), TransferTail: j.TransferTail.Seconds(), FirstStep: j.FirstStep.Seconds(), TTFT: j.TTFT.Seconds(), Passes: j.Passes}
-		if j.Target == router.TargetLocal {
-			b.LocalPrefill = j.Prefill.Seconds()
-		} else if pr != nil {
-			b.ReadWait, b.Compute, b.SinkWait = pr.ReadWait.Seconds(), pr.Compute.Seconds(), pr.SinkWait.Seconds()
-		}
-		return b
-	}
-	out.Breakdown[macs.Name] = map[string]simBreakdown{}
-	for _, n := range lengths {
-		j, err := sim.Idle(ctx, macs, router.Local, n)
+	out := &r.out
+	out.Breakdown[r.macs.Name] = map[string]simBreakdown{}
+	for _, n := range r.lengths {
+		j, err := sim.Idle(ctx, r.macs, router.Local, n)
 		if err != nil {
 			return err
 		}
-		addPoint(macs.Name, n, j.TTFT.Seconds())
-		out.Breakdown[macs.Name][strconv.Itoa(n)] = bd(j, nil)
+		addPoint(r.macs.Name, n, j.TTFT.Seconds())
+		out.Breakdown[r.macs.Name][strconv.Itoa(n)] = breakdown(j)
 	}
-	for _, s := range setups {
+	for _, s := range r.setups {
 		out.Breakdown[s.Name] = map[string]simBreakdown{}
-		for _, n := range lengths {
-			r, err := sim.Run(ctx, s, []workload.Job{{ID: "idle", Prompt: n, Output: 1}}, sim.Options{Policy: router.Remote})
+		for _, n := range r.lengths {
+			j, b, err := idleRemote(ctx, s, n)
 			if err != nil {
 				return err
 			}
-			j := r.Jobs[0]
-			if j.Refused != "" {
-				return fmt.Errorf("%s: a %d-token prompt was refused: %s", s.Name, n, j.Refused)
-			}
 			addPoint(s.Name, n, j.TTFT.Seconds())
-			b := bd(j, nil)
-			for _, p := range r.Passes { // a prompt split into super-chunks spans several passes
-				b.ReadWait += p.ReadWait.Seconds()
-				b.Compute += p.Compute.Seconds()
-				b.SinkWait += p.SinkWait.Seconds()
-			}
 			out.Breakdown[s.Name][strconv.Itoa(n)] = b
 			a, err := sim.Idle(ctx, s, router.Auto, n)
 			if err != nil {
@@ -237,42 +275,91 @@ the policies compared on a workload.
 			return err
 		}
 		out.BreakEven[s.Name] = be
-		out.RouterBreakEven[s.Name] = router.BreakEven(m.Cost, sim.SeedRates(s, 8192), 1<<20)
+		out.RouterBreakEven[s.Name] = router.BreakEven(r.m.Cost, sim.SeedRates(s, 8192), 1<<20)
 		out.PassFloorS[s.Name] = round3(sim.PassFloor(s).Seconds())
 	}
-	out.Agent = map[string]simAgent{macs.Name: agentTurn(macs, f.agentHistory, f.agentNew)}
-	agentOrder := []string{macs.Name}
-	for _, s := range setups {
-		out.Agent[s.Name] = agentTurn(s, f.agentHistory, f.agentNew)
-		agentOrder = append(agentOrder, s.Name)
-	}
-	if m.Name == "k3" {
+	if r.m.Name == "k3" {
 		out.TTFT = ttft
 	} else {
 		out.TTFTOther = ttft
 	}
+	return nil
+}
 
-	// The workload under each policy, on every setup.
-	results := map[string]map[router.Policy]*sim.Result{}
-	for _, s := range setups {
-		out.PoliciesBySetup[s.Name] = map[string]sim.Summary{}
-		results[s.Name] = map[router.Policy]*sim.Result{}
-		for _, p := range policies {
-			r, err := sim.Run(ctx, s, jobs, sim.Options{Policy: p, Threshold: f.threshold})
+// breakdown is where idle job j's time went, less its passes' split.
+func breakdown(j sim.JobResult) simBreakdown {
+	b := simBreakdown{Target: string(j.Target), TransferTail: j.TransferTail.Seconds(), FirstStep: j.FirstStep.Seconds(), TTFT: j.TTFT.Seconds(), Passes: j.Passes}
+	if j.Target == router.TargetLocal {
+		b.LocalPrefill = j.Prefill.Seconds()
+	}
+	return b
+}
+
+// idleRemote runs an n-token prompt remotely on an idle setup s and splits
+// its time.
+func idleRemote(ctx context.Context, s sim.Setup, n int) (sim.JobResult, simBreakdown, error) {
+	r, err := sim.Run(ctx, s, []workload.Job{{ID: "idle", Prompt: n, Output: 1}}, sim.Options{Policy: router.Remote})
+	if err != nil {
+		return sim.JobResult{}, simBreakdown{}, err
+	}
+	j := r.Jobs[0]
+	if j.Refused != "" {
+		return j, simBreakdown{}, fmt.Errorf("%s: a %d-token prompt was refused: %s", s.Name, n, j.Refused)
+	}
+	b := breakdown(j)
+	for _, p := range r.Passes { // a prompt split into super-chunks spans several passes
+		b.ReadWait += p.ReadWait.Seconds()
+		b.Compute += p.Compute.Seconds()
+		b.SinkWait += p.SinkWait.Seconds()
+	}
+	return j, b, nil
+}
+
+// agentTurns fills the agent turn of each setup.
+func (r *simRun) agentTurns() {
+	r.out.Agent = map[string]simAgent{r.macs.Name: agentTurn(r.macs, r.cfg.agentHistory, r.cfg.agentNew)}
+	for _, s := range r.setups {
+		r.out.Agent[s.Name] = agentTurn(s, r.cfg.agentHistory, r.cfg.agentNew)
+	}
+}
+
+// agentOrder is the setups of the agent turn table, in order.
+func (r *simRun) agentOrder() []string {
+	order := []string{r.macs.Name}
+	for _, s := range r.setups {
+		order = append(order, s.Name)
+	}
+	return order
+}
+
+// comparePolicies runs the workload under each policy, on every setup.
+func (r *simRun) comparePolicies(ctx context.Context) error {
+	r.results = map[string]map[router.Policy]*sim.Result{}
+	for _, s := range r.setups {
+		r.out.PoliciesBySetup[s.Name] = map[string]sim.Summary{}
+		r.results[s.Name] = map[router.Policy]*sim.Result{}
+		for _, p := range r.policies {
+			res, err := sim.Run(ctx, s, r.jobs, sim.Options{Policy: p, Threshold: r.cfg.threshold})
 			if err != nil {
 				return err
 			}
-			results[s.Name][p] = r
-			out.PoliciesBySetup[s.Name][string(p)] = sim.Summarize(r)
+			r.results[s.Name][p] = res
+			r.out.PoliciesBySetup[s.Name][string(p)] = sim.Summarize(res)
 		}
 	}
-	if len(setups) > 0 {
-		out.Setup = setups[0].Name
-		out.Policies = out.PoliciesBySetup[out.Setup]
+	if len(r.setups) > 0 {
+		r.out.Setup = r.setups[0].Name
+		r.out.Policies = r.out.PoliciesBySetup[r.out.Setup]
 	}
+	return nil
+}
 
-	tables := simTables(&out, order, lengths, setups, policies)
-	tables = append(tables, agentTable(m.Name, f.agentHistory, f.agentNew, agentOrder, out.Agent))
+// write prints the tables, writes the report with --out and prints the JSON
+// line with --json.
+func (r *simRun) write() error {
+	f := r.cfg
+	tables := simTables(&r.out, r.order, r.lengths, r.setups, r.policies)
+	tables = append(tables, agentTable(r.m.Name, f.agentHistory, f.agentNew, r.agentOrder(), r.out.Agent))
 	for _, t := range tables {
 		if err := t.Write(os.Stdout); err != nil {
 			return err
@@ -280,14 +367,14 @@ the policies compared on a workload.
 		fmt.Println()
 	}
 	if f.out != "" {
-		if err := simReport(f, &out, tables, order, curves, lengths, setups, policies, results, args); err != nil {
+		if err := r.report(tables); err != nil {
 			return err
 		}
-		out.Out = f.out
+		r.out.Out = f.out
 		fmt.Fprintf(os.Stderr, "sim: charts and REPORT.md in %s\n", f.out)
 	}
 	if f.asJSON {
-		return report.JSONLine(os.Stdout, out)
+		return report.JSONLine(os.Stdout, r.out)
 	}
 	return nil
 }
@@ -383,24 +470,42 @@ func simTables(out *simOutput, order []string, lengths []int, setups []sim.Setup
 	return tables
 }
 
-func simReport(f simFlags, out *simOutput, tables []*report.Table, order []string, curves map[string][]float64, lengths []int,
-	setups []sim.Setup, policies []router.Policy, results map[string]map[router.Policy]*sim.Result, args []string) error {
-	xs := make([]float64, len(lengths))
-	for i, n := range lengths {
-		xs[i] = float64(n)
-	}
-	lc := report.LineChart{Title: fmt.Sprintf("%s: TTFT of one prompt, idle cluster", out.Model), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true}
-	for _, k := range order {
-		lc.Series = append(lc.Series, report.Series{Name: k, X: xs, Y: curves[k]})
-	}
-	if err := lc.SavePNG(filepath.Join(f.out, "ttft_by_length.png")); err != nil {
+// report writes the charts and REPORT.md into --out.
+func (r *simRun) report(tables []*report.Table) error {
+	if err := r.ttftChart(); err != nil {
 		return err
 	}
+	if err := r.breakdownChart(); err != nil {
+		return err
+	}
+	charts, err := r.policyCharts()
+	if err != nil {
+		return err
+	}
+	return r.reportDoc(tables, charts)
+}
+
+// ttftChart draws the projection: TTFT against prompt length.
+func (r *simRun) ttftChart() error {
+	xs := make([]float64, len(r.lengths))
+	for i, n := range r.lengths {
+		xs[i] = float64(n)
+	}
+	lc := report.LineChart{Title: fmt.Sprintf("%s: TTFT of one prompt, idle cluster", r.out.Model), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true}
+	for _, k := range r.order {
+		lc.Series = append(lc.Series, report.Series{Name: k, X: xs, Y: r.curves[k]})
+	}
+	return lc.SavePNG(filepath.Join(r.cfg.out, "ttft_by_length.png"))
+}
+
+// breakdownChart draws where the time goes at a few prompt lengths; none
+// when the lengths include none of them.
+func (r *simRun) breakdownChart() error {
 	sb := report.StackedBars{Title: "Where the time goes (idle)", YLabel: "seconds"}
 	parts := []string{"read wait", "compute", "sink wait", "local prefill", "transfer tail", "first step"}
 	vals := make([][]float64, len(parts))
-	for _, k := range order {
-		b, ok := out.Breakdown[k]
+	for _, k := range r.order {
+		b, ok := r.out.Breakdown[k]
 		if !ok {
 			continue
 		}
@@ -418,25 +523,29 @@ func simReport(f simFlags, out *simOutput, tables []*report.Table, order []strin
 	for i, p := range parts {
 		sb.Parts = append(sb.Parts, report.Part{Name: p, Values: vals[i]})
 	}
-	if len(sb.Categories) > 0 {
-		if err := sb.SavePNG(filepath.Join(f.out, "time_breakdown.png")); err != nil {
-			return err
-		}
+	if len(sb.Categories) == 0 {
+		return nil
 	}
-	charts := make([]string, len(setups))
-	for i, s := range setups {
-		sc := report.LineChart{Title: fmt.Sprintf("TTFT by policy: %s on %s", out.Workload.Name, s.Name), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true, Scatter: true}
+	return sb.SavePNG(filepath.Join(r.cfg.out, "time_breakdown.png"))
+}
+
+// policyCharts draws each setup's TTFT by policy and returns the charts'
+// file names by setup ("" where no job completed).
+func (r *simRun) policyCharts() ([]string, error) {
+	charts := make([]string, len(r.setups))
+	for i, s := range r.setups {
+		sc := report.LineChart{Title: fmt.Sprintf("TTFT by policy: %s on %s", r.out.Workload.Name, s.Name), XLabel: "prompt tokens", YLabel: "TTFT (s)", LogX: true, LogY: true, Scatter: true}
 		completed := 0
-		for _, p := range policies {
-			completed += out.PoliciesBySetup[s.Name][string(p)].Completed
+		for _, p := range r.policies {
+			completed += r.out.PoliciesBySetup[s.Name][string(p)].Completed
 		}
 		if completed == 0 {
 			say("sim: %s: no job completed under any policy, no TTFT chart", s.Name)
 			continue
 		}
-		for _, p := range policies {
+		for _, p := range r.policies {
 			var x, y []float64
-			for _, j := range results[s.Name][p].Jobs {
+			for _, j := range r.results[s.Name][p].Jobs {
 				if j.Refused == "" {
 					x, y = append(x, float64(j.Prompt)), append(y, j.TTFT.Seconds())
 				}
@@ -444,16 +553,20 @@ func simReport(f simFlags, out *simOutput, tables []*report.Table, order []strin
 			sc.Series = append(sc.Series, report.Series{Name: string(p), X: x, Y: y})
 		}
 		name := fmt.Sprintf("ttft_by_policy_%d.png", i+1)
-		if err := sc.SavePNG(filepath.Join(f.out, name)); err != nil {
-			return err
+		if err := sc.SavePNG(filepath.Join(r.cfg.out, name)); err != nil {
+			return nil, err
 		}
 		charts[i] = name
 	}
+	return charts, nil
+}
 
+// reportDoc writes REPORT.md: the tables, with the charts.
+func (r *simRun) reportDoc(tables []*report.Table, charts []string) error {
 	var d report.Doc
-	d.Heading(1, "bench sim: "+out.Model)
+	d.Heading(1, "bench sim: "+r.out.Model)
 	d.Para("Simulated with the router, pass planner and pass scheduler rule the system runs, on the hardware profiles of configs/hardware. Reproduce with:")
-	d.Code("sh", "go run ./bench sim "+strings.Join(args, " "))
+	d.Code("sh", "go run ./bench sim "+strings.Join(r.cfg.args, " "))
 	d.Heading(2, "TTFT against prompt length")
 	d.Table(tables[0])
 	d.Image("TTFT by prompt length", "ttft_by_length.png")
@@ -470,7 +583,7 @@ func simReport(f simFlags, out *simOutput, tables []*report.Table, order []strin
 			d.Image("TTFT by policy", charts[k])
 		}
 	}
-	return d.WriteFile(filepath.Join(f.out, "REPORT.md"))
+	return d.WriteFile(filepath.Join(r.cfg.out, "REPORT.md"))
 }
 
 // shortSetup is a setup's name without the decode group and link, for bar

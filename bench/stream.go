@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
+	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/rss"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
@@ -28,7 +29,7 @@ import (
 )
 
 func init() {
-	register(command{name: "stream", short: "benchmark layer-streamed prefill passes: raw read, read-only, compute-only, batched pass, peak RSS, exactness", run: runStream})
+	register(command{name: "stream", short: "benchmark layer-streamed prefill passes: raw read, read-only, compute-only, batched pass, peak RSS, exactness", run: stages(parseStreamFlags, runStream)})
 }
 
 // streamRefEnv makes a re-executed bench compute the reference states
@@ -36,13 +37,15 @@ func init() {
 // count in the benchmark's peak RSS).
 const streamRefEnv = "TANDEM_BENCH_STREAM_REF"
 
-type streamFlags struct {
+// streamConfig is bench stream's configuration, from its flags.
+type streamConfig struct {
 	model, budget, io, readSize, cache string
 	promptLen, prompts, depth, threads int
 	readers                            int
 	seed, reps                         int
 	jsonOut, check, single, passOnly   bool
 	refOut                             string
+	args                               []string // the command line, for the reference child
 }
 
 // streamReport is the benchmark's result; the JSON object is the last line
@@ -96,9 +99,11 @@ type streamReport struct {
 	} `json:"targets"`
 }
 
-func runStream(ctx context.Context, args []string) error {
+// parseStreamFlags parses bench stream's command line. After --help it
+// returns pflag.ErrHelp.
+func parseStreamFlags(args []string) (streamConfig, error) {
 	fs := pflag.NewFlagSet("stream", pflag.ContinueOnError)
-	var f streamFlags
+	f := streamConfig{args: args}
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (required)")
 	fs.StringVar(&f.budget, "memory-budget", "4GiB", "memory budget of the worker, a byte size: 512MiB")
 	config.Alias(fs, "mem-budget", "memory-budget")
@@ -143,12 +148,14 @@ for a model larger than memory and disk, such as bench mkmodel --preset k3
 `)
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
+	return f, parseFlags(fs, args)
+}
+
+// validate checks the flags on their own; the checkpoint is opened by the
+// run.
+func (f streamConfig) validate() error {
 	if f.model == "" {
-		fs.Usage()
-		return errors.New("--model is required")
+		return errors.New("--model is required: the checkpoint directory to stream (bench mkmodel writes one)")
 	}
 	if f.reps < 1 {
 		return fmt.Errorf("--reps %d: want at least 1", f.reps)
@@ -156,184 +163,265 @@ for a model larger than memory and disk, such as bench mkmodel --preset k3
 	if f.promptLen < 2 || f.prompts < 1 {
 		return fmt.Errorf("--prompt-len %d --prompts %d: want a prompt of at least 2 tokens and at least one prompt", f.promptLen, f.prompts)
 	}
-	latent := model.BF16
-	switch f.cache {
-	case "bf16":
-	case "f32":
-		latent = model.F32
-	default:
+	if f.cache != "bf16" && f.cache != "f32" {
 		return fmt.Errorf("--cache-dtype %q: want bf16 or f32", f.cache)
 	}
-	if out := os.Getenv(streamRefEnv); out != "" {
-		return streamReference(ctx, f, latent, out)
+	if _, err := config.ParseBytes(f.budget); err != nil {
+		return fmt.Errorf("--memory-budget: %w", err)
 	}
-	budget, err := config.ParseBytes(f.budget)
-	if err != nil {
-		return err
+	if _, err := config.ParseBytes(f.readSize); err != nil {
+		return fmt.Errorf("--read-size: %w", err)
 	}
-	readSize, err := config.ParseBytes(f.readSize)
-	if err != nil {
-		return err
+	if _, err := streamer.ParseIOMode(f.io); err != nil {
+		return fmt.Errorf("--io: %w", err)
 	}
-	iomode, err := streamer.ParseIOMode(f.io)
-	if err != nil {
-		return err
-	}
-	debug.SetMemoryLimit(budget) // as the worker binary does
-	logger, err := config.NewLogger("info", "console", os.Stderr)
-	if err != nil {
-		return err
-	}
-	var reports []scheduler.PassReport
-	w, err := worker.New(worker.Config{Model: f.model, Budget: budget, Depth: f.depth, Threads: f.threads, LatentDType: latent,
-		ReadSize: readSize, Readers: f.readers, IO: iomode, Log: logger,
-		OnPass: func(r scheduler.PassReport) { reports = append(reports, r) }})
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	st := w.Streamer()
-	prompts := streamPrompts(f, w.Model().VocabSize)
-	rep := streamReport{Model: f.model, Layers: w.Model().NumLayers, WeightsBytes: st.Layout().TensorBytes, IOMode: st.IOName(),
-		MemBudgetBytes: budget, Depth: w.Depth(), Threads: w.Executor().Model.Backend.Threads(), Prompts: f.prompts, PromptLen: f.promptLen,
-		ReadSizeBytes: readSize, Readers: st.Readers()}
-	if !st.Direct() {
-		rep.PageCacheNote = "direct I/O unavailable: reads go through the page cache, so rates may reflect cached data rather than the disk"
-	}
-	lens := make([]int, len(prompts))
-	for i, p := range prompts {
-		lens[i] = len(p) - 1
-	}
-	plan, err := w.Plan(lens)
-	if err != nil {
-		return err
-	}
-	rep.Tile, rep.Plan = plan.Tile, plan.String()
-	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench stream: "+format+"\n", a...) }
-	say("%s: %d layers, %s of weights, io %s, budget %s, depth %d; plan: %s", f.model, rep.Layers,
-		progress.HumanBytes(rep.WeightsBytes), rep.IOMode, progress.HumanBytes(budget), rep.Depth, plan)
-	if f.passOnly {
-		return streamPassOnly(ctx, f, w, prompts, plan, budget, latent)
-	}
+	return nil
+}
 
-	// 1. Raw sequential reads: one request at a time (dd-like), then with as
-	// many in flight as the streamer keeps (the baseline a pass is held to).
-	n, d, err := st.RawRead(ctx, 1)
-	if err != nil {
-		return fmt.Errorf("raw read: %w", err)
+// latent is the MLA cache dtype of --cache-dtype.
+func (f streamConfig) latent() model.DType {
+	if f.cache == "f32" {
+		return model.F32
 	}
-	rep.RawReadSerialGBps = float64(n) / d.Seconds() / 1e9
-	say("raw read, 1 request in flight: %s in %.2fs = %.3f GB/s", progress.HumanBytes(n), d.Seconds(), rep.RawReadSerialGBps)
-	dir, err := os.MkdirTemp("", "bench-stream-")
+	return model.BF16
+}
+
+// streamSay logs a line of bench stream's progress to stderr.
+func streamSay(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench stream: "+format+"\n", a...) }
+
+func runStream(ctx context.Context, f streamConfig) error {
+	if out := os.Getenv(streamRefEnv); out != "" {
+		return streamReference(ctx, f, f.latent(), out)
+	}
+	b, err := startStreamBench(f)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	// rawRead times one parallel raw read and keeps the best so far.
-	rawRead := func(what string) (float64, error) {
-		n, d, err := st.RawRead(ctx, st.Readers())
-		if err != nil {
-			return 0, fmt.Errorf("raw read: %w", err)
-		}
-		gbps := float64(n) / d.Seconds() / 1e9
-		if gbps > rep.RawReadGBps {
-			rep.RawReadBytes, rep.RawReadS, rep.RawReadGBps = n, d.Seconds(), gbps
-		}
-		say("%s, %d requests in flight: %s in %.2fs = %.3f GB/s", what, st.Readers(), progress.HumanBytes(n), d.Seconds(), gbps)
-		return gbps, nil
+	defer b.w.Close()
+	if f.passOnly {
+		return streamPassOnly(ctx, f, b.w, b.prompts, b.plan, b.budget, f.latent())
 	}
+	if err := b.serialRawRead(ctx); err != nil {
+		return err
+	}
+	if b.dir, err = os.MkdirTemp("", "bench-stream-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.dir)
 	for r := range f.reps {
-		say("round %d of %d", r+1, f.reps)
-		// 1. Raw sequential reads with as many requests in flight as the
-		// streamer keeps: the baseline a pass is held to.
-		gbps, err := rawRead("raw read")
-		if err != nil {
+		if err := b.round(ctx, r); err != nil {
 			return err
 		}
-		if r == 0 {
-			rep.RawReadStartGBps = gbps
-		}
-
-		// 2. Read-only pass through the ring.
-		ro, bytesRO, err := readOnlyPass(ctx, st, w.Depth())
-		if err != nil {
-			return fmt.Errorf("read-only pass: %w", err)
-		}
-		say("read-only pass: %.2fs = %.3f GB/s", ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9)
-		if rep.ReadOnlyS == 0 || ro.Seconds() < rep.ReadOnlyS {
-			rep.ReadOnlyS, rep.ReadOnlyGBps = ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9
-		}
-
-		// 3. Serial pass at depth 0: compute with no read in flight.
-		cs, err := serialPass(ctx, w, prompts, plan.Tile)
-		if err != nil {
-			return fmt.Errorf("serial pass: %w", err)
-		}
-		say("serial pass (depth 0): %.2fs, of which compute %.2fs", cs.Wall.Seconds(), cs.Compute.Seconds())
-		if rep.ComputeOnlyS == 0 || cs.Compute.Seconds() < rep.ComputeOnlyS {
-			rep.ComputeOnlyS = cs.Compute.Seconds()
-		}
-
-		// 4. The batched pass through the scheduler.
-		reports = reports[:0]
-		if err := submitAndWait(ctx, w, prompts, filepath.Join(dir, fmt.Sprintf("pass%d", r))); err != nil {
-			return fmt.Errorf("batched pass: %w", err)
-		}
-		var wall, compute, wait float64
-		var bytesPass int64
-		for _, pr := range reports {
-			wall += pr.Stats.Wall.Seconds()
-			compute += pr.Stats.Compute.Seconds()
-			wait += pr.Stats.ReadWait.Seconds()
-			bytesPass += pr.Stats.Bytes
-		}
-		say("batched pass: %d prompts x %d tokens in %d pass(es): %.2fs, %.3f GB/s, compute %.2fs, waited on reads %.2fs",
-			f.prompts, f.promptLen, len(reports), wall, float64(bytesPass)/wall/1e9, compute, wait)
-		if rep.PassS == 0 || wall < rep.PassS {
-			rep.PassS, rep.PassComputeS, rep.PassReadWaitS = wall, compute, wait
-			rep.Passes = len(reports)
-			rep.PassReadGBps = float64(bytesPass) / wall / 1e9
-		}
-
-		// 5. One prompt alone.
-		if f.single && f.prompts > 1 {
-			reports = reports[:0]
-			if err := submitAndWait(ctx, w, prompts[:1], filepath.Join(dir, fmt.Sprintf("single%d", r))); err != nil {
-				return fmt.Errorf("single-prompt pass: %w", err)
-			}
-			var single float64
-			for _, pr := range reports {
-				single += pr.Stats.Wall.Seconds()
-			}
-			say("single-prompt pass: %.2fs", single)
-			if rep.PassSingleS == 0 || single < rep.PassSingleS {
-				rep.PassSingleS = single
-			}
-		}
 	}
-	if rep.PassSingleS > 0 {
-		rep.BatchRatio = rep.PassS / rep.PassSingleS
+	if b.rep.PassSingleS > 0 {
+		b.rep.BatchRatio = b.rep.PassS / b.rep.PassSingleS
 	}
 	// The raw read again, now that every phase has touched the files, so
 	// that cache or device warm-up never flatters the pass.
-	if rep.RawReadEndGBps, err = rawRead("raw read again"); err != nil {
+	if b.rep.RawReadEndGBps, err = b.rawRead(ctx, "raw read again"); err != nil {
 		return err
 	}
 	if p, err := rss.Peak(); err == nil {
-		rep.PeakRSSBytes = p
+		b.rep.PeakRSSBytes = p
 	}
-	w.Close()
-
-	// 6. Exactness, against the model core in a child process.
-	if f.check {
-		match, err := streamCheck(ctx, args, dir, f.reps, len(prompts))
+	b.w.Close()
+	if f.check { // 6. Exactness, against the model core in a child process.
+		match, err := streamCheck(ctx, f.args, b.dir, f.reps, len(b.prompts))
 		if err != nil {
 			return fmt.Errorf("reference: %w", err)
 		}
-		rep.StatesMatch, rep.StatesChecked = match, true
-		say("states match the model core: %v", match)
+		b.rep.StatesMatch, b.rep.StatesChecked = match, true
+		streamSay("states match the model core: %v", match)
 	}
+	return b.finish()
+}
 
+// streamBench is one bench stream run: the worker, its prompts and plan,
+// and the report being filled in.
+type streamBench struct {
+	f       streamConfig
+	w       *worker.Worker
+	st      *streamer.Streamer
+	budget  int64
+	prompts [][]int32
+	plan    planner.Plan
+	reports []scheduler.PassReport // the passes since the last reset
+	dir     string                 // the passes' state files
+	rep     streamReport
+}
+
+// startStreamBench starts the worker of f and plans the batched pass. The
+// caller closes b.w.
+func startStreamBench(f streamConfig) (*streamBench, error) {
+	b := &streamBench{f: f}
+	var err error
+	if b.budget, err = config.ParseBytes(f.budget); err != nil {
+		return nil, err
+	}
+	readSize, err := config.ParseBytes(f.readSize)
+	if err != nil {
+		return nil, err
+	}
+	iomode, err := streamer.ParseIOMode(f.io)
+	if err != nil {
+		return nil, err
+	}
+	debug.SetMemoryLimit(b.budget) // as the worker binary does
+	logger, err := config.NewLogger("info", "console", os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	b.w, err = worker.New(worker.Config{Model: f.model, Budget: b.budget, Depth: f.depth, Threads: f.threads, LatentDType: f.latent(),
+		ReadSize: readSize, Readers: f.readers, IO: iomode, Log: logger,
+		OnPass: func(r scheduler.PassReport) { b.reports = append(b.reports, r) }})
+	if err != nil {
+		return nil, err
+	}
+	b.st = b.w.Streamer()
+	b.prompts = streamPrompts(f, b.w.Model().VocabSize)
+	b.rep = streamReport{Model: f.model, Layers: b.w.Model().NumLayers, WeightsBytes: b.st.Layout().TensorBytes, IOMode: b.st.IOName(),
+		MemBudgetBytes: b.budget, Depth: b.w.Depth(), Threads: b.w.Executor().Model.Backend.Threads(), Prompts: f.prompts, PromptLen: f.promptLen,
+		ReadSizeBytes: readSize, Readers: b.st.Readers()}
+	if !b.st.Direct() {
+		b.rep.PageCacheNote = "direct I/O unavailable: reads go through the page cache, so rates may reflect cached data rather than the disk"
+	}
+	lens := make([]int, len(b.prompts))
+	for i, p := range b.prompts {
+		lens[i] = len(p) - 1
+	}
+	if b.plan, err = b.w.Plan(lens); err != nil {
+		b.w.Close()
+		return nil, err
+	}
+	b.rep.Tile, b.rep.Plan = b.plan.Tile, b.plan.String()
+	streamSay("%s: %d layers, %s of weights, io %s, budget %s, depth %d; plan: %s", f.model, b.rep.Layers,
+		progress.HumanBytes(b.rep.WeightsBytes), b.rep.IOMode, progress.HumanBytes(b.budget), b.rep.Depth, b.plan)
+	return b, nil
+}
+
+// serialRawRead times the raw sequential read one request at a time
+// (dd-like).
+func (b *streamBench) serialRawRead(ctx context.Context) error {
+	n, d, err := b.st.RawRead(ctx, 1)
+	if err != nil {
+		return fmt.Errorf("raw read: %w", err)
+	}
+	b.rep.RawReadSerialGBps = float64(n) / d.Seconds() / 1e9
+	streamSay("raw read, 1 request in flight: %s in %.2fs = %.3f GB/s", progress.HumanBytes(n), d.Seconds(), b.rep.RawReadSerialGBps)
+	return nil
+}
+
+// rawRead times one raw read with as many requests in flight as the
+// streamer keeps, keeps the best so far and returns its rate.
+func (b *streamBench) rawRead(ctx context.Context, what string) (float64, error) {
+	n, d, err := b.st.RawRead(ctx, b.st.Readers())
+	if err != nil {
+		return 0, fmt.Errorf("raw read: %w", err)
+	}
+	gbps := float64(n) / d.Seconds() / 1e9
+	if gbps > b.rep.RawReadGBps {
+		b.rep.RawReadBytes, b.rep.RawReadS, b.rep.RawReadGBps = n, d.Seconds(), gbps
+	}
+	streamSay("%s, %d requests in flight: %s in %.2fs = %.3f GB/s", what, b.st.Readers(), progress.HumanBytes(n), d.Seconds(), gbps)
+	return gbps, nil
+}
+
+// round runs round r of the timed phases, keeping the best of each.
+func (b *streamBench) round(ctx context.Context, r int) error {
+	streamSay("round %d of %d", r+1, b.f.reps)
+	// 1. Raw sequential reads with as many requests in flight as the
+	// streamer keeps: the baseline a pass is held to.
+	gbps, err := b.rawRead(ctx, "raw read")
+	if err != nil {
+		return err
+	}
+	if r == 0 {
+		b.rep.RawReadStartGBps = gbps
+	}
+	// 2. Read-only pass through the ring.
+	if err := b.readOnly(ctx); err != nil {
+		return err
+	}
+	// 3. Serial pass at depth 0: compute with no read in flight.
+	cs, err := serialPass(ctx, b.w, b.prompts, b.plan.Tile)
+	if err != nil {
+		return fmt.Errorf("serial pass: %w", err)
+	}
+	streamSay("serial pass (depth 0): %.2fs, of which compute %.2fs", cs.Wall.Seconds(), cs.Compute.Seconds())
+	if b.rep.ComputeOnlyS == 0 || cs.Compute.Seconds() < b.rep.ComputeOnlyS {
+		b.rep.ComputeOnlyS = cs.Compute.Seconds()
+	}
+	// 4. The batched pass through the scheduler.
+	if err := b.batched(ctx, r); err != nil {
+		return err
+	}
+	// 5. One prompt alone.
+	if b.f.single && b.f.prompts > 1 {
+		return b.single(ctx, r)
+	}
+	return nil
+}
+
+// readOnly times a pass through the prefetch ring with nothing computed.
+func (b *streamBench) readOnly(ctx context.Context) error {
+	ro, bytesRO, err := readOnlyPass(ctx, b.st, b.w.Depth())
+	if err != nil {
+		return fmt.Errorf("read-only pass: %w", err)
+	}
+	streamSay("read-only pass: %.2fs = %.3f GB/s", ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9)
+	if b.rep.ReadOnlyS == 0 || ro.Seconds() < b.rep.ReadOnlyS {
+		b.rep.ReadOnlyS, b.rep.ReadOnlyGBps = ro.Seconds(), float64(bytesRO)/ro.Seconds()/1e9
+	}
+	return nil
+}
+
+// batched times the batched pass of round r through the scheduler, its
+// states written under dir/pass<r>.
+func (b *streamBench) batched(ctx context.Context, r int) error {
+	b.reports = b.reports[:0]
+	if err := submitAndWait(ctx, b.w, b.prompts, filepath.Join(b.dir, fmt.Sprintf("pass%d", r))); err != nil {
+		return fmt.Errorf("batched pass: %w", err)
+	}
+	var wall, compute, wait float64
+	var bytesPass int64
+	for _, pr := range b.reports {
+		wall += pr.Stats.Wall.Seconds()
+		compute += pr.Stats.Compute.Seconds()
+		wait += pr.Stats.ReadWait.Seconds()
+		bytesPass += pr.Stats.Bytes
+	}
+	streamSay("batched pass: %d prompts x %d tokens in %d pass(es): %.2fs, %.3f GB/s, compute %.2fs, waited on reads %.2fs",
+		b.f.prompts, b.f.promptLen, len(b.reports), wall, float64(bytesPass)/wall/1e9, compute, wait)
+	if b.rep.PassS == 0 || wall < b.rep.PassS {
+		b.rep.PassS, b.rep.PassComputeS, b.rep.PassReadWaitS = wall, compute, wait
+		b.rep.Passes = len(b.reports)
+		b.rep.PassReadGBps = float64(bytesPass) / wall / 1e9
+	}
+	return nil
+}
+
+// single times round r's pass of the first prompt alone.
+func (b *streamBench) single(ctx context.Context, r int) error {
+	b.reports = b.reports[:0]
+	if err := submitAndWait(ctx, b.w, b.prompts[:1], filepath.Join(b.dir, fmt.Sprintf("single%d", r))); err != nil {
+		return fmt.Errorf("single-prompt pass: %w", err)
+	}
+	var single float64
+	for _, pr := range b.reports {
+		single += pr.Stats.Wall.Seconds()
+	}
+	streamSay("single-prompt pass: %.2fs", single)
+	if b.rep.PassSingleS == 0 || single < b.rep.PassSingleS {
+		b.rep.PassSingleS = single
+	}
+	return nil
+}
+
+// finish derives the ratios and targets, prints the report (one line with
+// --json, indented otherwise) and fails if the states were checked and
+// differ.
+func (b *streamBench) finish() error {
+	rep := &b.rep
 	rep.IOBound = rep.ReadOnlyS >= rep.ComputeOnlyS
 	floor := max(rep.ReadOnlyS, rep.ComputeOnlyS)
 	rep.OverlapRatio = rep.PassS / floor
@@ -347,26 +435,24 @@ for a model larger than memory and disk, such as bench mkmodel --preset k3
 			rep.Targets.BatchLE13 = &ok
 		}
 	}
-	say("peak RSS %s of a %s budget; pass/max(read-only, compute-only) = %.2f; pass read/raw read = %.2f",
-		progress.HumanBytes(rep.PeakRSSBytes), progress.HumanBytes(budget), rep.OverlapRatio, rep.ReadRatio)
-	if f.jsonOut {
-		b, err := json.Marshal(rep)
-		if err != nil {
+	streamSay("peak RSS %s of a %s budget; pass/max(read-only, compute-only) = %.2f; pass read/raw read = %.2f",
+		progress.HumanBytes(rep.PeakRSSBytes), progress.HumanBytes(b.budget), rep.OverlapRatio, rep.ReadRatio)
+	if b.f.jsonOut {
+		if err := printJSON(rep); err != nil {
 			return err
 		}
-		fmt.Println(string(b))
 	} else {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		fmt.Println(string(b))
+		out, _ := json.MarshalIndent(rep, "", "  ")
+		fmt.Println(string(out))
 	}
-	if f.check && !rep.StatesMatch {
+	if b.f.check && !rep.StatesMatch {
 		return errors.New("streamed states differ from the model core's")
 	}
 	return nil
 }
 
 // streamPrompts are the benchmark's prompts: deterministic ids per seed.
-func streamPrompts(f streamFlags, vocab int) [][]int32 {
+func streamPrompts(f streamConfig, vocab int) [][]int32 {
 	out := make([][]int32, f.prompts)
 	for k := range out {
 		p := make([]int32, f.promptLen)
@@ -488,7 +574,7 @@ func streamCheck(ctx context.Context, args []string, dir string, reps, n int) (b
 
 // streamReference is the child's side: each prompt[:-1] prefilled alone on
 // the in-memory model core, written as state files.
-func streamReference(ctx context.Context, f streamFlags, latent model.DType, out string) error {
+func streamReference(ctx context.Context, f streamConfig, latent model.DType, out string) error {
 	m, err := model.Load(f.model, cpu.New(f.threads), model.LoadOptions{Embed: true})
 	if err != nil {
 		return err

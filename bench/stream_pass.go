@@ -55,7 +55,7 @@ type passOnlyReport struct {
 // finite, then drops it. It is the mode for a checkpoint larger than memory
 // and disk (bench mkmodel --preset k3 --sparse): one pass streams every
 // layer once.
-func streamPassOnly(ctx context.Context, f streamFlags, w *worker.Worker, prompts [][]int32, plan planner.Plan, budget int64, latent model.DType) error {
+func streamPassOnly(ctx context.Context, f streamConfig, w *worker.Worker, prompts [][]int32, plan planner.Plan, budget int64, latent model.DType) error {
 	st := w.Streamer()
 	cfg := w.Model()
 	rep := passOnlyReport{Model: f.model, Layers: cfg.NumLayers, WeightsBytes: st.Layout().TensorBytes, IOMode: st.IOName(),

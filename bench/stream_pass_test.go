@@ -32,7 +32,7 @@ func TestSparsePassOnly(t *testing.T) {
 		t.Fatalf("%d shards named of 12, want 9 layers, the model-level shard and the vision tower's two", len(shards))
 	}
 	out := captureStdout(t, func() error {
-		return runStream(ctx, []string{"--model", dir, "--pass-only", "--prompts", "2", "--prompt-len", "70", "--mem-budget", "256MiB", "--threads", "1"})
+		return commands["stream"].run(ctx, []string{"--model", dir, "--pass-only", "--prompts", "2", "--prompt-len", "70", "--mem-budget", "256MiB", "--threads", "1"})
 	})
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var rep passOnlyReport

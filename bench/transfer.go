@@ -24,10 +24,11 @@ import (
 )
 
 func init() {
-	register(command{name: "transfer", short: "kvtransfer throughput, exposed tail, overlap and corruption checks on loopback", run: runTransfer})
+	register(command{name: "transfer", short: "kvtransfer throughput, exposed tail, overlap and corruption checks on loopback", run: stages(parseTransferFlags, runTransfer)})
 }
 
-type transferFlags struct {
+// transferConfig is bench transfer's configuration, from its flags.
+type transferConfig struct {
 	model         string
 	tokens        int
 	ranks         int
@@ -91,8 +92,10 @@ type transferResult struct {
 	CorruptCheckPassed bool    `json:"corrupt_check_ok"`
 }
 
-func runTransfer(ctx context.Context, args []string) error {
-	var f transferFlags
+// parseTransferFlags parses bench transfer's command line. After --help it
+// returns pflag.ErrHelp.
+func parseTransferFlags(args []string) (transferConfig, error) {
+	var f transferConfig
 	fs := pflag.NewFlagSet("transfer", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "k3", "state shapes: k3 (the released config), a preset (tiny, small, medium) or a config.json path")
 	fs.IntVar(&f.tokens, "tokens", 4096, "cached tokens T of the sequence (MLA rows per MLA layer)")
@@ -126,149 +129,83 @@ transfer (end to end about max(prefill, transfer), not their sum).
 `)
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return err
-	}
+	return f, parseFlags(fs, args)
+}
+
+// validate checks the flags on their own; --ranks against the model's
+// layers is checked once the model is loaded.
+func (f transferConfig) validate() error {
 	if f.tokens < 0 || f.ranks < 1 || f.conns < 1 || f.reps < 1 || f.limitedLayers < 1 {
 		return fmt.Errorf("--tokens, --ranks, --conns, --reps and --limited-layers must be positive")
 	}
-	cfg, err := transferConfig(f.model)
+	switch f.transport {
+	case "tcp":
+	case "rdma-fake":
+		if f.loss < 0 || f.loss >= 1 {
+			return fmt.Errorf("--loss %v: want a probability in [0, 1)", f.loss)
+		}
+	default:
+		return fmt.Errorf("--transport %q: want tcp or rdma-fake", f.transport)
+	}
+	return nil
+}
+
+func runTransfer(ctx context.Context, f transferConfig) error {
+	cfg, err := loadTransferModel(f.model)
 	if err != nil {
 		return err
 	}
 	if f.ranks > cfg.NumLayers {
 		return fmt.Errorf("--ranks %d exceeds the model's %d layers", f.ranks, cfg.NumLayers)
 	}
-	all := kvtest.AllLayers(cfg.NumLayers)
-	src := kvtest.RandomSeq(cfg, all, f.tokens, model.BF16, f.seed)
-	switch f.transport {
-	case "tcp":
-	case "rdma-fake":
+	src := kvtest.RandomSeq(cfg, kvtest.AllLayers(cfg.NumLayers), f.tokens, model.BF16, f.seed)
+	if f.transport == "rdma-fake" {
 		return transferRDMAFake(ctx, f, cfg, src)
-	default:
-		return fmt.Errorf("--transport %q: want tcp or rdma-fake", f.transport)
 	}
-	res := transferResult{Model: f.model, Tokens: f.tokens, Layers: cfg.NumLayers, StateBytes: int64(src.Bytes()),
+	return transferTCP(ctx, f, cfg, src)
+}
+
+// tcpBench is one bench transfer run over TCP: the group it streams to and
+// what it has measured.
+type tcpBench struct {
+	f                *transferConfig
+	cfg              *model.Config
+	src              *model.SeqState
+	all              []int // every layer
+	g                *xferGroup
+	res              transferResult
+	corrupt, checked int64 // chunks committed corrupt, and compared
+	xferBest         time.Duration
+}
+
+// transferTCP measures throughput, the exposed tail, corruption and
+// overlap over TCP, printing as it goes and the JSON line with --json.
+func transferTCP(ctx context.Context, f transferConfig, cfg *model.Config, src *model.SeqState) error {
+	b := &tcpBench{f: &f, cfg: cfg, src: src, all: kvtest.AllLayers(cfg.NumLayers)}
+	b.res = transferResult{Model: f.model, Tokens: f.tokens, Layers: cfg.NumLayers, StateBytes: int64(src.Bytes()),
 		Ranks: f.ranks, ConnsPerRank: f.conns, ChunkBytes: f.chunk, Reps: f.reps, CPUs: runtime.NumCPU(), TargetRatio: 0.8}
-	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+	res := &b.res
 	say("state: %s, T=%d, %d layers, %.1f MB; %d ranks x %d connections, %d-byte chunks",
 		f.model, f.tokens, cfg.NumLayers, float64(res.StateBytes)/1e6, f.ranks, f.conns, f.chunk)
-
-	g, err := startGroup(cfg, f.ranks, f.chunk, f.window)
-	if err != nil {
+	var err error
+	if b.g, err = startGroup(cfg, f.ranks, f.chunk, f.window); err != nil {
 		return err
 	}
-	defer g.close()
-	var corrupt, verified int64
-	tally := func(t xferTiming) {
-		corrupt += t.corrupt
-		verified += t.chunks
-	}
-
-	// Raw TCP (over one connection and over as many as the transfer uses;
-	// the faster counts) and full-speed transfer, interleaved so that both
-	// see the same machine load and get as many timed samples; best of each.
-	var rawBest, xferBest time.Duration
-	for rep := 0; rep < f.reps; rep++ {
-		for _, n := range []int{1, f.ranks * f.conns} {
-			d, err := rawTCP(ctx, src, all, n)
-			if err != nil {
-				return fmt.Errorf("raw TCP: %w", err)
-			}
-			if rawBest == 0 || d < rawBest {
-				rawBest = d
-			}
-			t, err := g.run(ctx, src, all, f.conns, nil, nil)
-			if err != nil {
-				return fmt.Errorf("transfer: %w", err)
-			}
-			tally(t)
-			if xferBest == 0 || t.total < xferBest {
-				xferBest = t.total
-			}
-		}
-	}
-	res.RawTCPGbps = gbps(res.StateBytes, rawBest)
-	res.TransferGbps = gbps(res.StateBytes, xferBest)
-	res.TransferRatio = res.TransferGbps / res.RawTCPGbps
-	res.ThroughputOK = res.TransferRatio >= res.TargetRatio
-	say("raw TCP %.2f Gbit/s, transfer %.2f Gbit/s with CRC-32C: %.2f x raw (target >= %.1f)",
-		res.RawTCPGbps, res.TransferGbps, res.TransferRatio, res.TargetRatio)
-
-	// The last layer alone on an idle, connected link.
-	last := cfg.NumLayers - 1
-	var lastBest time.Duration
-	for rep := 0; rep < f.reps; rep++ {
-		t, err := g.run(ctx, src, []int{last}, f.conns, nil, nil)
-		if err != nil {
-			return fmt.Errorf("last layer alone: %w", err)
-		}
-		tally(t)
-		if lastBest == 0 || t.total < lastBest {
-			lastBest = t.total
-		}
-	}
-	res.LastLayerSendMS = ms(lastBest)
-	res.TailLimitMS = res.LastLayerSendMS + 10
-
-	// A paced prefill: each layer handed over after its simulated compute.
-	perByte := float64(xferBest) / float64(res.StateBytes)
-	pace := func(L int) time.Duration {
-		if f.prefillMS > 0 {
-			return time.Duration(f.prefillMS * float64(time.Millisecond))
-		}
-		return time.Duration(2 * perByte * float64(src.Layers[L].Bytes()))
-	}
-	res.PrefillMSPerLayer = ms(time.Duration(float64(xferBest)*2) / time.Duration(cfg.NumLayers))
-	if f.prefillMS > 0 {
-		res.PrefillMSPerLayer = f.prefillMS
-	}
-	var tailBest time.Duration
-	for rep := 0; rep < f.reps; rep++ {
-		t, err := g.run(ctx, src, all, f.conns, pace, nil)
-		if err != nil {
-			return fmt.Errorf("streaming: %w", err)
-		}
-		tally(t)
-		if tailBest == 0 || t.tail < tailBest {
-			tailBest = t.tail
-		}
-	}
-	res.ExposedTailMS = ms(tailBest)
-	res.TailOK = res.ExposedTailMS <= res.TailLimitMS
-	say("streaming with prefill paced at ~%.1f ms/layer: exposed tail %.1f ms; the last layer alone takes %.1f ms (limit %.1f ms)",
-		res.PrefillMSPerLayer, res.ExposedTailMS, res.LastLayerSendMS, res.TailLimitMS)
-
-	if f.faults {
-		// About 40 flipped bits and 8 cuts over the state, whatever its size.
-		ps, via, err := g.proxies(faultproxy.Faults{FlipEvery: max(res.StateBytes/40, 1), CutEvery: max(res.StateBytes/8, 1),
-			MaxFaults: 60}, f.seed)
-		if err != nil {
+	defer b.g.close()
+	for _, step := range []func(context.Context) error{b.throughput, b.lastLayer, b.pacedTail} {
+		if err := step(ctx); err != nil {
 			return err
 		}
-		t, err := g.run(ctx, src, all, f.conns, nil, via)
-		for _, p := range ps {
-			st := p.Stats()
-			res.FaultFlips += st.Flips
-			res.FaultCuts += st.Cuts
-			p.Close()
-		}
-		res.FaultCRCFailures = g.checksumFailures()
-		res.FaultTransferOK = err == nil
-		if err == nil {
-			tally(t)
-		}
-		say("through a faulty proxy: %d bits flipped, %d connections cut, %d chunks failed their CRC and were resent; transfer ok: %v (%v)",
-			res.FaultFlips, res.FaultCuts, res.FaultCRCFailures, res.FaultTransferOK, err)
 	}
-	res.ChunksVerified, res.CorruptChunksCommitted = verified, corrupt
-	res.CorruptCheckPassed = corrupt == 0
-
+	if f.faults {
+		if err := b.faultyProxy(ctx); err != nil {
+			return err
+		}
+	}
+	res.ChunksVerified, res.CorruptChunksCommitted = b.checked, b.corrupt
+	res.CorruptCheckPassed = b.corrupt == 0
 	if f.rateMBs > 0 {
-		if err := limitedRun(ctx, cfg, src, f, &res); err != nil {
+		if err := limitedRun(ctx, cfg, src, f, res); err != nil {
 			return fmt.Errorf("rate-limited run: %w", err)
 		}
 		say("at %.0f MB/s over %d layers (%.1f MB): prefill %.0f ms, transfer %.0f ms, end to end %.0f ms = %.2f x max (their sum: %.0f ms)",
@@ -277,16 +214,144 @@ transfer (end to end about max(prefill, transfer), not their sum).
 	}
 	say("committed %d chunks, %d corrupt", res.ChunksVerified, res.CorruptChunksCommitted)
 	if f.asJSON {
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		fmt.Println(string(b))
+		return printJSON(res)
 	}
 	return nil
 }
 
-func transferConfig(name string) (*model.Config, error) {
+// printJSON prints v as one line of JSON.
+func printJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(b))
+	return nil
+}
+
+// tally counts a run's compared and corrupt chunks.
+func (b *tcpBench) tally(t xferTiming) {
+	b.corrupt += t.corrupt
+	b.checked += t.chunks
+}
+
+// throughput times raw TCP (over one connection and over as many as the
+// transfer uses; the faster counts) and full-speed transfer, interleaved so
+// that both see the same machine load and get as many timed samples; best
+// of each.
+func (b *tcpBench) throughput(ctx context.Context) error {
+	f, res := b.f, &b.res
+	var rawBest time.Duration
+	for rep := 0; rep < f.reps; rep++ {
+		for _, n := range []int{1, f.ranks * f.conns} {
+			d, err := rawTCP(ctx, b.src, b.all, n)
+			if err != nil {
+				return fmt.Errorf("raw TCP: %w", err)
+			}
+			if rawBest == 0 || d < rawBest {
+				rawBest = d
+			}
+			t, err := b.g.run(ctx, b.src, b.all, f.conns, nil, nil)
+			if err != nil {
+				return fmt.Errorf("transfer: %w", err)
+			}
+			b.tally(t)
+			if b.xferBest == 0 || t.total < b.xferBest {
+				b.xferBest = t.total
+			}
+		}
+	}
+	res.RawTCPGbps = gbps(res.StateBytes, rawBest)
+	res.TransferGbps = gbps(res.StateBytes, b.xferBest)
+	res.TransferRatio = res.TransferGbps / res.RawTCPGbps
+	res.ThroughputOK = res.TransferRatio >= res.TargetRatio
+	say("raw TCP %.2f Gbit/s, transfer %.2f Gbit/s with CRC-32C: %.2f x raw (target >= %.1f)",
+		res.RawTCPGbps, res.TransferGbps, res.TransferRatio, res.TargetRatio)
+	return nil
+}
+
+// lastLayer times the last layer alone on an idle, connected link: the
+// bound on the exposed tail.
+func (b *tcpBench) lastLayer(ctx context.Context) error {
+	var lastBest time.Duration
+	for rep := 0; rep < b.f.reps; rep++ {
+		t, err := b.g.run(ctx, b.src, []int{b.cfg.NumLayers - 1}, b.f.conns, nil, nil)
+		if err != nil {
+			return fmt.Errorf("last layer alone: %w", err)
+		}
+		b.tally(t)
+		if lastBest == 0 || t.total < lastBest {
+			lastBest = t.total
+		}
+	}
+	b.res.LastLayerSendMS = ms(lastBest)
+	b.res.TailLimitMS = b.res.LastLayerSendMS + 10
+	return nil
+}
+
+// pacedTail measures the exposed tail of a paced prefill: each layer
+// handed over after its simulated compute (--prefill-ms, or twice its
+// measured send time).
+func (b *tcpBench) pacedTail(ctx context.Context) error {
+	f, res := b.f, &b.res
+	perByte := float64(b.xferBest) / float64(res.StateBytes)
+	pace := func(L int) time.Duration {
+		if f.prefillMS > 0 {
+			return time.Duration(f.prefillMS * float64(time.Millisecond))
+		}
+		return time.Duration(2 * perByte * float64(b.src.Layers[L].Bytes()))
+	}
+	res.PrefillMSPerLayer = ms(time.Duration(float64(b.xferBest)*2) / time.Duration(b.cfg.NumLayers))
+	if f.prefillMS > 0 {
+		res.PrefillMSPerLayer = f.prefillMS
+	}
+	var tailBest time.Duration
+	for rep := 0; rep < f.reps; rep++ {
+		t, err := b.g.run(ctx, b.src, b.all, f.conns, pace, nil)
+		if err != nil {
+			return fmt.Errorf("streaming: %w", err)
+		}
+		b.tally(t)
+		if tailBest == 0 || t.tail < tailBest {
+			tailBest = t.tail
+		}
+	}
+	res.ExposedTailMS = ms(tailBest)
+	res.TailOK = res.ExposedTailMS <= res.TailLimitMS
+	say("streaming with prefill paced at ~%.1f ms/layer: exposed tail %.1f ms; the last layer alone takes %.1f ms (limit %.1f ms)",
+		res.PrefillMSPerLayer, res.ExposedTailMS, res.LastLayerSendMS, res.TailLimitMS)
+	return nil
+}
+
+// faultyProxy streams the state through proxies that flip about 40 bits
+// and cut 8 connections over the state, whatever its size. A failed
+// transfer is reported, not returned.
+func (b *tcpBench) faultyProxy(ctx context.Context) error {
+	res := &b.res
+	ps, via, err := b.g.proxies(faultproxy.Faults{FlipEvery: max(res.StateBytes/40, 1), CutEvery: max(res.StateBytes/8, 1),
+		MaxFaults: 60}, b.f.seed)
+	if err != nil {
+		return err
+	}
+	t, err := b.g.run(ctx, b.src, b.all, b.f.conns, nil, via)
+	for _, p := range ps {
+		st := p.Stats()
+		res.FaultFlips += st.Flips
+		res.FaultCuts += st.Cuts
+		p.Close()
+	}
+	res.FaultCRCFailures = b.g.checksumFailures()
+	res.FaultTransferOK = err == nil
+	if err == nil {
+		b.tally(t)
+	}
+	say("through a faulty proxy: %d bits flipped, %d connections cut, %d chunks failed their CRC and were resent; transfer ok: %v (%v)",
+		res.FaultFlips, res.FaultCuts, res.FaultCRCFailures, res.FaultTransferOK, err)
+	return nil
+}
+
+// loadTransferModel loads the state shapes of --model.
+func loadTransferModel(name string) (*model.Config, error) {
 	if _, err := os.Stat(name); err == nil {
 		return model.LoadConfig(name)
 	}
@@ -380,20 +445,71 @@ type xferTiming struct {
 // the via endpoints when set), handing each layer over after pace(L) when
 // pace is set, and checks every committed chunk against the source.
 func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, conns int, pace func(int) time.Duration, via map[string]string) (xferTiming, error) {
-	defer func() {
-		runtime.GC()
-		debug.FreeOSMemory()
-	}()
+	defer freeHeap()
 	g.n++
 	sid := fmt.Sprintf("bench-%d", g.n)
 	secret := []byte("bench-transfer-secret-0123456789")
 	deadline := time.Now().Add(5 * time.Minute)
-	place := kvtransfer.LayerMap{}
-	type rank struct {
-		in     *kvtransfer.Incoming
-		layers []int
+	ranks, place, err := g.expect(sid, secret, src, layers, via, deadline)
+	if err != nil {
+		return xferTiming{}, err
 	}
-	var ranks []rank
+	defer func() {
+		for _, r := range ranks {
+			r.in.Cancel()
+		}
+	}()
+	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: sid, Secret: secret, Placement: place, Conns: conns, Deadline: deadline,
+		Transport: g.client})
+	if err != nil {
+		return xferTiming{}, err
+	}
+	// Time the streaming, not the handshakes (the raw TCP baseline does
+	// not count its dials either).
+	if err := awaitDials(ctx, snd, int64(conns*len(ranks)), deadline); err != nil {
+		return xferTiming{}, err
+	}
+	w := awaitRanks(ctx, ranks)
+	start, lm := time.Now(), startLoad()
+	lastPut, err := sendLayers(ctx, snd, src, layers, pace)
+	w.wg.Wait()
+	if err != nil {
+		return xferTiming{}, err
+	}
+	cpu := lm.span()
+	if w.err != nil {
+		return xferTiming{}, w.err
+	}
+	// Verify after the clock stopped, so that checking one rank does not
+	// slow another still receiving.
+	out := xferTiming{total: w.lastEnd.Sub(start), tail: w.lastEnd.Sub(lastPut), cpu: cpu}
+	for i, r := range ranks {
+		n, bad := compareChunks(src, w.states[i], r.layers)
+		out.chunks += n
+		out.corrupt += bad
+	}
+	return out, nil
+}
+
+// freeHeap collects the heap and returns it to the OS, so that each timed
+// run starts from the same heap.
+func freeHeap() {
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// xferRank is a rank expecting its share of a run's layers.
+type xferRank struct {
+	in     *kvtransfer.Incoming
+	layers []int
+}
+
+// expect has each rank owning some of layers expect them, and returns the
+// ranks and the layers' placement (through via when set). On error it
+// cancels what it started.
+func (g *xferGroup) expect(sid string, secret []byte, src *model.SeqState, layers []int, via map[string]string, deadline time.Time) ([]xferRank, kvtransfer.LayerMap, error) {
+	place := kvtransfer.LayerMap{}
+	var ranks []xferRank
 	for _, s := range g.servers {
 		var own []int
 		for _, L := range layers {
@@ -410,51 +526,67 @@ func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, 
 		}
 		in, err := s.Expect(kvtransfer.ExpectSpec{Session: sid, Secret: secret, Model: g.cfg, Layers: own, Tokens: src.Tokens, Deadline: deadline})
 		if err != nil {
-			return xferTiming{}, err
+			for _, r := range ranks {
+				r.in.Cancel()
+			}
+			return nil, nil, err
 		}
-		defer in.Cancel()
-		ranks = append(ranks, rank{in, own})
+		ranks = append(ranks, xferRank{in, own})
 	}
-	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: sid, Secret: secret, Placement: place, Conns: conns, Deadline: deadline,
-		Transport: g.client})
-	if err != nil {
-		return xferTiming{}, err
-	}
-	// Time the streaming, not the handshakes (the raw TCP baseline does
-	// not count its dials either).
-	for snd.Stats().Dials < int64(conns*len(ranks)) {
+	return ranks, place, nil
+}
+
+// awaitDials waits until snd has dialed n connections; it aborts snd if
+// they are not up by deadline or ctx ends.
+func awaitDials(ctx context.Context, snd *kvtransfer.Sender, n int64, deadline time.Time) error {
+	for snd.Stats().Dials < n {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			snd.Abort(errors.New("bench: connections not established"))
-			return xferTiming{}, errors.New("connections not established")
+			return errors.New("connections not established")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	var (
-		mu      sync.Mutex
-		lastEnd time.Time
-		werr    error
-		wg      sync.WaitGroup
-		states  = make([]*model.SeqState, len(ranks))
-	)
+	return nil
+}
+
+// rankWaits is the ranks' waits for their states: wg is done when all
+// have returned; then states, lastEnd (the last commit) and err are set.
+type rankWaits struct {
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	lastEnd time.Time
+	err     error
+	states  []*model.SeqState
+}
+
+// awaitRanks waits for each rank's committed state in the background.
+func awaitRanks(ctx context.Context, ranks []xferRank) *rankWaits {
+	w := &rankWaits{states: make([]*model.SeqState, len(ranks))}
 	for i, r := range ranks {
-		wg.Add(1)
+		w.wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer w.wg.Done()
 			st, err := r.in.Wait(ctx)
 			now := time.Now()
-			mu.Lock()
-			defer mu.Unlock()
+			w.mu.Lock()
+			defer w.mu.Unlock()
 			if err != nil {
-				werr = errors.Join(werr, err)
+				w.err = errors.Join(w.err, err)
 				return
 			}
-			if now.After(lastEnd) {
-				lastEnd = now
+			if now.After(w.lastEnd) {
+				w.lastEnd = now
 			}
-			states[i] = st
+			w.states[i] = st
 		}()
 	}
-	start, lm := time.Now(), startLoad()
+	return w
+}
+
+// sendLayers hands the layers to snd, each after pace(L) when pace is set,
+// and closes it; it returns when the last layer was handed over. On a
+// failed hand-over it aborts snd.
+func sendLayers(ctx context.Context, snd *kvtransfer.Sender, src *model.SeqState, layers []int, pace func(int) time.Duration) (time.Time, error) {
 	var lastPut time.Time
 	for _, L := range layers {
 		if pace != nil {
@@ -463,28 +595,10 @@ func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, 
 		lastPut = time.Now()
 		if err := snd.PutLayer(ctx, src.Layers[L]); err != nil {
 			snd.Abort(err)
-			wg.Wait()
-			return xferTiming{}, err
+			return lastPut, err
 		}
 	}
-	if err := snd.Close(ctx, src.Tokens); err != nil {
-		wg.Wait()
-		return xferTiming{}, err
-	}
-	wg.Wait()
-	cpu := lm.span()
-	if werr != nil {
-		return xferTiming{}, werr
-	}
-	// Verify after the clock stopped, so that checking one rank does not
-	// slow another still receiving.
-	out := xferTiming{total: lastEnd.Sub(start), tail: lastEnd.Sub(lastPut), cpu: cpu}
-	for i, r := range ranks {
-		n, bad := compareChunks(src, states[i], r.layers)
-		out.chunks += n
-		out.corrupt += bad
-	}
-	return out, nil
+	return lastPut, snd.Close(ctx, src.Tokens)
 }
 
 // compareChunks counts the chunks (on a 1 MiB grid) of the committed layers
@@ -515,93 +629,48 @@ func compareChunks(src, got *model.SeqState, layers []int) (n, bad int64) {
 // kept until the end as a receiver keeps its state, and returns the time
 // from the first write to the last byte read.
 func rawTCP(ctx context.Context, src *model.SeqState, layers []int, conns int) (time.Duration, error) {
-	defer func() {
-		runtime.GC()
-		debug.FreeOSMemory()
-	}()
+	defer freeHeap()
 	var parts [][]byte
 	for _, L := range layers {
 		for _, p := range src.Layers[L].Parts {
 			parts = append(parts, p.Data)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	mine := func(i int) [][]byte {
+	mine := func(i int) [][]byte { // connection i's parts
 		var out [][]byte
 		for j := i; j < len(parts); j += conns {
 			out = append(out, parts[j])
 		}
 		return out
 	}
-	type recv struct {
-		end time.Time
-		err error
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
 	}
-	done := make(chan recv, conns)
+	defer ln.Close()
+	done := make(chan rawRecv, conns)
 	var readers sync.WaitGroup
 	clients := make([]net.Conn, conns)
 	for i := 0; i < conns; i++ {
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
+		c, s, id, err := rawPair(ctx, ln, i)
 		if err != nil {
 			return 0, err
 		}
 		defer c.Close()
-		s, err := ln.Accept()
-		if err != nil {
-			return 0, err
-		}
 		defer s.Close()
-		c.Write([]byte{byte(i)})
-		var id [1]byte
-		if _, err := io.ReadFull(s, id[:]); err != nil {
-			return 0, err
-		}
 		clients[i] = c
 		readers.Add(1)
-		var dsts [][]byte
-		for _, p := range mine(int(id[0])) {
-			dst := make([]byte, len(p))
-			for i := 0; i < len(dst); i += os.Getpagesize() {
-				dst[i] = 0 // fault the pages in before the clock starts, as the kvtransfer receiver does
-			}
-			dsts = append(dsts, dst)
-		}
-		go func(s net.Conn, dsts [][]byte) {
+		go func(dsts [][]byte) {
 			defer readers.Done()
-			for _, dst := range dsts {
-				if _, err := io.ReadFull(s, dst); err != nil {
-					done <- recv{err: err}
-					return
-				}
-			}
-			done <- recv{end: time.Now()}
-		}(s, dsts)
+			done <- rawRead(s, dsts)
+		}(faultedIn(mine(id)))
 	}
 	start := time.Now()
-	var writers sync.WaitGroup
-	werrs := make(chan error, conns)
-	for i, c := range clients {
-		writers.Add(1)
-		go func() {
-			defer writers.Done()
-			for _, p := range mine(i) {
-				if _, err := c.Write(p); err != nil {
-					werrs <- err
-					return
-				}
-			}
-		}()
-	}
-	writers.Wait()
+	werr := rawWrite(clients, mine)
 	readers.Wait()
 	close(done)
-	close(werrs)
-	if err := <-werrs; err != nil {
-		return 0, err
+	if werr != nil {
+		return 0, werr
 	}
 	var end time.Time
 	for r := range done {
@@ -615,10 +684,84 @@ func rawTCP(ctx context.Context, src *model.SeqState, layers []int, conns int) (
 	return end.Sub(start), nil
 }
 
+// rawRecv is a raw TCP reader's outcome: when it read its last byte.
+type rawRecv struct {
+	end time.Time
+	err error
+}
+
+// rawPair dials ln as connection i and accepts it; the accepted end reads
+// the connection's id.
+func rawPair(ctx context.Context, ln net.Listener, i int) (c, s net.Conn, id int, err error) {
+	c, err = (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	s, err = ln.Accept()
+	if err != nil {
+		c.Close()
+		return nil, nil, 0, err
+	}
+	c.Write([]byte{byte(i)})
+	var b [1]byte
+	if _, err := io.ReadFull(s, b[:]); err != nil {
+		c.Close()
+		s.Close()
+		return nil, nil, 0, err
+	}
+	return c, s, int(b[0]), nil
+}
+
+// faultedIn returns buffers of the sizes of parts with their pages faulted
+// in, as the kvtransfer receiver does before the clock starts.
+func faultedIn(parts [][]byte) [][]byte {
+	var dsts [][]byte
+	for _, p := range parts {
+		dst := make([]byte, len(p))
+		for i := 0; i < len(dst); i += os.Getpagesize() {
+			dst[i] = 0
+		}
+		dsts = append(dsts, dst)
+	}
+	return dsts
+}
+
+// rawRead fills dsts from s in order.
+func rawRead(s net.Conn, dsts [][]byte) rawRecv {
+	for _, dst := range dsts {
+		if _, err := io.ReadFull(s, dst); err != nil {
+			return rawRecv{err: err}
+		}
+	}
+	return rawRecv{end: time.Now()}
+}
+
+// rawWrite writes each connection's parts, mine(i), concurrently and
+// returns the first error.
+func rawWrite(clients []net.Conn, mine func(int) [][]byte) error {
+	var writers sync.WaitGroup
+	werrs := make(chan error, len(clients))
+	for i, c := range clients {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for _, p := range mine(i) {
+				if _, err := c.Write(p); err != nil {
+					werrs <- err
+					return
+				}
+			}
+		}()
+	}
+	writers.Wait()
+	close(werrs)
+	return <-werrs
+}
+
 // limitedRun shows the overlap on a rate-limited link: one rank behind a
 // proxy at the given rate, a prefill whose per-layer compute takes as long as
 // that layer's transfer (the case where overlap matters most).
-func limitedRun(ctx context.Context, cfg *model.Config, src *model.SeqState, f transferFlags, res *transferResult) error {
+func limitedRun(ctx context.Context, cfg *model.Config, src *model.SeqState, f transferConfig, res *transferResult) error {
 	n := min(f.limitedLayers, cfg.NumLayers)
 	layers := kvtest.AllLayers(n)
 	g, err := startGroup(cfg, 1, f.chunk, f.window)

@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -100,38 +98,67 @@ func pairRatios(raw, xfer []time.Duration) ([]float64, float64) {
 // on the fake wire losing a fraction f.loss of its messages, and moves the
 // same bytes over the bare fake wire in the same run: raw, transfer, raw,
 // transfer, ... (f.reps pairs), so that each pair sees the same load.
-func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, src *model.SeqState) error {
-	if f.loss < 0 || f.loss >= 1 {
-		return fmt.Errorf("--loss %v: want a probability in [0, 1)", f.loss)
-	}
-	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-	rc := rdma.Config{SlotSize: f.slotSize, Slots: f.slots}
+func transferRDMAFake(ctx context.Context, f transferConfig, cfg *model.Config, src *model.SeqState) error {
 	res := rdmaResult{Transport: "rdma-fake", Loss: f.loss, Model: f.model, Tokens: f.tokens, StateBytes: int64(src.Bytes()),
 		Ranks: f.ranks, ConnsPerRank: f.conns, SlotBytes: f.slotSize, Slots: f.slots, Reps: f.reps,
 		CPUs: runtime.NumCPU(), TargetRatio: 0.9}
 	if f.loss > 0 {
 		res.TargetRatio = 0.5
 	}
-	fab := fakeverbs.NewFabric(fakeverbs.Faults{Loss: f.loss}, f.seed)
-	var trs []*rdma.Transport
+	rig, err := startRDMARig(f, cfg)
+	defer rig.close()
+	if err != nil {
+		return err
+	}
+	say("state: %s, T=%d, %.1f MB; %d ranks x %d connections over RDMA links on the fake wire (%d slots of %d KiB), loss %.2f%%",
+		f.model, f.tokens, float64(res.StateBytes)/1e6, f.ranks, f.conns, res.Slots, res.SlotBytes>>10, 100*f.loss)
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if err := rig.pairs(ctx, f, src, &res); err != nil {
+		return err
+	}
+	rig.stats(&res)
+	res.CorruptCheckPassed = res.CorruptChunksCommitted == 0
+	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s (best of each: %.2f x); median of the pairs' ratios %.2f x raw (target >= %.1f); %d of %d slots resent (%d timer expiries), %d ack-only slots, %d of %d slots received placed by the poller, %d lost on the wire, %d dropped for want of a posted receive; %d chunks committed, %d corrupt",
+		res.RawGbps, res.TransferGbps, res.TransferRatio, res.MedianPairRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.Timeouts, res.AckSlots, res.DirectSlots, res.SlotsReceived, res.WireLost, res.WireNoRecvDrops,
+		res.ChunksVerified, res.CorruptChunksCommitted)
+	if f.asJSON {
+		return printJSON(res)
+	}
+	return nil
+}
+
+// rdmaRig is a decode group on loopback whose ranks and sender use RDMA
+// links on one fake wire.
+type rdmaRig struct {
+	fab *fakeverbs.Fabric
+	trs []*rdma.Transport
+	g   *xferGroup
+}
+
+// startRDMARig starts the group of f on a fake wire losing f.loss of its
+// messages. The rig must be closed, even on error.
+func startRDMARig(f transferConfig, cfg *model.Config) (*rdmaRig, error) {
+	r := &rdmaRig{fab: fakeverbs.NewFabric(fakeverbs.Faults{Loss: f.loss}, f.seed)}
+	rc := rdma.Config{SlotSize: f.slotSize, Slots: f.slots}
 	newTr := func(host string) (kvtransfer.Transport, error) {
 		c := rc
-		c.Provider = fab.Host(host, benchGID)
+		c.Provider = r.fab.Host(host, benchGID)
 		t, err := rdma.New(c)
 		if err != nil {
 			return nil, err
 		}
-		trs = append(trs, t)
+		r.trs = append(r.trs, t)
 		return kvtransfer.RDMA{T: t}, nil
 	}
-	defer func() {
-		for _, t := range trs {
-			t.Close()
-		}
-	}()
 	client, err := newTr("prefill")
 	if err != nil {
-		return err
+		return r, err
 	}
 	var serr error
 	g, err := startGroupOn(cfg, f.ranks, f.chunk, f.window, func(i int) kvtransfer.Transport {
@@ -140,26 +167,45 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		return t
 	}, client)
 	if err != nil || serr != nil {
-		return errors.Join(err, serr)
+		return r, errors.Join(err, serr)
 	}
-	defer g.close()
-	say("state: %s, T=%d, %.1f MB; %d ranks x %d connections over RDMA links on the fake wire (%d slots of %d KiB), loss %.2f%%",
-		f.model, f.tokens, float64(res.StateBytes)/1e6, f.ranks, f.conns, res.Slots, res.SlotBytes>>10, 100*f.loss)
-	all := kvtest.AllLayers(cfg.NumLayers)
+	r.g = g
+	return r, nil
+}
+
+// close stops the group, then the links.
+func (r *rdmaRig) close() {
+	if r.g != nil {
+		r.g.close()
+	}
+	for _, t := range r.trs {
+		t.Close()
+	}
+}
+
+// startCPUProfile profiles the CPU into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	pf, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		pf.Close()
+	}, nil
+}
+
+// pairs times f.reps pairs of a raw fake-wire run and a transfer, and
+// fills in res's throughputs, ratios, CPU and chunk counts.
+func (r *rdmaRig) pairs(ctx context.Context, f transferConfig, src *model.SeqState, res *rdmaResult) error {
+	all := kvtest.AllLayers(r.g.cfg.NumLayers)
 	var rawBest, xferBest time.Duration
 	var raws, xfers []time.Duration
 	var rawCPU, xferCPU, cpuRatios []float64
-	if f.cpuProfile != "" {
-		pf, err := os.Create(f.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
-	}
 	for rep := 0; rep < f.reps; rep++ {
 		d, dcpu, err := rawFakeWire(src, all, res.SlotBytes, res.Slots)
 		if err != nil {
@@ -169,7 +215,7 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		if rawBest == 0 || d < rawBest {
 			rawBest = d
 		}
-		t, err := g.run(ctx, src, all, f.conns, nil, nil)
+		t, err := r.g.run(ctx, src, all, f.conns, nil, nil)
 		if err != nil {
 			return fmt.Errorf("transfer: %w", err)
 		}
@@ -190,18 +236,6 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		say("rep %d: raw %.2f Gbit/s, transfer %.2f Gbit/s: %.2f x", rep+1, gbps(res.StateBytes, d), gbps(res.StateBytes, t.total),
 			float64(d)/float64(t.total))
 	}
-	for _, t := range trs {
-		st := t.Stats()
-		res.Retransmits += st.Retransmits
-		res.Timeouts += st.Timeouts
-		res.FastRetransmits += st.FastRetransmits
-		res.SlotsSent += st.SlotsSent
-		res.AckSlots += st.AcksSent
-		res.DirectSlots += st.Direct
-		res.SlotsReceived += st.SlotsReceived
-	}
-	res.WireLost = fab.Stats().Lost
-	res.WireNoRecvDrops = fab.Stats().NoRecvDrops
 	res.RawGbps = gbps(res.StateBytes, rawBest)
 	res.TransferGbps = gbps(res.StateBytes, xferBest)
 	res.TransferRatio = res.TransferGbps / res.RawGbps
@@ -213,18 +247,23 @@ func transferRDMAFake(ctx context.Context, f transferFlags, cfg *model.Config, s
 		say("CPU per GB moved: raw wire %.3f s, transfer %.3f s (%.2f x); other processes used %s of the cores during the pairs",
 			res.RawCPUPerGB, res.TransferCPUPerGB, res.CPURatio, shares(res.PairOthers))
 	}
-	res.CorruptCheckPassed = res.CorruptChunksCommitted == 0
-	say("raw fake wire %.2f Gbit/s, transfer %.2f Gbit/s (best of each: %.2f x); median of the pairs' ratios %.2f x raw (target >= %.1f); %d of %d slots resent (%d timer expiries), %d ack-only slots, %d of %d slots received placed by the poller, %d lost on the wire, %d dropped for want of a posted receive; %d chunks committed, %d corrupt",
-		res.RawGbps, res.TransferGbps, res.TransferRatio, res.MedianPairRatio, res.TargetRatio, res.Retransmits, res.SlotsSent, res.Timeouts, res.AckSlots, res.DirectSlots, res.SlotsReceived, res.WireLost, res.WireNoRecvDrops,
-		res.ChunksVerified, res.CorruptChunksCommitted)
-	if f.asJSON {
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		fmt.Println(string(b))
-	}
 	return nil
+}
+
+// stats adds the links' and the wire's counters to res.
+func (r *rdmaRig) stats(res *rdmaResult) {
+	for _, t := range r.trs {
+		st := t.Stats()
+		res.Retransmits += st.Retransmits
+		res.Timeouts += st.Timeouts
+		res.FastRetransmits += st.FastRetransmits
+		res.SlotsSent += st.SlotsSent
+		res.AckSlots += st.AcksSent
+		res.DirectSlots += st.Direct
+		res.SlotsReceived += st.SlotsReceived
+	}
+	res.WireLost = r.fab.Stats().Lost
+	res.WireNoRecvDrops = r.fab.Stats().NoRecvDrops
 }
 
 // pageAligned returns n bytes starting on a page boundary (the fake wire,
@@ -245,53 +284,13 @@ func pageAligned(n int) []byte {
 // (xferGroup.run) it faults its buffers in before the clock and leaves
 // the heap collected, so that each timed run starts from the same heap.
 func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Duration, cpuSpan, error) {
-	defer func() {
-		runtime.GC()
-		debug.FreeOSMemory()
-	}()
-	fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
-	type end struct {
-		ctx verbs.Context
-		pd  verbs.PD
-		cq  verbs.CQ
-		qp  verbs.QP
-		mr  verbs.MR
-		buf []byte
+	defer freeHeap()
+	ends, closeEnds, err := openRawEnds(slot, slots)
+	defer closeEnds()
+	if err != nil {
+		return 0, cpuSpan{}, err
 	}
-	var ends [2]end
-	for i := range ends {
-		e := &ends[i]
-		var err error
-		if e.ctx, err = fab.Host(fmt.Sprint("raw", i), benchGID).Open(fakeverbs.DeviceName); err != nil {
-			return 0, cpuSpan{}, err
-		}
-		if e.pd, err = e.ctx.AllocPD(); err != nil {
-			return 0, cpuSpan{}, err
-		}
-		if e.cq, err = e.ctx.CreateCQ(4 * slots); err != nil {
-			return 0, cpuSpan{}, err
-		}
-		frames := slots * verbs.Frames(slot)
-		if e.qp, err = e.pd.CreateQP(verbs.QPInit{SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: frames, MaxRecvWR: frames}); err != nil {
-			return 0, cpuSpan{}, err
-		}
-		e.buf = pageAligned(slots * slot)
-		if e.mr, err = e.pd.RegMR(e.buf, verbs.AccessDefault); err != nil {
-			return 0, cpuSpan{}, err
-		}
-		defer func() { e.qp.Close(); e.mr.Close(); e.cq.Close() }()
-	}
-	for i := range ends {
-		e, p := ends[i], ends[1-i]
-		if err := errors.Join(e.qp.Init(1), e.qp.ReadyToReceive(verbs.RTR{Port: 1, MTU: 5, DestQPN: p.qp.Num(), DGID: benchGID, SGIDIndex: 1})); err != nil {
-			return 0, cpuSpan{}, err
-		}
-		if err := e.qp.ReadyToSend(0); err != nil {
-			return 0, cpuSpan{}, err
-		}
-	}
-	tx, rx := ends[0], ends[1]
-	at := func(b []byte, i int) []byte { return b[i*slot : (i+1)*slot] }
+	w := rawWire{tx: ends[0], rx: ends[1], slot: slot, slots: slots}
 	var total int
 	var dsts [][]byte
 	for _, L := range layers {
@@ -303,101 +302,171 @@ func rawFakeWire(src *model.SeqState, layers []int, slot, slots int) (time.Durat
 	// Fault every page in before the clock, as kvtransfer's receiver does
 	// with its buffers (when the sender authenticates, before the
 	// transfer's clock) and the link with its arena (when it is mapped).
-	for _, b := range append(dsts, tx.buf, rx.buf) {
+	for _, b := range append(dsts, w.tx.buf, w.rx.buf) {
 		for i := 0; i < len(b); i += 4096 {
 			b[i] = 1
 		}
 	}
 	for i := 0; i < slots; i++ {
-		if err := rx.qp.PostRecv(uint64(i), rx.mr, at(rx.buf, i)); err != nil {
+		if err := w.rx.qp.PostRecv(uint64(i), w.rx.mr, w.at(w.rx.buf, i)); err != nil {
 			return 0, cpuSpan{}, err
 		}
 	}
-	credits := make(chan int, slots) // send slots whose message was consumed
+	w.credits = make(chan int, slots) // send slots whose message was consumed
 	for i := 0; i < slots; i++ {
-		credits <- i
+		w.credits <- i
 	}
 	done := make(chan error, 1)
 	start, lm := time.Now(), startLoad()
-	go func() {
-		// The receiver: copy each slot out in order and repost it.
-		wcs := make([]verbs.WC, 64)
-		got, di, doff := 0, 0, 0
-		for got < total {
-			n, err := rx.cq.Poll(wcs)
-			if err != nil {
-				done <- err
-				return
-			}
-			if n == 0 {
-				<-rx.cq.(verbs.Notifier).Notify()
-				continue
-			}
-			for _, wc := range wcs[:n] {
-				if wc.Status != verbs.StatusSuccess {
-					done <- fmt.Errorf("receive completion: %s", wc.Status)
-					return
-				}
-				b := at(rx.buf, int(wc.ID))
-				for len(b) > 0 && got < total {
-					c := copy(dsts[di][doff:], b)
-					b, doff, got = b[c:], doff+c, got+c
-					if doff == len(dsts[di]) {
-						di, doff = di+1, 0
-					}
-				}
-				if err := rx.qp.PostRecv(wc.ID, rx.mr, at(rx.buf, int(wc.ID))); err != nil {
-					done <- err
-					return
-				}
-				credits <- 0
-			}
-		}
-		done <- nil
-	}()
-	// The sender: fill full slots from the parts, in order.
-	wcs := make([]verbs.WC, 64)
-	next := 0
-	var cur []byte
-	fill := 0
-	send := func() error {
-		<-credits
-		b := at(tx.buf, next)
-		clear(b[fill:]) // the last slot is sent whole too
-		if err := tx.qp.PostSend(uint64(next), tx.mr, b); err != nil {
-			return err
-		}
-		if _, err := tx.cq.Poll(wcs); err != nil { // reap send completions
-			return err
-		}
-		next, fill = (next+1)%slots, 0
-		return nil
-	}
-	for _, L := range layers {
-		for _, p := range src.Layers[L].Parts {
-			d := p.Data
-			for len(d) > 0 {
-				cur = at(tx.buf, next)
-				c := copy(cur[fill:], d)
-				d, fill = d[c:], fill+c
-				if fill == slot {
-					if err := send(); err != nil {
-						return 0, cpuSpan{}, err
-					}
-				}
-			}
-		}
-	}
-	if fill > 0 {
-		if err := send(); err != nil {
-			return 0, cpuSpan{}, err
-		}
+	go func() { done <- w.receive(dsts, total) }()
+	if err := w.send(src, layers); err != nil {
+		return 0, cpuSpan{}, err
 	}
 	if err := <-done; err != nil {
 		return 0, cpuSpan{}, err
 	}
 	d := time.Since(start)
 	return d, lm.span(), nil
+}
+
+// rawEnd is one end of a bare fake-wire queue pair, with its slots' buffer.
+type rawEnd struct {
+	ctx verbs.Context
+	pd  verbs.PD
+	cq  verbs.CQ
+	qp  verbs.QP
+	mr  verbs.MR
+	buf []byte
+}
+
+// openRawEnds opens two ends of slots slots of slot bytes on a lossless
+// fake wire and connects them. closeEnds closes the ends set up, even on
+// error.
+func openRawEnds(slot, slots int) (ends [2]rawEnd, closeEnds func(), err error) {
+	fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+	var opened []*rawEnd
+	closeEnds = func() {
+		for _, e := range opened {
+			e.qp.Close()
+			e.mr.Close()
+			e.cq.Close()
+		}
+	}
+	for i := range ends {
+		e := &ends[i]
+		if e.ctx, err = fab.Host(fmt.Sprint("raw", i), benchGID).Open(fakeverbs.DeviceName); err != nil {
+			return ends, closeEnds, err
+		}
+		if e.pd, err = e.ctx.AllocPD(); err != nil {
+			return ends, closeEnds, err
+		}
+		if e.cq, err = e.ctx.CreateCQ(4 * slots); err != nil {
+			return ends, closeEnds, err
+		}
+		frames := slots * verbs.Frames(slot)
+		if e.qp, err = e.pd.CreateQP(verbs.QPInit{SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: frames, MaxRecvWR: frames}); err != nil {
+			return ends, closeEnds, err
+		}
+		e.buf = pageAligned(slots * slot)
+		if e.mr, err = e.pd.RegMR(e.buf, verbs.AccessDefault); err != nil {
+			return ends, closeEnds, err
+		}
+		opened = append(opened, e)
+	}
+	for i := range ends {
+		e, p := ends[i], ends[1-i]
+		if err := errors.Join(e.qp.Init(1), e.qp.ReadyToReceive(verbs.RTR{Port: 1, MTU: 5, DestQPN: p.qp.Num(), DGID: benchGID, SGIDIndex: 1})); err != nil {
+			return ends, closeEnds, err
+		}
+		if err := e.qp.ReadyToSend(0); err != nil {
+			return ends, closeEnds, err
+		}
+	}
+	return ends, closeEnds, nil
+}
+
+// rawWire moves bytes from tx to rx in full slots; credits holds the send
+// slots whose message rx has consumed.
+type rawWire struct {
+	tx, rx      rawEnd
+	slot, slots int
+	credits     chan int
+}
+
+// at is slot i of b.
+func (w *rawWire) at(b []byte, i int) []byte { return b[i*w.slot : (i+1)*w.slot] }
+
+// receive copies each received slot out in order into dsts until total
+// bytes came, reposting the slot and handing a credit back.
+func (w *rawWire) receive(dsts [][]byte, total int) error {
+	wcs := make([]verbs.WC, 64)
+	got, di, doff := 0, 0, 0
+	for got < total {
+		n, err := w.rx.cq.Poll(wcs)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			<-w.rx.cq.(verbs.Notifier).Notify()
+			continue
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != verbs.StatusSuccess {
+				return fmt.Errorf("receive completion: %s", wc.Status)
+			}
+			b := w.at(w.rx.buf, int(wc.ID))
+			for len(b) > 0 && got < total {
+				c := copy(dsts[di][doff:], b)
+				b, doff, got = b[c:], doff+c, got+c
+				if doff == len(dsts[di]) {
+					di, doff = di+1, 0
+				}
+			}
+			if err := w.rx.qp.PostRecv(wc.ID, w.rx.mr, w.at(w.rx.buf, int(wc.ID))); err != nil {
+				return err
+			}
+			w.credits <- 0
+		}
+	}
+	return nil
+}
+
+// send fills full slots from the parts of layers, in order, and sends
+// each (the last one whole too) when it has a credit.
+func (w *rawWire) send(src *model.SeqState, layers []int) error {
+	wcs := make([]verbs.WC, 64)
+	next, fill := 0, 0
+	flush := func() error {
+		<-w.credits
+		b := w.at(w.tx.buf, next)
+		clear(b[fill:]) // the last slot is sent whole too
+		if err := w.tx.qp.PostSend(uint64(next), w.tx.mr, b); err != nil {
+			return err
+		}
+		if _, err := w.tx.cq.Poll(wcs); err != nil { // reap send completions
+			return err
+		}
+		next, fill = (next+1)%w.slots, 0
+		return nil
+	}
+	for _, L := range layers {
+		for _, p := range src.Layers[L].Parts {
+			d := p.Data
+			for len(d) > 0 {
+				c := copy(w.at(w.tx.buf, next)[fill:], d)
+				d, fill = d[c:], fill+c
+				if fill == w.slot {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	if fill > 0 {
+		return flush()
+	}
+	return nil
 }
 
 // shares formats shares of the cores as percentages, "0% 12% 3%".

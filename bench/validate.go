@@ -29,7 +29,7 @@ import (
 )
 
 func init() {
-	register(command{"validate", "what a GPU or Mac owner runs: conformance on the device, then per-op throughput and a streamed pass (cuda), or decode steps against the bandwidth ceiling and local prefill (metal) (Markdown + JSON + PNG)", runValidate})
+	register(command{"validate", "what a GPU or Mac owner runs: conformance on the device, then per-op throughput and a streamed pass (cuda), or decode steps against the bandwidth ceiling and local prefill (metal) (Markdown + JSON + PNG)", stages(parseValidateFlags, runValidate)})
 }
 
 // Targets of issue 13 (each a ratio against a limit measured in the run).
@@ -89,7 +89,9 @@ type passFigure struct {
 	Met          bool    `json:"met"`
 }
 
-type validateFlags struct {
+// validateConfig is bench validate's configuration, from its flags, with
+// the backend's defaults filled in.
+type validateConfig struct {
 	backend, out, model, passModel string
 	only                           string
 	full                           bool
@@ -102,9 +104,12 @@ type validateFlags struct {
 	greedyTokens                   int
 }
 
-func runValidate(ctx context.Context, args []string) error {
+// parseValidateFlags parses bench validate's command line and fills in the
+// defaults of the backend for sizes not given. After --help it returns
+// pflag.ErrHelp.
+func parseValidateFlags(args []string) (validateConfig, error) {
 	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	var f validateFlags
+	var f validateConfig
 	fs.StringVar(&f.backend, "backend", "cuda", "backend to validate: cuda (the prefill GPU), metal (a Mac's GPU: decode figures), or cpu (the same steps on the reference, to check the command)")
 	fs.BoolVar(&f.decode, "decode", false, "the decode figures (decode steps against the bandwidth ceiling, local prefill, greedy ids) instead of the prefill ones; always on with --backend metal")
 	fs.IntVar(&f.greedyTokens, "greedy-tokens", 8, "decode figures: greedy tokens per prompt compared with the CPU backend")
@@ -122,11 +127,18 @@ func runValidate(ctx context.Context, args []string) error {
 	fs.StringVar(&f.budget, "memory-budget", "", "host memory budget of the streamed pass, a byte size (default 16GiB on cuda; 512MiB on cpu)")
 	config.Alias(fs, "mem-budget", "memory-budget")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return f, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %v", fs.Args())
+		return f, fmt.Errorf("unexpected arguments %v", fs.Args())
 	}
+	f.fillDefaults()
+	return f, nil
+}
+
+// fillDefaults sets the sizes not given to the backend's: K3 prefill
+// shapes on cuda, small ones on cpu, decode figures on metal.
+func (f *validateConfig) fillDefaults() {
 	gpu := f.backend == "cuda"
 	if f.backend == "metal" {
 		f.decode = true
@@ -156,37 +168,102 @@ func runValidate(ctx context.Context, args []string) error {
 			f.budget = "16GiB"
 		}
 	}
-	var be kernels.Backend
+}
+
+// validate checks the flags on their own (after fillDefaults).
+func (f validateConfig) validate() error {
+	switch f.backend {
+	case "cuda", "metal", "cpu":
+	default:
+		return fmt.Errorf("backend %q: want cuda, metal or cpu", f.backend)
+	}
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"--tokens", f.tokens}, {"--experts", f.experts}, {"--top-k", f.topK}, {"--pass-tokens", f.passTokens}, {"--copy-mib", f.copyMiB}} {
+		if v.n < 0 {
+			return fmt.Errorf("%s %d: want a positive number (0 or none for the backend's default)", v.flag, v.n)
+		}
+	}
+	if f.topK > f.experts {
+		return fmt.Errorf("--top-k %d --experts %d: want at most as many experts per token as experts", f.topK, f.experts)
+	}
+	if f.greedyTokens < 0 {
+		return fmt.Errorf("--greedy-tokens %d: want 0 or more", f.greedyTokens)
+	}
+	if _, err := config.ParseBytes(f.budget); err != nil {
+		return fmt.Errorf("--memory-budget: %w", err)
+	}
+	return nil
+}
+
+// validateLog prints a line of bench validate's progress to stdout.
+func validateLog(format string, a ...any) { fmt.Printf(format+"\n", a...) }
+
+func runValidate(ctx context.Context, f validateConfig) error {
 	rep := &validateReport{Backend: f.backend}
+	be, closeBackend, err := openBackend(f, rep)
+	if err != nil {
+		return err
+	}
+	defer closeBackend()
+	if err := os.MkdirAll(f.out, 0o755); err != nil {
+		return err
+	}
+	// 1. Conformance on the backend.
+	if err := runConformance(ctx, be, f, rep); err != nil {
+		return err
+	}
+	if f.decode {
+		validateLog("== decode figures")
+		if err := measureRankDecode(ctx, be, f, rep, validateLog); err != nil {
+			return err
+		}
+		return writeValidate(f.out, rep)
+	}
+	// 2. Limits and per-op figures.
+	validateLog("== limits and per-op throughput")
+	if err := measureOps(be, f, rep, validateLog); err != nil {
+		return err
+	}
+	// 3. A streamed pass.
+	validateLog("== streamed pass")
+	if err := measurePass(ctx, be, f, rep, validateLog); err != nil {
+		return err
+	}
+	return writeValidate(f.out, rep)
+}
+
+// openBackend opens the backend of f and records its device in rep.
+func openBackend(f validateConfig, rep *validateReport) (kernels.Backend, func(), error) {
 	switch f.backend {
 	case "cuda":
 		b, err := cuda.Open(cuda.Options{Device: f.device})
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		defer b.Close()
 		in := b.Info()
-		be, rep.Device = b, fmt.Sprintf("%s (sm_%d%d, %d SMs, %s, driver %d)", in.Name, in.CC[0], in.CC[1], in.SMs, progress.HumanBytes(int64(in.TotalMem)), in.DriverVersion)
+		rep.Device = fmt.Sprintf("%s (sm_%d%d, %d SMs, %s, driver %d)", in.Name, in.CC[0], in.CC[1], in.SMs, progress.HumanBytes(int64(in.TotalMem)), in.DriverVersion)
+		return b, func() { b.Close() }, nil
 	case "metal":
 		b, err := metal.Open()
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		defer b.Close()
 		_, total := b.DeviceMemory()
-		be, rep.Device = b, fmt.Sprintf("%s (working set %s)", b.Name(), progress.HumanBytes(total))
+		rep.Device = fmt.Sprintf("%s (working set %s)", b.Name(), progress.HumanBytes(total))
+		return b, func() { b.Close() }, nil
 	case "cpu":
-		be, rep.Device = cpu.New(0), "host CPU"
+		rep.Device = "host CPU"
 		rep.Notes = append(rep.Notes, "run on the CPU reference: these figures check the command, not a GPU")
-	default:
-		return fmt.Errorf("backend %q: want cuda, metal or cpu", f.backend)
+		return cpu.New(0), func() {}, nil
 	}
-	if err := os.MkdirAll(f.out, 0o755); err != nil {
-		return err
-	}
-	logf := func(format string, a ...any) { fmt.Printf(format+"\n", a...) }
+	return nil, nil, fmt.Errorf("backend %q: want cuda, metal or cpu", f.backend)
+}
 
-	// 1. Conformance on the backend.
+// runConformance runs the conformance suite (its CI subset unless --full)
+// on be against --model, or the tiny synthetic preset.
+func runConformance(ctx context.Context, be kernels.Backend, f validateConfig, rep *validateReport) error {
 	modelDir := f.model
 	if modelDir == "" {
 		var err error
@@ -194,37 +271,17 @@ func runValidate(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	logf("== conformance on %s (%s)", be.Name(), rep.Device)
+	validateLog("== conformance on %s (%s)", be.Name(), rep.Device)
 	var only []string
 	if f.only != "" {
 		only = strings.Split(f.only, ",")
 	}
-	cr, err := conformance.Run(ctx, be, conformance.Options{Short: !f.full, ModelDir: modelDir, Only: only, Absorbed: f.decode, Log: func(s string) { logf("%s", s) }})
+	cr, err := conformance.Run(ctx, be, conformance.Options{Short: !f.full, ModelDir: modelDir, Only: only, Absorbed: f.decode, Log: func(s string) { validateLog("%s", s) }})
 	if err != nil {
 		return err
 	}
 	rep.Conformance, rep.ConformOK = cr, len(cr.Failed()) == 0
-
-	if f.decode {
-		logf("== decode figures")
-		if err := measureRankDecode(ctx, be, f, rep, logf); err != nil {
-			return err
-		}
-		return writeValidate(f.out, rep)
-	}
-
-	// 2. Limits and per-op figures.
-	logf("== limits and per-op throughput")
-	if err := measureOps(be, f, rep, logf); err != nil {
-		return err
-	}
-
-	// 3. A streamed pass.
-	logf("== streamed pass")
-	if err := measurePass(ctx, be, f, rep, logf); err != nil {
-		return err
-	}
-	return writeValidate(f.out, rep)
+	return nil
 }
 
 // syncOn waits for every op issued before it: a one-value copy of t
@@ -264,13 +321,81 @@ func randomMXFP4(name string, rows, cols int, seed uint64) *kernels.Matrix {
 	return m
 }
 
-func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf func(string, ...any)) error {
-	n := f.copyMiB << 20
-	// Pinned host -> device: Bind of a weight whose bytes are AllocHost
-	// memory, as the streamer's ring slots are.
+// measureOps measures the limits, then the per-op figures against them.
+func measureOps(be kernels.Backend, f validateConfig, rep *validateReport, logf func(string, ...any)) error {
+	if err := measureLimits(be, f, rep, logf); err != nil {
+		return err
+	}
+	T := f.tokens
+	for _, s := range []struct {
+		name       string
+		rows, cols int
+	}{{"q_a_proj", 1536, 7168}, {"latent down", 3584, 7168}, {"latent up", 7168, 3584}, {"kv_b_proj", 24576, 512}} {
+		r, d := gemmRate(be, conformance.RandomMatrix(2, s.name, kernels.BF16, s.rows, s.cols), T)
+		rep.addOp(opFigure{Op: "MatMul BF16 " + s.name, Shape: fmt.Sprintf("%d x %d -> %d", T, s.cols, s.rows), Secs: d.Seconds(), Rate: r, Unit: "TFLOP/s",
+			Limit: rep.Limits.GEMMTFLOPs, Target: targetGEMM}, logf)
+	}
+	o, err := moeFigure(be, T, f.experts, f.topK)
+	if err != nil {
+		return err
+	}
+	o.Limit = rep.Limits.GEMMTFLOPs
+	rep.addOp(o, logf)
+	o = rmsNormFigure(be, T)
+	o.Limit = rep.Limits.HBMCopyGBps
+	rep.addOp(o, logf)
+	return nil
+}
+
+// addOp adds figure o with its ratio to the limit and whether it met its
+// target, and logs it.
+func (rep *validateReport) addOp(o opFigure, logf func(string, ...any)) {
+	o.Ratio = o.Rate / o.Limit
+	if o.Target > 0 {
+		met := o.Ratio >= o.Target
+		o.Met = &met
+	}
+	rep.Ops = append(rep.Ops, o)
+	logf("%-26s %-40s %8.3f %s  %.2f of the limit", o.Op, o.Shape, o.Rate, o.Unit, o.Ratio)
+}
+
+// measureLimits measures the rates the figures are held to: the pinned
+// host-to-device copy, the device copy and the best BF16 GEMM over large
+// shapes.
+func measureLimits(be kernels.Backend, f validateConfig, rep *validateReport, logf func(string, ...any)) error {
+	var err error
+	if rep.Limits.H2DGBps, err = pinnedH2D(be, f.copyMiB); err != nil {
+		return err
+	}
+	// Device copy: read and write every byte once.
+	rep.Limits.HBMCopyGBps = copyRate(be, f.copyMiB<<20)
+	// BF16 GEMM: the best rate of this backend's MatMul over large shapes
+	// is the limit the K3 shapes are held to.
+	T := f.tokens
+	side := 7168
+	if T < 1024 {
+		side = 1024
+	}
+	for _, s := range [][2]int{{side, side}, {2 * side, side}} {
+		r, _ := gemmRate(be, conformance.RandomMatrix(1, "limit", kernels.BF16, s[0], s[1]), T)
+		if r > rep.Limits.GEMMTFLOPs {
+			rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape = r, fmt.Sprintf("%dx%d·%dx%dᵀ", T, s[1], s[0], s[1])
+		}
+	}
+	rep.Notes = append(rep.Notes, "the BF16 GEMM limit is this backend's best MatMul over large shapes (cuBLASLt's with TANDEM_CUBLASLT=1, else the backend's own kernel), so GEMM ratios measure shape efficiency against that, not necessarily the GPU's peak")
+	logf("limits: BF16 GEMM %.2f TFLOP/s (%s), device copy %.1f GB/s, pinned H2D %.1f GB/s",
+		rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape, rep.Limits.HBMCopyGBps, rep.Limits.H2DGBps)
+	return nil
+}
+
+// pinnedH2D is the pinned host -> device rate in GB/s over copyMiB MiB:
+// Bind of a weight whose bytes are AllocHost memory, as the streamer's ring
+// slots are.
+func pinnedH2D(be kernels.Backend, copyMiB int) (float64, error) {
+	n := copyMiB << 20
 	host, err := be.AllocHost(n)
 	if err != nil {
-		return fmt.Errorf("pinned host memory of %d MiB: %w", f.copyMiB, err)
+		return 0, fmt.Errorf("pinned host memory of %d MiB: %w", copyMiB, err)
 	}
 	defer be.FreeHost(host)
 	cols := 4096
@@ -290,72 +415,46 @@ func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf f
 		return el
 	})
 	if bindErr != nil {
-		return bindErr
+		return 0, bindErr
 	}
-	rep.Limits.H2DGBps = float64(len(w.Data)) / d.Seconds() / 1e9
+	return float64(len(w.Data)) / d.Seconds() / 1e9, nil
+}
 
-	// Device copy: read and write every byte once.
-	rep.Limits.HBMCopyGBps = copyRate(be, n)
+// gemmRate binds m and times rows x m.Cols times m transposed (best of 3),
+// in TFLOP/s. It panics if m cannot be bound.
+func gemmRate(be kernels.Backend, m *kernels.Matrix, rows int) (float64, time.Duration) {
+	if err := be.Bind(m); err != nil {
+		panic(err)
+	}
+	defer be.Release(m)
+	x, y := be.NewTensor(rows, m.Cols), be.NewTensor(rows, m.Rows)
+	defer be.Free(x)
+	defer be.Free(y)
+	d := best(3, func() time.Duration {
+		t := time.Now()
+		be.MatMul(y, x, m)
+		syncOn(be, y)
+		return time.Since(t)
+	})
+	return 2 * float64(rows) * float64(m.Rows) * float64(m.Cols) / d.Seconds() / 1e12, d
+}
 
-	// BF16 GEMM: the best rate of this backend's MatMul over large shapes
-	// is the limit the K3 shapes are held to.
-	T := f.tokens
-	gemm := func(name string, m *kernels.Matrix, rows int) (float64, time.Duration) {
-		if err := be.Bind(m); err != nil {
-			panic(err)
-		}
-		defer be.Release(m)
-		x, y := be.NewTensor(rows, m.Cols), be.NewTensor(rows, m.Rows)
-		defer be.Free(x)
-		defer be.Free(y)
-		d := best(3, func() time.Duration {
-			t := time.Now()
-			be.MatMul(y, x, m)
-			syncOn(be, y)
-			return time.Since(t)
-		})
-		return 2 * float64(rows) * float64(m.Rows) * float64(m.Cols) / d.Seconds() / 1e12, d
-	}
-	side := 7168
-	if T < 1024 {
-		side = 1024
-	}
-	for _, s := range [][2]int{{side, side}, {2 * side, side}} {
-		r, _ := gemm("limit", conformance.RandomMatrix(1, "limit", kernels.BF16, s[0], s[1]), T)
-		if r > rep.Limits.GEMMTFLOPs {
-			rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape = r, fmt.Sprintf("%dx%d·%dx%dᵀ", T, s[1], s[0], s[1])
-		}
-	}
-	rep.Notes = append(rep.Notes, "the BF16 GEMM limit is this backend's best MatMul over large shapes (cuBLASLt's with TANDEM_CUBLASLT=1, else the backend's own kernel), so GEMM ratios measure shape efficiency against that, not necessarily the GPU's peak")
-	logf("limits: BF16 GEMM %.2f TFLOP/s (%s), device copy %.1f GB/s, pinned H2D %.1f GB/s",
-		rep.Limits.GEMMTFLOPs, rep.Limits.GEMMShape, rep.Limits.HBMCopyGBps, rep.Limits.H2DGBps)
-
-	add := func(o opFigure) {
-		o.Ratio = o.Rate / o.Limit
-		if o.Target > 0 {
-			met := o.Ratio >= o.Target
-			o.Met = &met
-		}
-		rep.Ops = append(rep.Ops, o)
-		logf("%-26s %-40s %8.3f %s  %.2f of the limit", o.Op, o.Shape, o.Rate, o.Unit, o.Ratio)
-	}
-	for _, s := range []struct {
-		name       string
-		rows, cols int
-	}{{"q_a_proj", 1536, 7168}, {"latent down", 3584, 7168}, {"latent up", 7168, 3584}, {"kv_b_proj", 24576, 512}} {
-		r, d := gemm(s.name, conformance.RandomMatrix(2, s.name, kernels.BF16, s.rows, s.cols), T)
-		add(opFigure{Op: "MatMul BF16 " + s.name, Shape: fmt.Sprintf("%d x %d -> %d", T, s.cols, s.rows), Secs: d.Seconds(), Rate: r, Unit: "TFLOP/s",
-			Limit: rep.Limits.GEMMTFLOPs, Target: targetGEMM})
-	}
-	// A K3-width MoE layer's routed experts.
-	E, k, inter, lat := f.experts, f.topK, 3072, 3584
+// moeFigure times a K3-width MoE layer's routed experts: T tokens, E
+// experts, top k (best of 2). The limit is the caller's to set.
+func moeFigure(be kernels.Backend, T, E, k int) (opFigure, error) {
+	inter, lat := 3072, 3584
 	ex := make([]kernels.Expert, E)
 	var bound []*kernels.Matrix
+	defer func() {
+		for _, m := range bound {
+			be.Release(m)
+		}
+	}()
 	for e := range ex {
 		ex[e] = kernels.Expert{W1: randomMXFP4("w1", inter, lat, uint64(3*e)), W3: randomMXFP4("w3", inter, lat, uint64(3*e+1)), W2: randomMXFP4("w2", lat, inter, uint64(3*e+2))}
 		for _, m := range []*kernels.Matrix{ex[e].W1, ex[e].W3, ex[e].W2} {
 			if err := be.Bind(m); err != nil {
-				return fmt.Errorf("binding %d experts: %w", E, err)
+				return opFigure{}, fmt.Errorf("binding %d experts: %w", E, err)
 			}
 			bound = append(bound, m)
 		}
@@ -368,7 +467,7 @@ func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf f
 		}
 	}
 	z, u := be.NewTensor(T, lat), be.NewTensor(T, lat)
-	d = best(2, func() time.Duration {
+	d := best(2, func() time.Duration {
 		t := time.Now()
 		be.RoutedExperts(u, z, ids, wts, k, ex, 4, 25)
 		syncOn(be, u)
@@ -376,36 +475,34 @@ func measureOps(be kernels.Backend, f validateFlags, rep *validateReport, logf f
 	})
 	be.Free(z)
 	be.Free(u)
-	for _, m := range bound {
-		be.Release(m)
-	}
 	flops := 2 * 3 * float64(T*k) * float64(inter) * float64(lat)
-	add(opFigure{Op: "RoutedExperts MXFP4", Shape: fmt.Sprintf("%d tokens, %d experts, top %d, %dx%d", T, E, k, inter, lat), Secs: d.Seconds(),
-		Rate: flops / d.Seconds() / 1e12, Unit: "TFLOP/s", Limit: rep.Limits.GEMMTFLOPs, Target: targetMoE})
+	return opFigure{Op: "RoutedExperts MXFP4", Shape: fmt.Sprintf("%d tokens, %d experts, top %d, %dx%d", T, E, k, inter, lat), Secs: d.Seconds(),
+		Rate: flops / d.Seconds() / 1e12, Unit: "TFLOP/s", Target: targetMoE}, nil
+}
 
-	// A bandwidth-bound op: RMSNorm over the hidden width reads and writes
-	// every value once.
+// rmsNormFigure times a bandwidth-bound op: RMSNorm over the hidden width
+// of T rows reads and writes every value once (best of 3). The limit is
+// the caller's to set.
+func rmsNormFigure(be kernels.Backend, T int) opFigure {
 	x := be.NewTensor(T, 7168)
 	nw := make([]float32, 7168)
 	for i := range nw {
 		nw[i] = 1
 	}
-	d = best(3, func() time.Duration {
+	d := best(3, func() time.Duration {
 		t := time.Now()
 		be.RMSNorm(x, x, nw, 0, 1e-5)
 		syncOn(be, x)
 		return time.Since(t)
 	})
 	be.Free(x)
-	add(opFigure{Op: "RMSNorm", Shape: fmt.Sprintf("%d x 7168", T), Secs: d.Seconds(), Rate: 2 * float64(T*7168*4) / d.Seconds() / 1e9, Unit: "GB/s",
-		Limit: rep.Limits.HBMCopyGBps})
-	return nil
+	return opFigure{Op: "RMSNorm", Shape: fmt.Sprintf("%d x 7168", T), Secs: d.Seconds(), Rate: 2 * float64(T*7168*4) / d.Seconds() / 1e9, Unit: "GB/s"}
 }
 
 // checkpoint is --pass-model, or a synthetic one made (once, cached) for
 // the run: small on the device the measurement is for (the GPU's figures
 // want more work than the tiny preset gives), tiny elsewhere.
-func (f validateFlags) checkpoint(ctx context.Context, device string) (string, error) {
+func (f validateConfig) checkpoint(ctx context.Context, device string) (string, error) {
 	if f.passModel != "" {
 		return f.passModel, nil
 	}
@@ -419,7 +516,7 @@ func (f validateFlags) checkpoint(ctx context.Context, device string) (string, e
 // measurePass runs one prompt through every layer of a checkpoint streamed
 // from disk, and holds pass_s to max(every layer's upload at the pinned
 // rate, the pass's compute).
-func measurePass(ctx context.Context, be kernels.Backend, f validateFlags, rep *validateReport, logf func(string, ...any)) error {
+func measurePass(ctx context.Context, be kernels.Backend, f validateConfig, rep *validateReport, logf func(string, ...any)) error {
 	dir, err := f.checkpoint(ctx, "cuda")
 	if err != nil {
 		return err

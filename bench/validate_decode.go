@@ -91,7 +91,7 @@ func stepBytes(m *model.Model) (step, resident int64) {
 
 // measureRankDecode loads the whole model on the backend and measures local
 // prefill, decode steps at batch 1 and 16, and greedy ids against the CPU.
-func measureRankDecode(ctx context.Context, be kernels.Backend, f validateFlags, rep *validateReport, logf func(string, ...any)) error {
+func measureRankDecode(ctx context.Context, be kernels.Backend, f validateConfig, rep *validateReport, logf func(string, ...any)) error {
 	dir, err := f.checkpoint(ctx, "metal")
 	if err != nil {
 		return err
@@ -101,54 +101,61 @@ func measureRankDecode(ctx context.Context, be kernels.Backend, f validateFlags,
 		return err
 	}
 	defer m.Close()
-	cfg := m.Cfg
-	prompt := func(n, seed int) []int32 {
-		p := make([]int32, n)
-		for i := range p {
-			p[i] = int32((i*7919 + seed*104729 + 13) % cfg.VocabSize)
-		}
-		return p
-	}
-	d := &decodeFigure{Model: dir, Layers: cfg.NumLayers, PrefillTokens: f.passTokens}
+	d := &decodeFigure{Model: dir, Layers: m.Cfg.NumLayers, PrefillTokens: f.passTokens}
 	d.StepBytes, d.ResidentBytes = stepBytes(m.Model)
 	d.CopyGBps = copyRate(be, f.copyMiB<<20)
 	d.CeilingS = float64(d.StepBytes) / (d.CopyGBps * 1e9)
+	if err := decodeSteps(ctx, m, d); err != nil {
+		return err
+	}
+	d.Ratio1 = d.CeilingS / d.Step1S
+	d.Met1 = d.Ratio1 >= targetCeiling
+	d.Speedup16 = (16 / d.Step16S) / (1 / d.Step1S)
+	d.Met16 = d.Speedup16 >= targetBatch16
+	// Greedy ids against the CPU backend on the same checkpoint.
+	d.GreedyPrompts, d.GreedyTokens = 4, f.greedyTokens
+	notes, err := greedyAgainstCPU(ctx, m, dir, d)
+	if err != nil {
+		return err
+	}
+	rep.Notes = append(rep.Notes, notes...)
+	rep.Decode = d
+	logf("decode: %d layers, %s resident, a batch-1 step reads %s; bandwidth %.1f GB/s -> ceiling %.4f s; step %.4f s: %.2f of the ceiling (target >= %.2f); batch 16 step %.4f s: %.2fx batch 1's tok/s (target >= %.0f); local prefill %.1f tok/s; greedy ids equal the CPU's on %d of %d prompts",
+		d.Layers, progress.HumanBytes(d.ResidentBytes), progress.HumanBytes(d.StepBytes), d.CopyGBps, d.CeilingS, d.Step1S, d.Ratio1, targetCeiling,
+		d.Step16S, d.Speedup16, targetBatch16, d.PrefillTokS, d.GreedyEqual, d.GreedyPrompts)
+	return nil
+}
 
-	// Local prefill of one prompt.
+// decodePrompt is a deterministic prompt of n tokens for a vocabulary of
+// vocab.
+func decodePrompt(n, seed, vocab int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((i*7919 + seed*104729 + 13) % vocab)
+	}
+	return p
+}
+
+// decodeSteps measures into d the local prefill of one prompt of
+// d.PrefillTokens and the decode step at batch 1 (after that prompt) and
+// at batch 16.
+func decodeSteps(ctx context.Context, m *model.Loaded, d *decodeFigure) error {
+	cfg := m.Cfg
 	st := m.NewState(0, cfg.NumLayers)
 	t0 := time.Now()
-	logits, err := m.Prefill(ctx, []*model.SeqState{st}, [][]int32{prompt(f.passTokens, 0)})
+	logits, err := m.Prefill(ctx, []*model.SeqState{st}, [][]int32{decodePrompt(d.PrefillTokens, 0, cfg.VocabSize)})
 	if err != nil {
 		return fmt.Errorf("local prefill: %w", err)
 	}
-	d.PrefillTokS = float64(f.passTokens) / time.Since(t0).Seconds()
-
-	// Decode steps: the best of a few, each a whole step through every layer.
-	step := func(seqs []*model.SeqState, ids []int32) (time.Duration, error) {
-		var bestD time.Duration
-		for i := 0; i < 4; i++ {
-			t := time.Now()
-			out, err := m.Decode(ctx, seqs, ids)
-			if err != nil {
-				return 0, err
-			}
-			if el := time.Since(t); i == 0 || el < bestD {
-				bestD = el
-			}
-			for j := range ids {
-				ids[j] = int32(model.Argmax(out[j]))
-			}
-		}
-		return bestD, nil
-	}
-	s1, err := step([]*model.SeqState{st}, []int32{int32(model.Argmax(logits[0]))})
+	d.PrefillTokS = float64(d.PrefillTokens) / time.Since(t0).Seconds()
+	s1, err := bestDecodeStep(ctx, m, []*model.SeqState{st}, []int32{int32(model.Argmax(logits[0]))})
 	if err != nil {
 		return fmt.Errorf("decode at batch 1: %w", err)
 	}
 	d.Step1S = s1.Seconds()
 	seqs, firsts := make([]*model.SeqState, 16), make([][]int32, 16)
 	for i := range seqs {
-		seqs[i], firsts[i] = m.NewState(0, cfg.NumLayers), prompt(8, i+1)
+		seqs[i], firsts[i] = m.NewState(0, cfg.NumLayers), decodePrompt(8, i+1, cfg.VocabSize)
 	}
 	lg, err := m.Prefill(ctx, seqs, firsts)
 	if err != nil {
@@ -158,44 +165,61 @@ func measureRankDecode(ctx context.Context, be kernels.Backend, f validateFlags,
 	for i := range ids {
 		ids[i] = int32(model.Argmax(lg[i]))
 	}
-	s16, err := step(seqs, ids)
+	s16, err := bestDecodeStep(ctx, m, seqs, ids)
 	if err != nil {
 		return fmt.Errorf("decode at batch 16: %w", err)
 	}
 	d.Step16S = s16.Seconds()
-	d.Ratio1 = d.CeilingS / d.Step1S
-	d.Met1 = d.Ratio1 >= targetCeiling
-	d.Speedup16 = (16 / d.Step16S) / (1 / d.Step1S)
-	d.Met16 = d.Speedup16 >= targetBatch16
+	return nil
+}
 
-	// Greedy ids against the CPU backend on the same checkpoint.
+// bestDecodeStep is the best of a few decode steps of seqs, each a whole
+// step through every layer, fed ids and then their greedy successors.
+func bestDecodeStep(ctx context.Context, m *model.Loaded, seqs []*model.SeqState, ids []int32) (time.Duration, error) {
+	var bestD time.Duration
+	for i := 0; i < 4; i++ {
+		t := time.Now()
+		out, err := m.Decode(ctx, seqs, ids)
+		if err != nil {
+			return 0, err
+		}
+		if el := time.Since(t); i == 0 || el < bestD {
+			bestD = el
+		}
+		for j := range ids {
+			ids[j] = int32(model.Argmax(out[j]))
+		}
+	}
+	return bestD, nil
+}
+
+// greedyAgainstCPU generates d.GreedyTokens greedy ids for each of
+// d.GreedyPrompts prompts on m and on the CPU backend from dir, counts the
+// equal ones into d and returns a note for each that differs.
+func greedyAgainstCPU(ctx context.Context, m *model.Loaded, dir string, d *decodeFigure) ([]string, error) {
 	ref, err := model.Load(dir, cpu.New(0), model.LoadOptions{Embed: true, Head: true})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer ref.Close()
-	d.GreedyPrompts, d.GreedyTokens = 4, f.greedyTokens
+	var notes []string
 	for i := 0; i < d.GreedyPrompts; i++ {
-		p := prompt(16+4*i, 100+i)
+		p := decodePrompt(16+4*i, 100+i, m.Cfg.VocabSize)
 		want, err := ref.Generate(ctx, p, d.GreedyTokens)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		got, err := m.Generate(ctx, p, d.GreedyTokens)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if slices.Equal(got, want) {
 			d.GreedyEqual++
 		} else {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("greedy prompt %d: %v on the backend, %v on the CPU", i, got, want))
+			notes = append(notes, fmt.Sprintf("greedy prompt %d: %v on the backend, %v on the CPU", i, got, want))
 		}
 	}
-	rep.Decode = d
-	logf("decode: %d layers, %s resident, a batch-1 step reads %s; bandwidth %.1f GB/s -> ceiling %.4f s; step %.4f s: %.2f of the ceiling (target >= %.2f); batch 16 step %.4f s: %.2fx batch 1's tok/s (target >= %.0f); local prefill %.1f tok/s; greedy ids equal the CPU's on %d of %d prompts",
-		d.Layers, progress.HumanBytes(d.ResidentBytes), progress.HumanBytes(d.StepBytes), d.CopyGBps, d.CeilingS, d.Step1S, d.Ratio1, targetCeiling,
-		d.Step16S, d.Speedup16, targetBatch16, d.PrefillTokS, d.GreedyEqual, d.GreedyPrompts)
-	return nil
+	return notes, nil
 }
 
 // decodeMarkdown renders the decode figures.

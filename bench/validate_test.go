@@ -21,7 +21,7 @@ func TestValidateCPU(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
 	out := t.TempDir()
 	captureStdout(t, func() error {
-		return runValidate(context.Background(), []string{"--backend", "cpu", "--out", out, "--only", "matmul/F32", "--tokens", "16",
+		return commands["validate"].run(context.Background(), []string{"--backend", "cpu", "--out", out, "--only", "matmul/F32", "--tokens", "16",
 			"--copy-mib", "4", "--pass-tokens", "64", "--experts", "2", "--top-k", "1"})
 	})
 	var rep validateReport
@@ -55,7 +55,7 @@ func TestValidateCPU(t *testing.T) {
 // Without a usable GPU, validate --backend cuda fails at once, saying why.
 func TestValidateNoGPU(t *testing.T) {
 	t.Setenv(cuda.LibEnv, filepath.Join(t.TempDir(), "missing"))
-	err := runValidate(context.Background(), []string{"--backend", "cuda", "--out", t.TempDir()})
+	err := commands["validate"].run(context.Background(), []string{"--backend", "cuda", "--out", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "libcuda.so.1") {
 		t.Fatalf("err = %v", err)
 	}
@@ -69,7 +69,7 @@ func TestValidateDecodeCPU(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
 	out := t.TempDir()
 	captureStdout(t, func() error {
-		return runValidate(context.Background(), []string{"--backend", "cpu", "--decode", "--out", out, "--only", "mla_attention/absorbed",
+		return commands["validate"].run(context.Background(), []string{"--backend", "cpu", "--decode", "--out", out, "--only", "mla_attention/absorbed",
 			"--copy-mib", "4", "--pass-tokens", "32", "--greedy-tokens", "3"})
 	})
 	var rep validateReport
@@ -103,7 +103,7 @@ func TestValidateNoMetal(t *testing.T) {
 	if runtime.GOOS == "darwin" {
 		t.Skip("macOS may have Metal")
 	}
-	err := runValidate(context.Background(), []string{"--backend", "metal", "--out", t.TempDir()})
+	err := commands["validate"].run(context.Background(), []string{"--backend", "metal", "--out", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "Metal is only available on macOS on Apple Silicon") {
 		t.Fatalf("err = %v", err)
 	}
@@ -129,5 +129,49 @@ func checkValidateReport(t *testing.T, out string, phrases ...string) {
 	defer f.Close()
 	if _, err := png.Decode(f); err != nil {
 		t.Errorf("validate.png: %v", err)
+	}
+}
+
+// TestValidateConfig: the backend's defaults fill the sizes not given, and
+// validate names the flag at fault.
+func TestValidateConfig(t *testing.T) {
+	cpuDef, err := parseValidateFlags([]string{"--backend", "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpuDef.tokens != 32 || cpuDef.experts != 4 || cpuDef.topK != 2 || cpuDef.passTokens != 64 || cpuDef.copyMiB != 32 || cpuDef.budget != "512MiB" {
+		t.Errorf("cpu defaults %+v", cpuDef)
+	}
+	metal, err := parseValidateFlags([]string{"--backend", "metal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !metal.decode || metal.passTokens != 512 || metal.copyMiB != 1024 {
+		t.Errorf("metal defaults %+v", metal)
+	}
+	if _, err := parseValidateFlags([]string{"--backend", "cpu", "extra"}); err == nil {
+		t.Error("a positional argument was accepted")
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*validateConfig)
+		want string // "" for valid
+	}{
+		{"cpu defaults", func(*validateConfig) {}, ""},
+		{"cuda", func(c *validateConfig) { c.backend = "cuda" }, ""},
+		{"unknown backend", func(c *validateConfig) { c.backend = "tpu" }, "cuda, metal or cpu"},
+		{"negative tokens", func(c *validateConfig) { c.tokens = -1 }, "--tokens"},
+		{"negative experts", func(c *validateConfig) { c.experts = -4 }, "--experts"},
+		{"top-k over experts", func(c *validateConfig) { c.topK = 5 }, "--top-k"},
+		{"negative pass tokens", func(c *validateConfig) { c.passTokens = -1 }, "--pass-tokens"},
+		{"negative copy size", func(c *validateConfig) { c.copyMiB = -1 }, "--copy-mib"},
+		{"negative greedy tokens", func(c *validateConfig) { c.greedyTokens = -1 }, "--greedy-tokens"},
+		{"budget not a size", func(c *validateConfig) { c.budget = "lots" }, "--memory-budget"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cpuDef
+			tc.edit(&c)
+			checkValidate(t, c.validate(), tc.want)
+		})
 	}
 }

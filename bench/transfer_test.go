@@ -1,0 +1,36 @@
+package main
+
+import "testing"
+
+// TestTransferConfigValidate: validate accepts the defaults and names the
+// flag at fault.
+func TestTransferConfigValidate(t *testing.T) {
+	def, err := parseTransferFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*transferConfig)
+		want string // "" for valid
+	}{
+		{"defaults", func(*transferConfig) {}, ""},
+		{"no tokens", func(c *transferConfig) { c.tokens = 0 }, ""},
+		{"negative tokens", func(c *transferConfig) { c.tokens = -1 }, "--tokens"},
+		{"no ranks", func(c *transferConfig) { c.ranks = 0 }, "--ranks"},
+		{"no conns", func(c *transferConfig) { c.conns = 0 }, "--conns"},
+		{"no reps", func(c *transferConfig) { c.reps = 0 }, "--reps"},
+		{"no limited layers", func(c *transferConfig) { c.limitedLayers = 0 }, "--limited-layers"},
+		{"unknown transport", func(c *transferConfig) { c.transport = "udp" }, "--transport"},
+		{"rdma-fake lossy", func(c *transferConfig) { c.transport, c.loss = "rdma-fake", 0.01 }, ""},
+		{"rdma-fake all lost", func(c *transferConfig) { c.transport, c.loss = "rdma-fake", 1 }, "--loss"},
+		{"rdma-fake negative loss", func(c *transferConfig) { c.transport, c.loss = "rdma-fake", -0.1 }, "--loss"},
+		{"tcp ignores loss", func(c *transferConfig) { c.loss = 2 }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := def
+			tc.edit(&c)
+			checkValidate(t, c.validate(), tc.want)
+		})
+	}
+}
