@@ -55,7 +55,7 @@ func TestAgentTurnsFromThePrefixCache(t *testing.T) {
 	var prompts [][]int32
 	var hits []int
 	for turn := range 3 {
-		req := cp.SubmitRequest{Messages: slices.Clone(msgs), Tools: tools, Policy: cp.PolicyLocal, Sampling: cp.Sampling{MaxTokens: 48}}
+		req := cp.SubmitRequest{Messages: slices.Clone(msgs), Tools: tools, Policy: cp.PolicyLocal, Sampling: cp.Sampling{MaxTokens: 24}}
 		chat, err := service.ChatOf(&req)
 		if err != nil {
 			t.Fatal(err)
@@ -126,11 +126,11 @@ func apiCallID(jobID string, i int) string {
 	return "call_" + bare + "_" + strconv.Itoa(i)
 }
 
-// fileText is a tool result long enough (over a block) that the next
-// turn's prompt reaches a block past the reply.
+// fileText is a tool result: with its markers and the reply's (over a
+// block), the next turn's prompt reaches a block past the reply.
 func fileText(turn int) string {
 	var b strings.Builder
-	for i := range 6 {
+	for i := range 3 {
 		b.WriteString("func step" + strconv.Itoa(turn*100+i) + "(s *State) error { return s.Advance() }\n")
 	}
 	return b.String()
