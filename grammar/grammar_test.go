@@ -19,7 +19,9 @@ const weatherSchema = `{"type": "object", "properties": {
 	"at": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}, "label": {"type": ["string", "null"]}}, "required": ["lat"], "additionalProperties": false},
 	"tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b\"q", "ü"]}, "minItems": 1, "maxItems": 3},
 	"mode": {"anyOf": [{"type": "integer"}, {"const": "auto"}]},
-	"extra": {}
+	"extra": {},
+	"level": {"enum": [1, 2.5, "x"]},
+	"code": {"enum": [7, null]}
 }, "required": ["city", "days"], "additionalProperties": false}`
 
 var testTools = []grammar.Tool{

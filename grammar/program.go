@@ -526,17 +526,17 @@ func (b *builder) argValue(s *schema) {
 	var fs []func()
 	for _, br := range branches(s) {
 		t := br.types
-		if t&tString != 0 {
+		var texts []string // the string values allowed, with an enum
+		for _, e := range br.enum {
+			if e.kind == tString {
+				texts = append(texts, e.str)
+			}
+		}
+		if t&tString != 0 && (br.enum == nil || len(texts) > 0) {
 			fs = append(fs, func() {
 				b.lit(` type="string"`)
 				b.sym(symSep)
 				if br.enum != nil {
-					var texts []string
-					for _, e := range br.enum {
-						if e.kind == tString {
-							texts = append(texts, e.str)
-						}
-					}
 					b.enum(texts)
 				} else {
 					b.call(nil, ruleRaw, false)
