@@ -40,12 +40,14 @@
 // additionalProperties says; an object without properties gets free keys,
 // none with additionalProperties false, values valid against
 // additionalProperties when it is a schema); items, minItems and maxItems
-// (up to MaxItemsBound); anyOf, and oneOf read as anyOf. A schema without
+// (up to MaxItemsBound); maxLength of strings in code points, a JSON escape
+// counting as one (up to MaxLengthBound; a larger one is not enforced);
+// anyOf, and oneOf read as anyOf. A schema without
 // a type allows any value. Free argument keys (a tool without declared
 // properties) are [A-Za-z0-9_.-]+.
 //
-// Ignored (the value may break them): string and number bounds (minLength,
-// maxLength, pattern, format, minimum, maximum, multipleOf), uniqueItems,
+// Ignored (the value may break them): other string and number bounds
+// (minLength, pattern, format, minimum, maximum, multipleOf), uniqueItems,
 // minProperties, maxProperties, and annotations (title, description,
 // default, examples). Refused with an error: $ref and definitions, allOf,
 // not, if/then/else, patternProperties, prefixItems and tuple items,

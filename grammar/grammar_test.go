@@ -3,16 +3,18 @@ package grammar_test
 import (
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 const weatherSchema = `{"type": "object", "properties": {
-	"city": {"type": "string"},
+	"city": {"type": "string", "maxLength": 16},
 	"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
 	"days": {"type": "integer"},
 	"detail": {"type": "boolean"},
@@ -97,7 +99,7 @@ func TestToolCallWalks(t *testing.T) {
 // TestJSONWalks: the response is JSON valid against the schema.
 func TestJSONWalks(t *testing.T) {
 	tv := vocab(t, 2048)
-	schema := `{"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "number"},
+	schema := `{"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "n": {"type": "number"},
 		"list": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}, "kind": {"enum": ["x", 1, null, true]}},
 		"required": ["name", "kind"], "additionalProperties": false}`
 	for _, tc := range []struct {
@@ -342,6 +344,62 @@ func TestCacheAndDeterminism(t *testing.T) {
 		a, b := walk(t, tv, g1, seed, 20000), walk(t, tv, g3, seed, 20000)
 		if !slices.Equal(a, b) {
 			t.Fatalf("seed %d: walks differ between grammars", seed)
+		}
+	}
+}
+
+// TestStringsAreWellFormedUTF8: walks that prefer the bytes at the edges
+// of UTF-8's well-formed ranges still give strings of well-formed UTF-8 (no overlong forms, no
+// surrogates), raw argument values and JSON strings alike: a decoder
+// would read each stray byte as U+FFFD and break maxLength.
+func TestStringsAreWellFormedUTF8(t *testing.T) {
+	tv := vocab(t, 2048)
+	str := `{"type": "object", "properties": {"s": {"type": "string", "maxLength": 8}}, "required": ["s"]}`
+	for _, spec := range []grammar.Spec{
+		{Mode: grammar.ModeToolCall, Tools: []grammar.Tool{{Name: "f", Parameters: json.RawMessage(str)}}},
+		{Mode: grammar.ModeJSONSchema, Schema: json.RawMessage(str)},
+	} {
+		g, err := grammar.Compile(&spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mask := make([]uint64, tv.v.MaskWords())
+		for seed := range uint64(100) {
+			rng := rand.New(rand.NewPCG(seed, 2))
+			m := g.NewMatcher(tv.v)
+			var raw []byte
+			for step := 0; !m.Ended(); step++ {
+				if step > 5000 {
+					t.Fatalf("%s seed %d: no end", spec.Mode, seed)
+				}
+				if err := m.Mask(mask); err != nil {
+					t.Fatal(err)
+				}
+				all := allowedIDs(mask, tv.v.Size())
+				var high []int
+				for _, id := range all {
+					// The edges of the well-formed ranges: the leads
+					// whose second byte is narrowed and the bytes a
+					// loose grammar would let follow them.
+					if b := tv.tok.TokenBytes(id); len(b) > 0 && (b[0] == 0xE0 || b[0] == 0xED || b[0] == 0xF0 || b[0] == 0xF4 || b[0] >= 0x80 && b[0] <= 0x9F) {
+						high = append(high, id)
+					}
+				}
+				pool := all
+				if len(high) > 0 && rng.IntN(4) > 0 {
+					pool = high
+				}
+				id := pool[rng.IntN(len(pool))]
+				if err := m.Accept(id); err != nil {
+					t.Fatal(err)
+				}
+				if !tv.tok.IsSpecial(id) {
+					raw = append(raw, tv.tok.TokenBytes(id)...)
+				}
+			}
+			if !utf8.Valid(raw) {
+				t.Fatalf("%s seed %d: %q is not well-formed UTF-8", spec.Mode, seed, raw)
+			}
 		}
 	}
 }

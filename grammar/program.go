@@ -197,11 +197,15 @@ func (b *builder) finish() error {
 		case ruleArgs:
 			b.argsBody(s)
 		case ruleString:
-			b.stringBody()
+			b.stringBody(s)
 		case ruleKeyChars:
 			b.keyBody()
 		case ruleRaw:
-			b.star(func() { b.rangeSym(0, 255) })
+			if s != nil && s.maxLength >= 0 {
+				b.upTo(s.maxLength, b.utf8Char)
+			} else {
+				b.star(func() { b.rangeSym(0, 255) })
+			}
 		}
 		b.emit(instr{op: opRet})
 	}
@@ -239,8 +243,9 @@ func (b *builder) number(integer bool) {
 }
 
 // stringBody emits a JSON string: its characters well-formed UTF-8 (lead
-// and continuation bytes) or escapes.
-func (b *builder) stringBody() {
+// and continuation bytes) or escapes, at most s.maxLength of them when s
+// bounds them.
+func (b *builder) stringBody(s *schema) {
 	b.sym('"')
 	var plain class
 	for c := 0x20; c < 0x80; c++ {
@@ -248,7 +253,7 @@ func (b *builder) stringBody() {
 			plain.set(c)
 		}
 	}
-	b.star(func() {
+	char := func() {
 		b.alt(
 			func() { b.classSym(plain) },
 			func() {
@@ -260,12 +265,38 @@ func (b *builder) stringBody() {
 					}
 				})
 			},
-			func() { b.rangeSym(0xC2, 0xDF); b.cont() },
-			func() { b.rangeSym(0xE0, 0xEF); b.cont(); b.cont() },
-			func() { b.rangeSym(0xF0, 0xF4); b.cont(); b.cont(); b.cont() },
+			b.multiByte,
 		)
-	})
+	}
+	if s != nil && s.maxLength >= 0 {
+		b.upTo(s.maxLength, char)
+	} else {
+		b.star(char)
+	}
 	b.sym('"')
+}
+
+// multiByte emits one well-formed UTF-8 sequence of two to four bytes, as
+// RFC 3629 defines them: no overlong forms, no surrogates, nothing above
+// U+10FFFF (a decoder would read each such byte as U+FFFD, one character
+// more than the grammar counted).
+func (b *builder) multiByte() {
+	b.alt(
+		func() { b.rangeSym(0xC2, 0xDF); b.cont() },
+		func() { b.sym(0xE0); b.rangeSym(0xA0, 0xBF); b.cont() },
+		func() { b.rangeSym(0xE1, 0xEC); b.cont(); b.cont() },
+		func() { b.sym(0xED); b.rangeSym(0x80, 0x9F); b.cont() },
+		func() { b.rangeSym(0xEE, 0xEF); b.cont(); b.cont() },
+		func() { b.sym(0xF0); b.rangeSym(0x90, 0xBF); b.cont(); b.cont() },
+		func() { b.rangeSym(0xF1, 0xF3); b.cont(); b.cont(); b.cont() },
+		func() { b.sym(0xF4); b.rangeSym(0x80, 0x8F); b.cont(); b.cont() },
+	)
+}
+
+// utf8Char emits one character of a raw string: an ASCII byte or a
+// well-formed multi-byte sequence.
+func (b *builder) utf8Char() {
+	b.alt(func() { b.rangeSym(0, 0x7F) }, b.multiByte)
 }
 
 func (b *builder) cont() { b.rangeSym(0x80, 0xBF) }
@@ -321,7 +352,7 @@ func (b *builder) jsonBody(s *schema, sep bool) {
 	}
 	var fs []func()
 	if s.types&tString != 0 {
-		fs = append(fs, func() { b.call(nil, ruleString, false) })
+		fs = append(fs, func() { b.call(lengthRule(s), ruleString, false) })
 	}
 	if s.types&(tNumber|tInteger) != 0 {
 		fs = append(fs, func() { b.number(s.types&tNumber == 0) })
@@ -539,7 +570,7 @@ func (b *builder) argValue(s *schema) {
 				if br.enum != nil {
 					b.enum(texts)
 				} else {
-					b.call(nil, ruleRaw, false)
+					b.call(lengthRule(br), ruleRaw, false)
 				}
 			})
 		}
@@ -575,6 +606,15 @@ func (b *builder) argValue(s *schema) {
 }
 
 // branches flattens s's anyOf into schemas without one.
+// lengthRule is the schema a string rule is compiled for: s when it
+// bounds the length, else nil (one rule shared by all unbounded strings).
+func lengthRule(s *schema) *schema {
+	if s.maxLength >= 0 {
+		return s
+	}
+	return nil
+}
+
 func branches(s *schema) []*schema {
 	if len(s.anyOf) == 0 {
 		return []*schema{s}

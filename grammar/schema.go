@@ -15,6 +15,7 @@ const (
 	MaxSchemaNodes = 4096 // schemas within all of a Spec's schemas
 	MaxEnum        = 256  // values of one enum
 	MaxItemsBound  = 64   // minItems and a finite maxItems at most
+	MaxLengthBound = 256  // a string's maxLength enforced at most
 )
 
 // JSON types a schema names, as bits.
@@ -46,7 +47,10 @@ type schema struct {
 	items    *schema // nil: any items
 	minItems int
 	maxItems int // -1: unbounded
-	anyOf    []*schema
+	// maxLength bounds a string's characters (Unicode code points; a
+	// JSON escape counts as one); -1: unbounded.
+	maxLength int
+	anyOf     []*schema
 }
 
 type prop struct {
@@ -63,7 +67,7 @@ type scalar struct {
 	str  string
 }
 
-var anySchema = &schema{types: tAny, maxItems: -1}
+var anySchema = &schema{types: tAny, maxItems: -1, maxLength: -1}
 
 // Keywords that change what is valid but are not enforced: refused.
 var unsupported = map[string]bool{
@@ -172,7 +176,7 @@ func (p *schemaParser) node(v any, depth int, at string) (*schema, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: a schema must be an object or true", at)
 	}
-	s := &schema{types: tAny, maxItems: -1}
+	s := &schema{types: tAny, maxItems: -1, maxLength: -1}
 	for i, k := range o.keys {
 		if unsupported[k] {
 			return nil, fmt.Errorf("%s: keyword %q is not supported", at, k)
@@ -295,6 +299,9 @@ func (p *schemaParser) node(v any, depth int, at string) (*schema, error) {
 	if s.maxItems, err = bound(o, "maxItems", -1); err != nil {
 		return nil, fmt.Errorf("%s: %w", at, err)
 	}
+	if s.maxLength, err = lengthBound(o); err != nil {
+		return nil, fmt.Errorf("%s: %w", at, err)
+	}
 	if s.maxItems >= 0 && s.maxItems < s.minItems {
 		return nil, fmt.Errorf("%s: maxItems %d < minItems %d", at, s.maxItems, s.minItems)
 	}
@@ -337,6 +344,24 @@ func bound(o *ordered, key string, def int) (int, error) {
 			return -1, nil // as good as unbounded
 		}
 		return 0, fmt.Errorf("%s %d: at most %d supported", key, i, MaxItemsBound)
+	}
+	return int(i), nil
+}
+
+// lengthBound reads maxLength: -1 when absent or above MaxLengthBound
+// (not enforced: the automaton would grow with it).
+func lengthBound(o *ordered) (int, error) {
+	v, ok := o.get("maxLength")
+	if !ok {
+		return -1, nil
+	}
+	n, ok := v.(json.Number)
+	i, err := n.Int64()
+	if !ok || err != nil || i < 0 {
+		return 0, fmt.Errorf("maxLength must be a non-negative integer")
+	}
+	if i > MaxLengthBound {
+		return -1, nil
 	}
 	return int(i), nil
 }

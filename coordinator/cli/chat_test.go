@@ -68,7 +68,7 @@ func TestSubmitChatFile(t *testing.T) {
 			"properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 8}, "unit": map[string]any{"type": "string", "enum": []string{"c", "f"}}}}}}}
 	call := write("call.json", map[string]any{
 		"messages": []map[string]any{{"role": "user", "content": "Weather in Paris?"}}, "tools": tools, "tool_choice": "required",
-		"thinking_budget": 2, "max_tokens": 120, "temperature": 1, "seed": 3,
+		"thinking_budget": 2, "max_tokens": 400, "temperature": 1, "seed": 3,
 	})
 	out, errw, err = run(ctx, append([]string{"submit", "--chat", call}, nats...)...)
 	if err != nil {

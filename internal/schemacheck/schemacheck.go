@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Decode parses one JSON value, numbers as json.Number.
@@ -24,7 +25,8 @@ func Decode(s string) (any, error) {
 
 // Validate checks v (decoded with numbers as json.Number) against
 // schema: type, enum, const, anyOf, properties, required,
-// additionalProperties, items, minItems and maxItems.
+// additionalProperties, items, minItems, maxItems and maxLength (in code
+// points).
 func Validate(schema, v any) error {
 	s, ok := schema.(map[string]any)
 	if !ok {
@@ -86,6 +88,13 @@ func Validate(schema, v any) error {
 			}
 			if err := Validate(ps, val); err != nil {
 				return fmt.Errorf("%s: %w", k, err)
+			}
+		}
+	}
+	if str, ok := v.(string); ok {
+		if n, ok := s["maxLength"].(json.Number); ok {
+			if max, _ := n.Int64(); utf8.RuneCountInString(str) > int(max) {
+				return fmt.Errorf("%q is longer than maxLength %d", str, max)
 			}
 		}
 	}

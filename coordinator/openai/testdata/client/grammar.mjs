@@ -76,7 +76,7 @@ const out = { calls: [], json: [] };
 // checkCalls checks a reply's calls and returns them.
 function checkCalls(choice, what) {
   const calls = choice.message.tool_calls ?? [];
-  check(choice.finish_reason === 'tool_calls' && calls.length >= 1, `${what}: finish ${choice.finish_reason} with ${calls.length} calls`);
+  check(choice.finish_reason === "tool_calls" && calls.length >= 1, `${what}: finish ${choice.finish_reason} with ${calls.length} calls: ${JSON.stringify(choice.message)}`);
   for (const c of calls) {
     check(schemas[c.function.name], `${what}: a call of ${c.function.name}, which is not declared`);
     let args;
@@ -95,14 +95,14 @@ const seeds = Array.from({ length: SEEDS }, (_, i) => i + 1);
 // Required calls, thinking off.
 for (const seed of seeds) {
   const r = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: 'required', reasoning_effort: 'none',
-    temperature: 1, seed, max_tokens: 160 });
+    temperature: 1, seed, max_tokens: 480 });
   out.calls.push(checkCalls(r.choices[0], `seed ${seed}`));
 }
 // A strict json_schema response, thinking off.
 for (const seed of seeds) {
   const r = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'A person, as JSON.' }],
     response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: person } },
-    reasoning_effort: 'none', temperature: 1, seed, max_tokens: 160 });
+    reasoning_effort: 'none', temperature: 1, seed, max_tokens: 480 });
   const c = r.choices[0];
   let v;
   try {
@@ -119,7 +119,7 @@ for (const seed of seeds) {
 // the call.
 const budget = 6;
 const stream = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: 'required', thinking_budget: budget,
-  temperature: 1, seed: 7, max_tokens: 160, stream: true, stream_options: { include_usage: true } });
+  temperature: 1, seed: 7, max_tokens: 480, stream: true, stream_options: { include_usage: true } });
 let reasoning = '';
 let reasoningDeltas = 0;
 let finish = null;
