@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 )
@@ -43,7 +44,7 @@ func TestMain(m *testing.M) {
 		stop()
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
+	testkit.Main(m)
 }
 
 type syncBuffer = syncbuf.Buffer

@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testkit.Isolated(m))
 }
 
 var (

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 		rssChild()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testkit.Isolated(m))
 }
 
 func prompt(n, vocab, seed int) []int32 {
