@@ -234,11 +234,3 @@ func (c *cluster) remote(session string, tokens int) *pipeline.Remote {
 	}
 	return rm
 }
-
-func makePrompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
-	}
-	return out
-}
