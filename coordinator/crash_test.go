@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 )
@@ -43,7 +44,7 @@ func TestMain(m *testing.M) {
 		stop()
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
+	testkit.Main(m)
 }
 
 type syncBuffer = syncbuf.Buffer
@@ -160,14 +161,6 @@ func startWorkers(t *testing.T, dir, url string, ids []cp.Identity, replicas int
 		t.Fatal(err)
 	}
 	return c
-}
-
-func prompt(n, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % 256)
-	}
-	return out
 }
 
 // job is one client following its job.
@@ -334,7 +327,7 @@ func TestKill9DuringRunningJobs(t *testing.T) {
 	short := []spec{{7, 30, cp.PolicyLocal}, {9, 30, cp.PolicyLocal}, {250, 30, cp.PolicyRemote}}
 	reqs := func(specs []spec, seed int) (out []cp.SubmitRequest, wants [][]int32) {
 		for i, sp := range specs {
-			p := prompt(sp.n, seed+i)
+			p := testkit.Prompt(sp.n, 256, seed+i)
 			out = append(out, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: sp.out}, Policy: sp.policy})
 			wants = append(wants, ref.Greedy(t, p, sp.out))
 		}
@@ -389,7 +382,7 @@ func Test50ClientsSurviveCoordinatorDowntime(t *testing.T) {
 	prompts := make([][]int32, 5)
 	wants := make([][]int32, 5)
 	for i := range prompts {
-		prompts[i] = prompt(5+i*3, 100+i)
+		prompts[i] = testkit.Prompt(5+i*3, 256, 100+i)
 		wants[i] = ref.Greedy(t, prompts[i], 40)
 	}
 	submit := func(i int) *job {
@@ -466,7 +459,7 @@ func TestScaledOutControlPlane(t *testing.T) {
 		if i%4 == 3 {
 			n, policy = 200+i, cp.PolicyRemote
 		}
-		p := prompt(n, 200+i)
+		p := testkit.Prompt(n, 256, 200+i)
 		// Each client on one server, so that some lose theirs.
 		jobs = append(jobs, follow(t, urls[i%3], ids, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 200}, Policy: policy},
 			ref.Greedy(t, p, 200)))

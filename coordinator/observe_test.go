@@ -16,6 +16,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cli"
 	"github.com/tandem-inference/tandem/internal/health/healthtest"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -64,7 +65,7 @@ func TestMetricsAndHistoryAcrossRestart(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startWorkers(t, dir, url, ids, 1, 3*time.Second)
 
-	p := prompt(40, 7)
+	p := testkit.Prompt(40, 256, 7)
 	j := follow(t, url, ids, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 6}, Policy: cp.PolicyRemote}, ref.Greedy(t, p, 6))
 	j.check(t)
 

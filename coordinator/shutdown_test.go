@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-inference/tandem/internal/health/healthtest"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -59,7 +60,7 @@ func TestShutdownAfterNATSDies(t *testing.T) {
 				// A job long enough to be decoding when NATS goes.
 				decoding, ended := make(chan struct{}), make(chan error, 1)
 				go func() {
-					_, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: prompt(20, 3), Sampling: cp.Sampling{MaxTokens: 32768}},
+					_, err := client.Run(ctx, nc, cp.SubmitRequest{TokenIDs: testkit.Prompt(20, 256, 3), Sampling: cp.Sampling{MaxTokens: 32768}},
 						client.Handlers{Event: func(ev cp.JobEvent) {
 							if ev.State == cp.StateDecoding {
 								close(decoding)

@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -162,7 +163,7 @@ func TestControlPlaneMode(t *testing.T) {
 		}
 	}
 
-	p := makePrompt(9, ref.Cfg.VocabSize, 7)
+	p := testkit.Prompt(9, ref.Cfg.VocabSize, 7)
 	res, err := client.Run(ctx, d.cl, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: 6}}, client.Handlers{})
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +201,7 @@ func TestDrainRankWithAJobInFlight(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
 	const n = 160
-	p := makePrompt(9, ref.Cfg.VocabSize, 11)
+	p := testkit.Prompt(9, ref.Cfg.VocabSize, 11)
 	want := ref.Greedy(t, p, n)
 	for _, drained := range []int{0, 1} {
 		t.Run(fmt.Sprintf("rank%d", drained), func(t *testing.T) {

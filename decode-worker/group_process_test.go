@@ -15,6 +15,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/internal/health/healthtest"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -34,7 +35,7 @@ func TestProcessGroups(t *testing.T) {
 			dir := testmodel.Dir(t, tc.preset, 1, tc.shards)
 			ref := testmodel.LoadReference(t, dir, 0)
 			vocab := ref.Cfg.VocabSize
-			local, remote := makePrompt(5, vocab, 1), makePrompt(7, vocab, 2)
+			local, remote := testkit.Prompt(5, vocab, 1), testkit.Prompt(7, vocab, 2)
 			const n = 32
 			wantLocal, wantRemote := ref.Greedy(t, local, n), ref.Greedy(t, remote, n)
 			state := ref.RemoteState(t, remote)
@@ -108,7 +109,7 @@ func waitIdle(ctx context.Context, t *testing.T, cl *frontdoor.Client, r int) fr
 func TestProcessKill(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
-	p := makePrompt(6, ref.Cfg.VocabSize, 3)
+	p := testkit.Prompt(6, ref.Cfg.VocabSize, 3)
 	c := startCluster(t, dir, 3, nil)
 	ctx := testctx.Context(t)
 	head := c.client(ctx, 0)
@@ -190,7 +191,7 @@ func TestProcessKill(t *testing.T) {
 func TestProcessRefusals(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
-	p := makePrompt(10, ref.Cfg.VocabSize, 4)
+	p := testkit.Prompt(10, ref.Cfg.VocabSize, 4)
 	c := startCluster(t, dir, 2, func(r int) string {
 		if r == 1 {
 			return "    memory_budget: 256KiB\n"
@@ -240,7 +241,7 @@ func TestProcessMetrics(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
 	vocab := ref.Cfg.VocabSize
-	local, remote := makePrompt(5, vocab, 3), makePrompt(70, vocab, 4)
+	local, remote := testkit.Prompt(5, vocab, 3), testkit.Prompt(70, vocab, 4)
 	const n = 8
 	state := ref.RemoteState(t, remote)
 	c := startCluster(t, dir, 2, nil, "--log-format", "json", "--metrics-listen", "127.0.0.1:0")

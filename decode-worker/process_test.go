@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/syncbuf"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testkit.Isolated(m))
 }
 
 var (
@@ -232,12 +233,4 @@ func (c *cluster) remote(session string, tokens int) *pipeline.Remote {
 		rm.Sessions = append(rm.Sessions, pipeline.Session{ID: session, Secret: transferSecret})
 	}
 	return rm
-}
-
-func makePrompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
-	}
-	return out
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -50,7 +51,7 @@ func startDecoding(ctx context.Context, t *testing.T, d *deployment) {
 	decoding, ended := make(chan struct{}), make(chan error, 1)
 	go func() {
 		var once bool
-		_, err := client.Run(jobCtx, d.cl, cp.SubmitRequest{TokenIDs: makePrompt(9, d.model.VocabSize, 5), Sampling: cp.Sampling{MaxTokens: 32768}},
+		_, err := client.Run(jobCtx, d.cl, cp.SubmitRequest{TokenIDs: testkit.Prompt(9, d.model.VocabSize, 5), Sampling: cp.Sampling{MaxTokens: 32768}},
 			client.Handlers{Event: func(ev cp.JobEvent) {
 				if ev.State == cp.StateDecoding && !once {
 					once = true

@@ -7,6 +7,9 @@ import (
 	"io"
 	"testing"
 	"time"
+
+	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 )
 
 type actHeader struct {
@@ -28,7 +31,7 @@ func channelPair(t *testing.T, tr Transport, srv *Server, id string) (dialed, ac
 	}()
 	// Dial once the accept is registered (a dial before it is refused as
 	// an unknown session).
-	waitFor(t, func() bool {
+	testkit.WaitFor(testctx.Context(t), t, "the accept registered", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		return srv.channels[id] != nil
@@ -117,7 +120,7 @@ func TestChannelAuth(t *testing.T) {
 		}
 		accepted <- err
 	}()
-	waitFor(t, func() bool {
+	testkit.WaitFor(testctx.Context(t), t, "the accept registered", func() bool {
 		r.servers[0].mu.Lock()
 		defer r.servers[0].mu.Unlock()
 		return r.servers[0].channels["guarded"] != nil

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
@@ -19,7 +20,7 @@ import (
 	"github.com/tandem-inference/tandem/model"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testkit.Isolated(m)) }
 
 var testSecret = []byte("0123456789abcdef-test-secret")
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
 	"github.com/tandem-inference/tandem/model"
@@ -119,7 +120,7 @@ func TestAbortReachesReceiver(t *testing.T) {
 	if err := s.PutLayer(context.Background(), src.Layers[0]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return s.Stats().HeldBytes == 0 && s.Stats().Dials == 4 })
+	testkit.WaitFor(testctx.Context(t), t, "the layer sent, on 4 connections", func() bool { return s.Stats().HeldBytes == 0 && s.Stats().Dials == 4 })
 	s.Abort(errors.New("prefill ran out of memory"))
 	for i, in := range ins {
 		_, err := in.Wait(context.Background())
@@ -141,7 +142,7 @@ func TestReceiverCancel(t *testing.T) {
 	if err := s.PutLayer(context.Background(), src.Layers[0]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return s.Stats().HeldBytes == 0 })
+	testkit.WaitFor(testctx.Context(t), t, "the layer sent", func() bool { return s.Stats().HeldBytes == 0 })
 	ins[0].Cancel()
 	if err := s.Close(context.Background(), 4); !errors.Is(err, ErrCanceled) {
 		t.Fatalf("sender: %v", err)
@@ -243,7 +244,7 @@ func TestKeepAlive(t *testing.T) {
 	// Both connections up, then idle until they have traded enough pings
 	// to span two idle timeouts: a connection pings at most once per
 	// keep-alive interval, so that many pongs took at least that long.
-	waitFor(t, func() bool { return s.Stats().Dials == 2 })
+	testkit.WaitFor(testctx.Context(t), t, "both connections up", func() bool { return s.Stats().Dials == 2 })
 	idle := time.Now()
 	enough := 2 * int64(2*to.Idle/to.KeepAlive)
 	for s.Stats().Pongs < enough {
@@ -283,9 +284,9 @@ func TestResumeFromAcked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return s.Stats().HeldBytes == 0 })
+	testkit.WaitFor(testctx.Context(t), t, "the layers sent", func() bool { return s.Stats().HeldBytes == 0 })
 	ps[0].CutAll()
-	waitFor(t, func() bool { st := s.Stats(); return st.ConnErrors == 2 && st.Dials == 4 })
+	testkit.WaitFor(testctx.Context(t), t, "both connections cut and redialed", func() bool { st := s.Stats(); return st.ConnErrors == 2 && st.Dials == 4 })
 	for L := 8; L < r.cfg.NumLayers; L++ {
 		if err := s.PutLayer(ctx, src.Layers[L]); err != nil {
 			t.Fatal(err)
@@ -462,15 +463,5 @@ func TestSenderValidation(t *testing.T) {
 	}
 	if err := s.PutLayer(context.Background(), ls.Clone()); err == nil || !strings.Contains(err.Error(), "twice") {
 		t.Errorf("duplicate layer: %v", err)
-	}
-}
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5 s")
-		}
 	}
 }

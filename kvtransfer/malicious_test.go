@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kvtransfer/kvtest"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -182,7 +184,7 @@ func TestClaimedChunkBusy(t *testing.T) {
 	if _, err := a.c.(*tcpConn).c.Write(frame); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return chunkIs(r.servers[0], "busy", 3, lat.Kind, 0, chunkClaimed) })
+	testkit.WaitFor(testctx.Context(t), t, "the chunk claimed", func() bool { return chunkIs(r.servers[0], "busy", 3, lat.Kind, 0, chunkClaimed) })
 
 	b := dialRaw(t, r.client, r.servers[0].Addr())
 	b.login("busy")
@@ -193,7 +195,7 @@ func TestClaimedChunkBusy(t *testing.T) {
 	a.c.Close()
 	// The claim is released once the server reads the dead connection's
 	// error; then the resend is accepted.
-	waitFor(t, func() bool { return chunkIs(r.servers[0], "busy", 3, lat.Kind, 0, chunkMissing) })
+	testkit.WaitFor(testctx.Context(t), t, "the claim released", func() bool { return chunkIs(r.servers[0], "busy", 3, lat.Kind, 0, chunkMissing) })
 	h.Seq = 2
 	b.write(h, chunk)
 	if ack, err := b.read(); err != nil || len(ack.Busy) != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -17,7 +18,7 @@ func TestRunLayerInCallsDropsASequence(t *testing.T) {
 	m := loadModel(t, "tiny", 2, model.BF16)
 	ctx := context.Background()
 	n := m.Cfg.NumLayers
-	a, b, d := prompt(300, m.Cfg.VocabSize), prompt(200, m.Cfg.VocabSize)[7:], prompt(150, m.Cfg.VocabSize)[3:]
+	a, b, d := testkit.Prompt(300, m.Cfg.VocabSize, 0), testkit.Prompt(200, m.Cfg.VocabSize, 0)[7:], testkit.Prompt(150, m.Cfg.VocabSize, 0)[3:]
 	alone := m.NewState(0, n)
 	want, err := m.Prefill(ctx, []*model.SeqState{alone}, [][]int32{b})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -25,14 +26,6 @@ func loadModel(t *testing.T, preset string, shards int, latent model.DType) *mod
 	m.State.LatentDType = latent
 	t.Cleanup(func() { m.Close() })
 	return m
-}
-
-func prompt(n, vocab int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((i*7919 + 13) % vocab)
-	}
-	return out
 }
 
 func closeLogits(t *testing.T, what string, got, want []float32) {
@@ -78,7 +71,7 @@ func TestPrefillThenDecodeEqualsPrefill(t *testing.T) {
 			continue
 		}
 		m := loadModel(t, tc.preset, tc.shards, model.F32)
-		tokens := prompt(tc.n+tc.m, m.Cfg.VocabSize)
+		tokens := testkit.Prompt(tc.n+tc.m, m.Cfg.VocabSize, 0)
 		want := prefillLogits(t, m.Model, tokens)
 
 		s := m.NewState(0, m.Cfg.NumLayers)
@@ -107,7 +100,7 @@ func TestStateRoundTripContinues(t *testing.T) {
 	for _, dt := range []model.DType{model.F32, model.BF16} {
 		m := loadModel(t, "tiny", 2, dt)
 		ctx := context.Background()
-		tokens := prompt(12, m.Cfg.VocabSize)
+		tokens := testkit.Prompt(12, m.Cfg.VocabSize, 0)
 		s := m.NewState(0, m.Cfg.NumLayers)
 		if err := m.PrefillState(ctx, []*model.SeqState{s}, [][]int32{tokens[:10]}); err != nil {
 			t.Fatal(err)
@@ -163,7 +156,7 @@ func TestLayerRangesCompose(t *testing.T) {
 		parts = append(parts, p)
 	}
 	ctx := context.Background()
-	tokens := prompt(6, full.Cfg.VocabSize)
+	tokens := testkit.Prompt(6, full.Cfg.VocabSize, 0)
 	want, err := full.Prefill(ctx, []*model.SeqState{full.NewState(0, 9)}, [][]int32{tokens})
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +191,7 @@ func TestLayerRangesCompose(t *testing.T) {
 func TestBatchIndependence(t *testing.T) {
 	m := loadModel(t, "tiny", 2, model.BF16)
 	ctx := context.Background()
-	a, b := prompt(5, m.Cfg.VocabSize), prompt(9, m.Cfg.VocabSize)[2:]
+	a, b := testkit.Prompt(5, m.Cfg.VocabSize, 0), testkit.Prompt(9, m.Cfg.VocabSize, 0)[2:]
 	alone := m.NewState(0, 9)
 	want, err := m.Prefill(ctx, []*model.SeqState{alone}, [][]int32{a})
 	if err != nil {

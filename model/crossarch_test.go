@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -40,7 +41,7 @@ func crossArchOutputs(dir string) ([]byte, error) {
 	defer m.Close()
 	m.State.LatentDType = model.F32
 	ctx := context.Background()
-	p := prompt(70, m.Cfg.VocabSize)
+	p := testkit.Prompt(70, m.Cfg.VocabSize, 0)
 	var out bytes.Buffer
 	part := func(b []byte) {
 		out.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(b))))

@@ -3,7 +3,6 @@ package model_test
 import (
 	"encoding/binary"
 	"encoding/json"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -15,34 +14,6 @@ import (
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
 )
-
-// copyModel copies the checkpoint in dir to a new directory.
-func copyModel(t *testing.T, dir string) string {
-	t.Helper()
-	out := t.TempDir()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		src, err := os.Open(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dst, err := os.Create(filepath.Join(out, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.Copy(dst, src); err != nil {
-			t.Fatal(err)
-		}
-		src.Close()
-		if err := dst.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
-}
 
 // poke overwrites element i of tensor name in the checkpoint in dir with v.
 func poke(t *testing.T, dir, name string, i int, v float32) {
@@ -89,7 +60,7 @@ func TestNonFiniteWeightsAreRefusedByName(t *testing.T) {
 		{"language_model.model.layers.0.self_attn.q_conv1d.weight", float32(math.Inf(-1)), model.LoadOptions{Hi: 1}},
 		{"language_model.model.norm.weight", float32(math.Inf(1)), model.LoadOptions{Lo: 0, Hi: 0, Head: true}},
 	} {
-		dir := copyModel(t, good)
+		dir := testmodel.Copy(t, good)
 		poke(t, dir, c.tensor, 3, c.v)
 		m, err := model.Load(dir, cpu.New(1), c.opt)
 		if err == nil {

@@ -20,7 +20,7 @@ import (
 // to page them out (MADV_PAGEOUT, what its reclaim of idle file pages
 // does, e.g. DAMON's).
 func TestPinKeepsTheWeightsInMemory(t *testing.T) {
-	dir := copyModel(t, testmodel.Dir(t, "tiny", 1, 0))
+	dir := testmodel.Copy(t, testmodel.Dir(t, "tiny", 1, 0))
 	unix.Sync() // dirty pages cannot be paged out
 	for _, pin := range []bool{false, true} {
 		before := lockedBytes(t)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/tandem-inference/tandem/internal/testkit"
 )
 
 // The golden files under testdata/golden/expected were made by the npm
@@ -133,7 +135,7 @@ var goldenModels = sync.OnceValues(func() (string, error) {
 })
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testkit.Isolated(m).Run()
 	if dir, err := goldenModels(); err == nil && dir != "" {
 		os.RemoveAll(dir)
 	}

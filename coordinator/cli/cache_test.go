@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-inference/tandem/internal/natstest"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
@@ -180,7 +181,7 @@ func TestCacheCommands(t *testing.T) {
 
 	// Turn 1 (remote): the prefill worker keeps the first 128 tokens, the
 	// group the same 128 (it prefills the rest itself).
-	turn(1, prompt(150, vocab, 1), 6, cp.PolicyRemote, 0, nil)
+	turn(1, testkit.Prompt(150, vocab, 1), 6, cp.PolicyRemote, 0, nil)
 	l = await("turn 1's entries", counts(1, 1, 1))
 	link := fmt.Sprintf("%016x", uint64(prefixkey.Chain(prefixkey.SHA256, salt, p[:128])[1]))
 	for _, w := range []string{"prefill-0", "local-r0", "local-r1"} {
@@ -292,7 +293,7 @@ func TestCacheCommands(t *testing.T) {
 	}
 	await("the store's entry gone", counts(0, 1, 1))
 	appends := c.Group.Head().Stats().Cache.AppendTokens
-	turn(2, prompt(120, vocab, 2), 6, cp.PolicyRemote, 0, nil) // 276 tokens
+	turn(2, testkit.Prompt(120, vocab, 2), 6, cp.PolicyRemote, 0, nil) // 276 tokens
 	if got := c.Group.Head().Stats().Cache.AppendTokens - appends; got != 128 {
 		t.Fatalf("turn 2: the group appended to %d tokens of its rows, want 128", got)
 	}
@@ -309,7 +310,7 @@ func TestCacheCommands(t *testing.T) {
 		t.Fatalf("cache drop local-r1 %s --json: %v\n%s%s", key, err, text, errw)
 	}
 	await("the group's entry gone from both ranks", counts(1, 0, 0))
-	turn(3, prompt(100, vocab, 3), 6, cp.PolicyLocal, 0, nil) // 382 tokens
+	turn(3, testkit.Prompt(100, vocab, 3), 6, cp.PolicyLocal, 0, nil) // 382 tokens
 	l = await("turn 3's entry on the group", counts(1, 1, 1))
 
 	// Entries in use: turn 4 resumes from the store (its pass held at a
@@ -317,7 +318,7 @@ func TestCacheCommands(t *testing.T) {
 	// entry of every worker is dropped meanwhile. The job is unharmed.
 	held.Hold()
 	var all string
-	turn(4, prompt(90, vocab, 4), 6, cp.PolicyRemote, 256, func() {
+	turn(4, testkit.Prompt(90, vocab, 4), 6, cp.PolicyRemote, 256, func() {
 		all, errw, err = cache("drop", "--all")
 		held.Resume()
 		if err != nil {
@@ -344,7 +345,7 @@ func TestCacheCommands(t *testing.T) {
 		t.Fatalf("after the drop in use, rank 0 holds %v and rank 1 %v", k0, k1)
 	}
 	// And the session goes on, from the entries turn 4 left.
-	turn(5, prompt(70, vocab, 5), 6, cp.PolicyRemote, l["prefill-0"].Entries[0].Tokens, nil)
+	turn(5, testkit.Prompt(70, vocab, 5), 6, cp.PolicyRemote, l["prefill-0"].Entries[0].Tokens, nil)
 
 	// A worker that does not answer fails the command, after the others.
 	c.KillPrefill()
@@ -352,14 +353,6 @@ func TestCacheCommands(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "1 of 3 workers failed") || !strings.Contains(errw, "error: prefill-0: it serves no cache requests") {
 		t.Errorf("cache list with the prefill worker gone: %v\n%s", err, errw)
 	}
-}
-
-func prompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
-	}
-	return out
 }
 
 // TestCacheTargets: a drop named on a decode rank goes to every rank of

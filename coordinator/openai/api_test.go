@@ -15,26 +15,18 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/coordinator/openai"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 const modelName = "demo-model"
-
-func testLogger(t testing.TB) *zap.Logger {
-	if testing.Verbose() {
-		return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
-	}
-	return zap.NewNop()
-}
 
 // deployment is a whole cluster on the synthetic demo model (it has a
 // tokenizer) with a front door on a loopback port.
@@ -69,7 +61,7 @@ func startDeploymentWith(t *testing.T, modCluster func(*cluster.Options), mod fu
 		// 50+ that passed the default 10 s assignment timeout.
 		Coordinator: service.Config{AssignTimeout: time.Minute, Rates: router.Rates{PassFloor: 20 * time.Millisecond,
 			LinkBytesPerS: 1e9, DecodeStep: 2 * time.Millisecond}, SeedPrefillTokPerS: 3000, SeedLocalTokPerS: 2500},
-		Threads: 1, Log: testLogger(t),
+		Threads: 1, Log: testkit.Logger(t),
 	}
 	if modCluster != nil {
 		modCluster(&opt)
@@ -91,7 +83,7 @@ func startDeploymentWith(t *testing.T, modCluster func(*cluster.Options), mod fu
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	cfg := openai.Config{Conn: nc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: modelName, Log: testLogger(t)}
+	cfg := openai.Config{Conn: nc, Model: c.Model, Tokenizer: c.Tokenizer, ModelName: modelName, Log: testkit.Logger(t)}
 	if mod != nil {
 		mod(&cfg)
 	}

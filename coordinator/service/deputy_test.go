@@ -15,6 +15,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -44,7 +45,7 @@ func TestNoReplyOutsideTheAskersInbox(t *testing.T) {
 			m := metrics.New()
 			opt.Coordinator.Metrics = m
 			core, logs := observer.New(zapcore.WarnLevel)
-			opt.Coordinator.Log = zap.New(zapcore.NewTee(core, testLogger(t).Core()))
+			opt.Coordinator.Log = zap.New(zapcore.NewTee(core, testkit.Logger(t).Core()))
 			c := startCluster(t, opt)
 			ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 			victim := connect(t, c)
@@ -63,7 +64,7 @@ func TestNoReplyOutsideTheAskersInbox(t *testing.T) {
 			}
 
 			// An earlier job: its result is stored.
-			first := run(t, victim, cp.SubmitRequest{TokenIDs: prompt(20, c.Model.VocabSize, 1), Sampling: cp.Sampling{MaxTokens: 4}})
+			first := run(t, victim, cp.SubmitRequest{TokenIDs: testkit.Prompt(20, c.Model.VocabSize, 1), Sampling: cp.Sampling{MaxTokens: 4}})
 			results, err := js.KeyValue(cp.ResultsBucket)
 			if err != nil {
 				t.Fatal(err)
@@ -80,8 +81,8 @@ func TestNoReplyOutsideTheAskersInbox(t *testing.T) {
 			}
 
 			// Four jobs: a long one runs, three wait in the queue.
-			prompts := [][]int32{prompt(100, c.Model.VocabSize, 11), prompt(30, c.Model.VocabSize, 12),
-				prompt(31, c.Model.VocabSize, 13), prompt(32, c.Model.VocabSize, 14)}
+			prompts := [][]int32{testkit.Prompt(100, c.Model.VocabSize, 11), testkit.Prompt(30, c.Model.VocabSize, 12),
+				testkit.Prompt(31, c.Model.VocabSize, 13), testkit.Prompt(32, c.Model.VocabSize, 14)}
 			lens := []int{300, 8, 8, 8}
 			res := make([]*client.Result, len(prompts))
 			errs := make([]error, len(prompts))

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
@@ -17,6 +15,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	"github.com/tandem-inference/tandem/internal/natstest"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 )
@@ -38,15 +37,8 @@ func testOptions(t testing.TB) cluster.Options {
 		MeshHeartbeat: 100 * time.Millisecond, MeshIdle: 2 * time.Second,
 		Transfer: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 3 * time.Second, Idle: 3 * time.Second,
 			KeepAlive: 200 * time.Millisecond},
-		Log: testLogger(t),
+		Log: testkit.Logger(t),
 	}
-}
-
-func testLogger(t testing.TB) *zap.Logger {
-	if testing.Verbose() {
-		return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
-	}
-	return zap.NewNop()
 }
 
 func startCluster(t *testing.T, opt cluster.Options) *cluster.Cluster {
@@ -78,14 +70,6 @@ func connect(t *testing.T, c *cluster.Cluster) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-func prompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
-	}
-	return out
 }
 
 func run(t *testing.T, nc *nats.Conn, req cp.SubmitRequest) *client.Result {
@@ -161,7 +145,7 @@ func TestShortAndLongJobs(t *testing.T) {
 			c := startCluster(t, opt)
 			ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 			nc := connect(t, c)
-			short, long := prompt(7, c.Model.VocabSize, 1), prompt(300, c.Model.VocabSize, 2)
+			short, long := testkit.Prompt(7, c.Model.VocabSize, 1), testkit.Prompt(300, c.Model.VocabSize, 2)
 
 			res := run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 12}, Policy: cp.PolicyLocal})
 			checkDone(t, res, ref.Greedy(t, short, 12), cp.TargetLocal)

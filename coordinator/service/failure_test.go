@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
 	"github.com/tandem-inference/tandem/internal/heldbackend"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
@@ -116,7 +117,7 @@ func TestKillPrefillWorkerMidJob(t *testing.T) {
 	defer held.Resume()
 	c := startCluster(t, opt)
 	nc := connect(t, c)
-	p := prompt(2000, c.Model.VocabSize, 3)
+	p := testkit.Prompt(2000, c.Model.VocabSize, 3)
 	var killed time.Time
 	var mu sync.Mutex
 	gone := make(chan struct{})
@@ -151,7 +152,7 @@ func TestKillPrefillWorkerMidJob(t *testing.T) {
 
 	// New jobs still run: locally at once, remotely on a new prefill worker.
 	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
-	short := prompt(9, c.Model.VocabSize, 4)
+	short := testkit.Prompt(9, c.Model.VocabSize, 4)
 	checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}}), ref.Greedy(t, short, 5), cp.TargetLocal)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -177,7 +178,7 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 		var mu sync.Mutex
 		// Killed once the client has a few tokens: mid-decode.
 		var kill sync.Once
-		f := follow(nc, cp.SubmitRequest{TokenIDs: prompt(20, c.Model.VocabSize, 5), Sampling: cp.Sampling{MaxTokens: 30000}},
+		f := follow(nc, cp.SubmitRequest{TokenIDs: testkit.Prompt(20, c.Model.VocabSize, 5), Sampling: cp.Sampling{MaxTokens: 30000}},
 			client.Handlers{Token: func(tm cp.TokenMsg) {
 				if tm.Index < 5 {
 					return
@@ -218,7 +219,7 @@ func TestKillDecodeRankMidJob(t *testing.T) {
 		}
 		cancel()
 		checkFreed(t, c)
-		short := prompt(6, c.Model.VocabSize, 6)
+		short := testkit.Prompt(6, c.Model.VocabSize, 6)
 		checkDone(t, run(t, nc, cp.SubmitRequest{TokenIDs: short, Sampling: cp.Sampling{MaxTokens: 5}, Policy: cp.PolicyLocal}),
 			ref.Greedy(t, short, 5), cp.TargetLocal)
 	}
@@ -273,7 +274,7 @@ func TestWorkerLostWithItsAssignmentUnanswered(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	f := follow(nc, cp.SubmitRequest{TokenIDs: prompt(50, c.Model.VocabSize, 9), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote}, client.Handlers{})
+	f := follow(nc, cp.SubmitRequest{TokenIDs: testkit.Prompt(50, c.Model.VocabSize, 9), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote}, client.Handlers{})
 	select {
 	case <-taken:
 	case <-f.done:
@@ -304,9 +305,9 @@ func TestCancelReachesEveryWorker(t *testing.T) {
 		req    cp.SubmitRequest
 		cancel func(cp.JobEvent) bool
 	}{
-		{"decoding", cp.SubmitRequest{TokenIDs: prompt(10, c.Model.VocabSize, 7), Sampling: cp.Sampling{MaxTokens: 30000}, Policy: cp.PolicyLocal},
+		{"decoding", cp.SubmitRequest{TokenIDs: testkit.Prompt(10, c.Model.VocabSize, 7), Sampling: cp.Sampling{MaxTokens: 30000}, Policy: cp.PolicyLocal},
 			func(ev cp.JobEvent) bool { return ev.State == cp.StateDecoding }},
-		{"prefilling", cp.SubmitRequest{TokenIDs: prompt(2000, c.Model.VocabSize, 8), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote},
+		{"prefilling", cp.SubmitRequest{TokenIDs: testkit.Prompt(2000, c.Model.VocabSize, 8), Sampling: cp.Sampling{MaxTokens: 4}, Policy: cp.PolicyRemote},
 			func(ev cp.JobEvent) bool {
 				return ev.State == cp.StatePrefilling && ev.Progress != nil && ev.Progress.Done >= 1
 			}},

@@ -12,6 +12,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/testkit"
 )
 
 // tracker follows every job on the wildcard subjects: when it was routed
@@ -182,7 +183,7 @@ func TestThousandJobs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			id, err := tr.submit(ctx, nc, fmt.Sprintf("load-%d-%d", start.UnixNano(), i),
-				cp.SubmitRequest{TokenIDs: prompt(4, c.Model.VocabSize, i), Sampling: cp.Sampling{MaxTokens: maxTokens}, Policy: cp.PolicyLocal})
+				cp.SubmitRequest{TokenIDs: testkit.Prompt(4, c.Model.VocabSize, i), Sampling: cp.Sampling{MaxTokens: maxTokens}, Policy: cp.PolicyLocal})
 			ids[i] = id
 			if err != nil {
 				errs <- fmt.Errorf("job %d: %w", i, err)
@@ -259,7 +260,7 @@ func BenchmarkSubmitToAssign(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		id, err := tr.submit(ctx, nc, fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i),
-			cp.SubmitRequest{TokenIDs: prompt(4, c.Model.VocabSize, i), Sampling: cp.Sampling{MaxTokens: 1}, Policy: cp.PolicyLocal})
+			cp.SubmitRequest{TokenIDs: testkit.Prompt(4, c.Model.VocabSize, i), Sampling: cp.Sampling{MaxTokens: 1}, Policy: cp.PolicyLocal})
 		if err != nil {
 			b.Fatal(err)
 		}

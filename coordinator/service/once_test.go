@@ -8,6 +8,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -30,7 +31,7 @@ func TestWorkersAdmitAJobOnce(t *testing.T) {
 	}
 	defer co.Close()
 	head := c.RankID(0)
-	long := prompt(200, c.Model.VocabSize, 3)
+	long := testkit.Prompt(200, c.Model.VocabSize, 3)
 	want := testmodel.LoadReference(t, opt.ModelDir, 1).Greedy(t, long, 400)
 
 	// A long job, followed while it decodes.

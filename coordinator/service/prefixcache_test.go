@@ -10,6 +10,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/client"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -25,13 +26,13 @@ func TestSessionTurnsFromThePrefixCache(t *testing.T) {
 	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 	nc := connect(t, c)
 	vocab := c.Model.VocabSize
-	first := prompt(150, vocab, 5)
+	first := testkit.Prompt(150, vocab, 5)
 	res := run(t, nc, cp.SubmitRequest{TokenIDs: first, Sampling: cp.Sampling{MaxTokens: 8}, Policy: cp.PolicyLocal})
 	checkDone(t, res, ref.Greedy(t, first, 8), cp.TargetLocal)
 	if tm := res.Final.Timing; tm.CachedTokens != 0 || tm.CachedOn != "" {
 		t.Fatalf("first turn: %+v", tm)
 	}
-	second := append(append(append([]int32(nil), first...), res.Tokens...), prompt(30, vocab, 6)...)
+	second := append(append(append([]int32(nil), first...), res.Tokens...), testkit.Prompt(30, vocab, 6)...)
 	// The head's heartbeat advertises the first turn's prefix: the router
 	// prices the second turn's local prefill without it.
 	waitMetric(t, opt.Metrics, c.RankID(0), "tandem_coordinator_prefix_cache_entries", 1)

@@ -13,6 +13,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/internal/natstest"
+	"github.com/tandem-inference/tandem/internal/testkit"
 )
 
 // TestJSONJobWithTheNATSCLI: a job submitted as JSON by the real nats CLI
@@ -180,7 +181,7 @@ func TestRestartWithQueuedJobs(t *testing.T) {
 	submit := func(n int) []string {
 		var ids []string
 		for i := range n {
-			rep, err := cp.Submit(ctx, nc, &cp.SubmitRequest{TokenIDs: prompt(5, c.Model.VocabSize, 100+i+len(finals)), Sampling: cp.Sampling{MaxTokens: 4}})
+			rep, err := cp.Submit(ctx, nc, &cp.SubmitRequest{TokenIDs: testkit.Prompt(5, c.Model.VocabSize, 100+i+len(finals)), Sampling: cp.Sampling{MaxTokens: 4}})
 			if err != nil {
 				t.Fatal(err)
 			}

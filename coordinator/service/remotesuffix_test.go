@@ -8,6 +8,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -53,10 +54,10 @@ func TestRemoteSuffixThroughTheSystem(t *testing.T) {
 			t.Fatalf("turn %d: the group appended to %d tokens of its rows, want %d", i, got, wantAppends)
 		}
 	}
-	turn(1, prompt(150, vocab, 1), 0, 0) // both keep 128
+	turn(1, testkit.Prompt(150, vocab, 1), 0, 0) // both keep 128
 	entries(1, 1)
 	held, _ := gauge(t, opt.Metrics, head, "tandem_coordinator_prefix_cache_bytes")
-	turn(2, prompt(120, vocab, 2), 128, 128) // 276 tokens: the worker prefills [128, 256)
+	turn(2, testkit.Prompt(120, vocab, 2), 128, 128) // 276 tokens: the worker prefills [128, 256)
 	entries(1, 1)
 	// The group's one entry now holds 256 tokens: more bytes, once its
 	// heartbeat says so (the count alone was 1 before too, and the next
@@ -69,7 +70,7 @@ func TestRemoteSuffixThroughTheSystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	entries(0, 1)
-	turn(3, prompt(100, vocab, 3), 0, 256) // 382: from scratch, appended to the group's 256
+	turn(3, testkit.Prompt(100, vocab, 3), 0, 256) // 382: from scratch, appended to the group's 256
 	entries(1, 1)
 	for r := range c.Group.Layout.Ranks {
 		if _, err := c.Group.Worker(r).DropCache(ctx, 0); err != nil {
@@ -77,5 +78,5 @@ func TestRemoteSuffixThroughTheSystem(t *testing.T) {
 		}
 	}
 	entries(1, 0)
-	turn(4, prompt(90, vocab, 4), 320, 0) // 478: the store's 320, the whole state sent
+	turn(4, testkit.Prompt(90, vocab, 4), 320, 0) // 478: the store's 320, the whole state sent
 }

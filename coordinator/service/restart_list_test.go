@@ -6,6 +6,7 @@ import (
 	"time"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/internal/testkit"
 )
 
 // TestQueuedJobsListedAfterRestart: jobs waiting in the queue (no decode
@@ -27,7 +28,7 @@ func TestQueuedJobsListedAfterRestart(t *testing.T) {
 	}
 	var ids []string
 	for i := range 3 {
-		rep, err := cp.Submit(ctx, nc, &cp.SubmitRequest{TokenIDs: prompt(5, c.Model.VocabSize, 300+i), Sampling: cp.Sampling{MaxTokens: 4}})
+		rep, err := cp.Submit(ctx, nc, &cp.SubmitRequest{TokenIDs: testkit.Prompt(5, c.Model.VocabSize, 300+i), Sampling: cp.Sampling{MaxTokens: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}

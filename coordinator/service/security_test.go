@@ -16,6 +16,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -114,7 +115,7 @@ func TestClientsCannotReadOrForgeOthersJobs(t *testing.T) {
 				opt.NATSURL, _ = secureProcess(t, ids)
 			}
 			core, logs := observer.New(zapcore.WarnLevel)
-			opt.Coordinator.Log = zap.New(zapcore.NewTee(core, testLogger(t).Core()))
+			opt.Coordinator.Log = zap.New(zapcore.NewTee(core, testkit.Logger(t).Core()))
 			c := startCluster(t, opt)
 			ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 			mallory := connectIntruder(t, c.URL, &ids[3])
@@ -147,7 +148,7 @@ func TestClientsCannotReadOrForgeOthersJobs(t *testing.T) {
 			rogue.refused(t, "subscription", cp.WorkerAssign(c.RankID(0)))
 
 			victim := connect(t, c)
-			long := prompt(300, c.Model.VocabSize, 7)
+			long := testkit.Prompt(300, c.Model.VocabSize, 7)
 			const n = 160
 			decoding := make(chan string, 1)
 			var finished sync.WaitGroup

@@ -11,6 +11,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 )
 
 // bigJSONPrompt is a submission of size bytes: a million token ids in
@@ -89,7 +90,7 @@ func TestLargePromptsLeaveOtherClientsAnswered(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			_, small[i] = cp.Submit(ctx, clients[i%len(clients)], &cp.SubmitRequest{TokenIDs: prompt(5, c.Model.VocabSize, 900+i),
+			_, small[i] = cp.Submit(ctx, clients[i%len(clients)], &cp.SubmitRequest{TokenIDs: testkit.Prompt(5, c.Model.VocabSize, 900+i),
 				Sampling: cp.Sampling{MaxTokens: 1}})
 		}()
 	}

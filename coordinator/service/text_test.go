@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -89,12 +90,12 @@ func TestAdmissionByGroupCapacity(t *testing.T) {
 	for _, r := range c.Group.Layout.Ranks[1:] {
 		capacity = min(capacity, c.Model.MaxTokens(r.Lo, r.Hi, opt.DecodeMemory))
 	}
-	_, err := cp.Submit(t.Context(), nc, &cp.SubmitRequest{TokenIDs: prompt(capacity, c.Model.VocabSize, 1), Sampling: cp.Sampling{MaxTokens: 8}})
+	_, err := cp.Submit(t.Context(), nc, &cp.SubmitRequest{TokenIDs: testkit.Prompt(capacity, c.Model.VocabSize, 1), Sampling: cp.Sampling{MaxTokens: 8}})
 	var re *cp.RemoteError
 	if !errors.As(err, &re) || re.Code != cp.CodeTooLarge || !strings.Contains(re.Message, "holds") {
 		t.Fatalf("prompt over the group's capacity (%d tokens): %v", capacity, err)
 	}
-	res := run(t, nc, cp.SubmitRequest{TokenIDs: prompt(64, c.Model.VocabSize, 1), Sampling: cp.Sampling{MaxTokens: 8}})
+	res := run(t, nc, cp.SubmitRequest{TokenIDs: testkit.Prompt(64, c.Model.VocabSize, 1), Sampling: cp.Sampling{MaxTokens: 8}})
 	if res.Final.State != cp.StateDone {
 		t.Fatalf("a prompt that fits: %+v", res.Final)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkDecode(b *testing.B) {
 					c := NewCollector()
 					errs := make(chan error, seqs)
 					for i := 0; i < seqs; i++ {
-						req := pipeline.Request{ID: fmt.Sprintf("b%d-%d", n, i), Tokens: prompt(8, vocab, i), MaxTokens: tokens, Sink: c}
+						req := pipeline.Request{ID: fmt.Sprintf("b%d-%d", n, i), Tokens: testkit.Prompt(8, vocab, i), MaxTokens: tokens, Sink: c}
 						go func() { errs <- g.Head().Submit(ctx, req) }()
 					}
 					for i := 0; i < seqs; i++ {

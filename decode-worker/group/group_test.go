@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -54,7 +55,7 @@ func TestBatchedSequences(t *testing.T) {
 	want := make([][]int32, len(lens))
 	prompts := make([][]int32, len(lens))
 	for i, l := range lens {
-		prompts[i] = prompt(l, vocab, i)
+		prompts[i] = testkit.Prompt(l, vocab, i)
 		want[i] = ref.Greedy(t, prompts[i], n)
 	}
 	for ranks := 1; ranks <= 3; ranks++ {
@@ -117,7 +118,7 @@ func TestSeededSampling(t *testing.T) {
 		{Temperature: 0.7, TopP: 0.9, Seed: 3},
 		{Temperature: 1, TopK: 50, TopP: 0.8, Seed: 4},
 	}
-	p := prompt(7, ref.Cfg.VocabSize, 3)
+	p := testkit.Prompt(7, ref.Cfg.VocabSize, 3)
 	g := startGroup(t, fastOpts(dir, 3))
 	ctx := testctx.Context(t)
 	c := NewCollector()
@@ -142,7 +143,7 @@ func TestSeededSampling(t *testing.T) {
 func TestStopAndCancel(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
-	p := prompt(5, ref.Cfg.VocabSize, 9)
+	p := testkit.Prompt(5, ref.Cfg.VocabSize, 9)
 	want := ref.Greedy(t, p, 12)
 	stop := want[6]
 	cut := slices.Index(want, stop) + 1
@@ -185,7 +186,7 @@ func TestRefusals(t *testing.T) {
 	head := g.Head()
 	ctx := testctx.Context(t)
 	c := NewCollector()
-	p := prompt(10, ref.Cfg.VocabSize, 1)
+	p := testkit.Prompt(10, ref.Cfg.VocabSize, 1)
 
 	// Too long for 1 MiB on a rank that holds MLA layers.
 	err := head.Submit(ctx, pipeline.Request{ID: "big", Tokens: p, MaxTokens: 50000, Sink: c})
@@ -258,7 +259,7 @@ func TestRefusals(t *testing.T) {
 func TestRankFailure(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
-	p := prompt(6, ref.Cfg.VocabSize, 2)
+	p := testkit.Prompt(6, ref.Cfg.VocabSize, 2)
 	g := startGroup(t, fastOpts(dir, 3))
 	ctx := testctx.Context(t)
 	c := NewCollector()
@@ -325,13 +326,13 @@ func TestFullSlots(t *testing.T) {
 	ctx := testctx.Context(t)
 	c := NewCollector()
 	for i := 0; i < 3; i++ {
-		if err := g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: prompt(4, ref.Cfg.VocabSize, i), MaxTokens: 6, Sink: c}); err != nil {
+		if err := g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: testkit.Prompt(4, ref.Cfg.VocabSize, i), MaxTokens: 6, Sink: c}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := 0; i < 3; i++ {
 		got, _, err := c.Wait(ctx, name("s%d", i))
-		if err != nil || !slices.Equal(got, ref.Greedy(t, prompt(4, ref.Cfg.VocabSize, i), 6)) {
+		if err != nil || !slices.Equal(got, ref.Greedy(t, testkit.Prompt(4, ref.Cfg.VocabSize, i), 6)) {
 			t.Fatalf("s%d: %v %v", i, got, err)
 		}
 	}

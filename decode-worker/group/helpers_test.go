@@ -10,6 +10,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -23,15 +24,10 @@ func fastOpts(dir string, ranks int) Options {
 		Timeouts: kvtransfer.Timeouts{Handshake: 2 * time.Second, IO: 2 * time.Second, Idle: 2 * time.Second, KeepAlive: 200 * time.Millisecond}}
 }
 
+// startGroup starts a group with opt; the test closes it.
 func startGroup(t *testing.T, opt Options) *Group {
 	t.Helper()
-	ctx := testctx.Context(t)
-	g, err := Start(ctx, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Close() })
-	return g
+	return testkit.Start(t, func() (*Group, error) { return Start(testctx.Context(t), opt) })
 }
 
 // sampled is the monolithic reference of seeded sampling: Start, then one
@@ -114,14 +110,6 @@ func (g *Group) checkFreed(t *testing.T) {
 			t.Fatalf("rank %d's kvtransfer server holds %d bytes, %d sessions", r, st.HeldBytes, st.Sessions)
 		}
 	}
-}
-
-func prompt(n, vocab int, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
-	}
-	return out
 }
 
 func waitTokens(t *testing.T, c *Collector, id string, n int) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
@@ -25,7 +26,7 @@ import (
 func TestPrefillWorkerEndToEnd(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
-	p := prompt(40, ref.Cfg.VocabSize, 11)
+	p := testkit.Prompt(40, ref.Cfg.VocabSize, 11)
 	want := ref.Greedy(t, p, 16)
 
 	g := startGroup(t, fastOpts(dir, 3))

@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -86,11 +87,11 @@ func TestPrefixCacheContinuation(t *testing.T) {
 	ref := testmodel.LoadReference(t, dir, 0)
 	vocab := ref.Cfg.VocabSize
 	const n = 8
-	p1 := prompt(150, vocab, 1)
+	p1 := testkit.Prompt(150, vocab, 1)
 	out1 := ref.Greedy(t, p1, n)
-	p2 := concat(p1, out1, prompt(40, vocab, 2))
+	p2 := concat(p1, out1, testkit.Prompt(40, vocab, 2))
 	out2 := ref.Greedy(t, p2, n)
-	p3 := concat(p2, out2, prompt(70, vocab, 3))
+	p3 := concat(p2, out2, testkit.Prompt(70, vocab, 3))
 	out3 := ref.Greedy(t, p3, n)
 	turns := []struct {
 		p, want []int32
@@ -177,7 +178,7 @@ func TestPrefixCacheSharedSystemPrompt(t *testing.T) {
 	ref := testmodel.LoadReference(t, dir, 0)
 	vocab := ref.Cfg.VocabSize
 	const n = 6
-	sys := prompt(130, vocab, 7)
+	sys := testkit.Prompt(130, vocab, 7)
 	opt := fastOpts(dir, 2)
 	opt.PrefillChunk = 128
 	opt.PrefixCache.Stride = 64
@@ -185,7 +186,7 @@ func TestPrefixCacheSharedSystemPrompt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	first := concat(sys, prompt(20, vocab, 100))
+	first := concat(sys, testkit.Prompt(20, vocab, 100))
 	if got, err := g.Generate(ctx, "first", first, n); err != nil || !slices.Equal(got, ref.Greedy(t, first, n)) {
 		t.Fatalf("first session: %v %v", got, err)
 	}
@@ -198,7 +199,7 @@ func TestPrefixCacheSharedSystemPrompt(t *testing.T) {
 	prompts := make([][]int32, 4)
 	errs := make(chan error, len(prompts))
 	for i := range prompts {
-		prompts[i] = concat(sys, prompt(80+i, vocab, 200+i))
+		prompts[i] = concat(sys, testkit.Prompt(80+i, vocab, 200+i))
 		go func() {
 			errs <- g.Head().Submit(ctx, pipeline.Request{ID: name("s%d", i), Tokens: prompts[i], MaxTokens: n, Sink: c})
 		}()
@@ -258,8 +259,8 @@ func TestPrefixCacheEviction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	a := prompt(200, vocab, 11)
-	b := prompt(280, vocab, 12)
+	a := testkit.Prompt(200, vocab, 11)
+	b := testkit.Prompt(280, vocab, 12)
 	for _, tc := range []struct {
 		id string
 		p  []int32
@@ -305,7 +306,7 @@ func TestPrefixCacheRankRestart(t *testing.T) {
 	g := startGroup(t, fastOpts(dir, 3))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p1 := prompt(140, vocab, 21)
+	p1 := testkit.Prompt(140, vocab, 21)
 	out1, err := g.Generate(ctx, "t1", p1, n)
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +322,7 @@ func TestPrefixCacheRankRestart(t *testing.T) {
 	if err := g.Head().WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p2 := concat(p1, out1, prompt(30, vocab, 22))
+	p2 := concat(p1, out1, testkit.Prompt(30, vocab, 22))
 	got, err := g.Generate(ctx, "t2", p2, n)
 	if err != nil {
 		t.Fatal(err)
@@ -354,9 +355,9 @@ func TestPrefixCacheCollidingHashes(t *testing.T) {
 	g := startGroup(t, opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	a := prompt(150, vocab, 31)
-	other := prompt(150, vocab, 32)
-	cont := concat(a, prompt(60, vocab, 33))
+	a := testkit.Prompt(150, vocab, 31)
+	other := testkit.Prompt(150, vocab, 32)
+	cont := concat(a, testkit.Prompt(60, vocab, 33))
 	run := func(id string, p []int32) {
 		t.Helper()
 		got, err := g.Generate(ctx, id, p, n)
@@ -385,7 +386,7 @@ func TestPrefixCacheCollidingHashes(t *testing.T) {
 	if _, err := g.Worker(2).DropCache(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	cont2 := concat(cont, prompt(10, vocab, 34))
+	cont2 := concat(cont, testkit.Prompt(10, vocab, 34))
 	run("cont2", cont2)
 	if st := g.waitCache(t, 0, "a second hit", func(s prefixcache.Stats) bool { return s.Hits == 2 }); st.Misses != 2 {
 		t.Fatalf("head's counters after a rank missed: %+v", st)
@@ -431,8 +432,8 @@ func TestPrefixCachePaused(t *testing.T) {
 	g := startGroup(t, fastOpts(dir, 2))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p1 := prompt(140, vocab, 41)
-	p2 := concat(p1, prompt(20, vocab, 42))
+	p1 := testkit.Prompt(140, vocab, 41)
+	p2 := concat(p1, testkit.Prompt(20, vocab, 42))
 	if _, err := g.Generate(ctx, "t1", p1, 4); err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +488,7 @@ func TestPrefixCacheKeyedByModelAndDType(t *testing.T) {
 		link := prefixkey.Chain(prefixkey.SHA256, salt, tokens)[len(tokens)/prefixcache.Block-1]
 		return st.CacheSalt == salt && slices.Contains(st.CacheLinks, prefixcache.Link{Hash: link, Tokens: len(tokens)})
 	}
-	p := prompt(140, vocab, 41)
+	p := testkit.Prompt(140, vocab, 41)
 	out, err := g.Generate(ctx, "a-1", p, n)
 	if err != nil || !slices.Equal(out, ref.Greedy(t, p, n)) {
 		t.Fatalf("model-a: %v, %v; want %v", out, err, ref.Greedy(t, p, n))
@@ -522,7 +523,7 @@ func TestPrefixCacheKeyedByModelAndDType(t *testing.T) {
 		}
 		salt := prefixkey.Salt(step.modelID, uint8(step.dtype))
 		// The session's next turn: no rank holds its history any more.
-		p = concat(p, out, prompt(40, vocab, 42+i))
+		p = concat(p, out, testkit.Prompt(40, vocab, 42+i))
 		out, err = g.Generate(ctx, fmt.Sprintf("step%d-1", i), p, n)
 		if want := step.ref.Greedy(t, p, n); err != nil || !slices.Equal(out, want) {
 			t.Fatalf("%s %s after the restart: %v, %v; want %v (from scratch)", step.modelID, step.dtype, out, err, want)
@@ -542,7 +543,7 @@ func TestPrefixCacheKeyedByModelAndDType(t *testing.T) {
 				step.modelID, step.dtype, g.Head().Stats().CacheSalt, g.Head().Stats().CacheLinks, at, salt)
 		}
 		// The cache works under the new key.
-		p = concat(p, out, prompt(30, vocab, 52+i))
+		p = concat(p, out, testkit.Prompt(30, vocab, 52+i))
 		out, err = g.Generate(ctx, fmt.Sprintf("step%d-2", i), p, n)
 		if want := step.ref.Greedy(t, p, n); err != nil || !slices.Equal(out, want) {
 			t.Fatalf("%s %s, next turn: %v, %v; want %v", step.modelID, step.dtype, out, err, want)

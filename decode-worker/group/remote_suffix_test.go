@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -85,13 +86,13 @@ func TestRemoteSuffix(t *testing.T) {
 	ref := testmodel.LoadReference(t, dir, 0)
 	vocab := ref.Cfg.VocabSize
 	const n = 6
-	p1 := prompt(150, vocab, 1)
+	p1 := testkit.Prompt(150, vocab, 1)
 	out1 := ref.Greedy(t, p1, n)
-	p2 := concat(p1, out1, prompt(120, vocab, 2)) // 276 tokens: R = 256
+	p2 := concat(p1, out1, testkit.Prompt(120, vocab, 2)) // 276 tokens: R = 256
 	out2 := ref.Greedy(t, p2, n)
-	p3 := concat(p2, out2, prompt(100, vocab, 3)) // 382: R = 320
+	p3 := concat(p2, out2, testkit.Prompt(100, vocab, 3)) // 382: R = 320
 	out3 := ref.Greedy(t, p3, n)
-	p4 := concat(p3, out3, prompt(90, vocab, 4)) // 478: R = 448
+	p4 := concat(p3, out3, testkit.Prompt(90, vocab, 4)) // 478: R = 448
 	out4 := ref.Greedy(t, p4, n)
 
 	opt := fastOpts(dir, 2)

@@ -11,6 +11,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -43,7 +44,7 @@ func TestPrefillAttentionTimed(t *testing.T) {
 	for _, tc := range []struct {
 		id     string
 		tokens []int32
-	}{{"long", prompt(400, cfg.VocabSize, 1)}, {"one", prompt(1, cfg.VocabSize, 2)}} {
+	}{{"long", testkit.Prompt(400, cfg.VocabSize, 1)}, {"one", testkit.Prompt(1, cfg.VocabSize, 2)}} {
 		if err := g.Head().Submit(ctx, pipeline.Request{ID: tc.id, Tokens: tc.tokens, MaxTokens: 2, Sink: c}); err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +80,7 @@ func TestPrefillAttentionTimed(t *testing.T) {
 			}
 			return sum, each
 		}
-		waitFor(ctx, t, "the ranks' counts of the prompt's attention", func() bool { s, _ := ranks(); return s >= tm.PrefillAttention })
+		testkit.WaitFor(ctx, t, "the ranks' counts of the prompt's attention", func() bool { s, _ := ranks(); return s >= tm.PrefillAttention })
 		if s, each := ranks(); s != tm.PrefillAttention || slices.Contains(each, 0) {
 			t.Errorf("%s: the head counted %v of attention, the ranks %v (%v)", tc.id, tm.PrefillAttention, each, s)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/internal/testctx"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
@@ -46,9 +47,9 @@ func TestCancelWithinALongPrefillLayer(t *testing.T) {
 	g := startGroup(ctx, t, dir, 1024)
 	c := group.NewCollector()
 	for _, r := range []int{0, 1} {
-		short := prompt(100, cfg.VocabSize, 3+r)
-		long := prompt(1025, cfg.VocabSize, 5+r)
-		next := prompt(80, cfg.VocabSize, 8+r)
+		short := testkit.Prompt(100, cfg.VocabSize, 3+r)
+		long := testkit.Prompt(1025, cfg.VocabSize, 5+r)
+		next := testkit.Prompt(80, cfg.VocabSize, 8+r)
 		wantShort, wantNext := ref.Greedy(t, short, 32), ref.Greedy(t, next, 6)
 		cancelInLayer(ctx, t, g, c, cfg, r, fmt.Sprintf("r%d-", r), short, long, next, wantShort, wantNext)
 	}
@@ -74,7 +75,7 @@ func cancelInLayer(ctx context.Context, t *testing.T, g *group.Group, c *group.C
 	if err := head.Submit(ctx, pipeline.Request{ID: id + "short", Tokens: short, MaxTokens: len(wantShort), Sink: c}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(ctx, t, "a token of the short prompt", func() bool { return len(c.Tokens(id+"short")) > 0 })
+	testkit.WaitFor(ctx, t, "a token of the short prompt", func() bool { return len(c.Tokens(id+"short")) > 0 })
 
 	var mu sync.Mutex
 	var calls, after int // calls of the MLA layer over the long prompt; of them, after the cancel
@@ -110,7 +111,7 @@ func cancelInLayer(ctx context.Context, t *testing.T, g *group.Group, c *group.C
 	}
 	// Every rank frees it: each takes the Release once its step is over.
 	for r := range g.Layout.Ranks {
-		waitFor(ctx, t, fmt.Sprintf("rank %d to free the long prompt", r), func() bool { return g.Worker(r).Stats().Sequences <= 1 || c.Done(id+"short") })
+		testkit.WaitFor(ctx, t, fmt.Sprintf("rank %d to free the long prompt", r), func() bool { return g.Worker(r).Stats().Sequences <= 1 || c.Done(id+"short") })
 	}
 	freed := time.Now()
 	mu.Lock()
@@ -146,27 +147,7 @@ func cancelInLayer(ctx context.Context, t *testing.T, g *group.Group, c *group.C
 		t.Fatalf("a prompt after the cancel: %v %v %+v, want %v", got, err, res, wantNext)
 	}
 	for r := range g.Layout.Ranks {
-		waitFor(ctx, t, fmt.Sprintf("rank %d to hold nothing", r), func() bool { return g.Worker(r).Stats().Sequences == 0 })
-	}
-}
-
-func prompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((seed*7919 + i*104729 + 13) % vocab)
-	}
-	return out
-}
-
-// waitFor waits until cond holds, checking every few milliseconds, while
-// ctx lasts.
-func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		if ctx.Err() != nil {
-			t.Fatalf("waiting for %s: %v", what, ctx.Err())
-		}
-		time.Sleep(2 * time.Millisecond)
+		testkit.WaitFor(ctx, t, fmt.Sprintf("rank %d to hold nothing", r), func() bool { return g.Worker(r).Stats().Sequences == 0 })
 	}
 }
 
@@ -174,12 +155,8 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
 // prefilling chunk rows per step; the test closes it.
 func startGroup(ctx context.Context, t testing.TB, dir string, chunk int) *group.Group {
 	t.Helper()
-	g, err := group.Start(ctx, group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: chunk,
+	opt := group.Options{ModelDir: dir, Ranks: 2, Threads: 1, PrefillChunk: chunk,
 		Heartbeat: 200 * time.Millisecond, Idle: 5 * time.Second,
-		Timeouts: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second, KeepAlive: 200 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Close() })
-	return g
+		Timeouts: kvtransfer.Timeouts{Handshake: 5 * time.Second, IO: 10 * time.Second, Idle: 10 * time.Second, KeepAlive: 200 * time.Millisecond}}
+	return testkit.Start(t, func() (*group.Group, error) { return group.Start(ctx, opt) })
 }

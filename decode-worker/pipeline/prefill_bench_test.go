@@ -9,6 +9,7 @@ import (
 	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/decode-worker/group"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 )
@@ -43,7 +44,7 @@ func BenchmarkLocalPrefillPriced(b *testing.B) {
 		var samples []costmodel.Sample
 		for k, n := range []int{64, 256, 1024, 64, 256, 1024, 2048, 4096} {
 			id := fmt.Sprintf("b%d-%d", i, k)
-			if err := g.Head().Submit(ctx, pipeline.Request{ID: id, Tokens: prompt(n, cfg.VocabSize, k), MaxTokens: 1, Sink: c}); err != nil {
+			if err := g.Head().Submit(ctx, pipeline.Request{ID: id, Tokens: testkit.Prompt(n, cfg.VocabSize, k), MaxTokens: 1, Sink: c}); err != nil {
 				b.Fatal(err)
 			}
 			_, res, err := c.Wait(ctx, id)

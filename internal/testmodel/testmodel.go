@@ -8,6 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/tandem-inference/tandem/configs"
@@ -43,4 +45,26 @@ func Sparse(tb testing.TB, preset string) string {
 		tb.Fatalf("sparse model %s: %v", preset, err)
 	}
 	return dir
+}
+
+// Copy copies the checkpoint in dir (its files; a checkpoint has no
+// folders) into a private temporary folder that the test may change, and
+// returns that folder.
+func Copy(tb testing.TB, dir string) string {
+	tb.Helper()
+	out := tb.TempDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(out, e.Name()), b, 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return out
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/conformance"
@@ -54,14 +55,6 @@ func newExecutor(t *testing.T, dir string, slots int, latent model.DType) *execu
 	m := model.New(cfg, be)
 	m.State.LatentDType = latent
 	return &executor.Executor{Model: m, Stream: s, Embed: emb}
-}
-
-func prompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((i*7919 + seed*104729 + 13) % vocab)
-	}
-	return out
 }
 
 // reference prefills prompt[:-1] on the in-memory model core, alone, and
@@ -180,8 +173,8 @@ func checkStates(t *testing.T, what string, jobs []*job, want [][]byte) {
 func TestStreamedPrefillBitIdentical(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
-	one := [][]int32{prompt(151, cfg.VocabSize, 0)}
-	several := [][]int32{prompt(151, cfg.VocabSize, 1), prompt(2, cfg.VocabSize, 2), prompt(70, cfg.VocabSize, 3), prompt(200, cfg.VocabSize, 4)}
+	one := [][]int32{testkit.Prompt(151, cfg.VocabSize, 0)}
+	several := [][]int32{testkit.Prompt(151, cfg.VocabSize, 1), testkit.Prompt(2, cfg.VocabSize, 2), testkit.Prompt(70, cfg.VocabSize, 3), testkit.Prompt(200, cfg.VocabSize, 4)}
 	type pass struct{ chunk, tile int }
 	all := []pass{{0, 0}, {0, 64}, {64, 0}, {128, 64}, {192, 128}}
 	some := []pass{{0, 0}, {128, 64}}
@@ -224,7 +217,7 @@ func TestStreamedPrefillSmall(t *testing.T) {
 	}
 	dir := testmodel.Dir(t, "small", 1, 0)
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
-	prompts := [][]int32{prompt(20, cfg.VocabSize, 5), prompt(9, cfg.VocabSize, 6)}
+	prompts := [][]int32{testkit.Prompt(20, cfg.VocabSize, 5), testkit.Prompt(9, cfg.VocabSize, 6)}
 	want := reference(t, dir, model.BF16, prompts)
 	e := newExecutor(t, dir, 2, model.BF16)
 	jobs := newJobs(e, prompts)
@@ -253,7 +246,7 @@ func (g *gated) PutLayer(ctx context.Context, ls *model.LayerState) error {
 func TestDropsOneJob(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
-	prompts := [][]int32{prompt(100, cfg.VocabSize, 1), prompt(60, cfg.VocabSize, 2), prompt(90, cfg.VocabSize, 3), prompt(30, cfg.VocabSize, 4)}
+	prompts := [][]int32{testkit.Prompt(100, cfg.VocabSize, 1), testkit.Prompt(60, cfg.VocabSize, 2), testkit.Prompt(90, cfg.VocabSize, 3), testkit.Prompt(30, cfg.VocabSize, 4)}
 	want := reference(t, dir, model.BF16, prompts)
 	e := newExecutor(t, dir, 2, model.BF16)
 	jobs := newJobs(e, prompts)
@@ -312,7 +305,7 @@ func TestPassReadError(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, en.Name()), b, 0o644)
 	}
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
-	prompts := [][]int32{prompt(40, cfg.VocabSize, 1), prompt(20, cfg.VocabSize, 2)}
+	prompts := [][]int32{testkit.Prompt(40, cfg.VocabSize, 1), testkit.Prompt(20, cfg.VocabSize, 2)}
 	want := reference(t, dir, model.BF16, prompts)
 	e := newExecutor(t, dir, 2, model.BF16)
 	shard := e.Stream.Layout().Files[e.Stream.Layout().Layers[6].Extents[0].File]
@@ -376,7 +369,7 @@ func TestCancelWithinALongMLALayer(t *testing.T) {
 			mla = L
 		}
 	}
-	prompts := [][]int32{prompt(1537, cfg.VocabSize, 1), prompt(200, cfg.VocabSize, 2)}
+	prompts := [][]int32{testkit.Prompt(1537, cfg.VocabSize, 1), testkit.Prompt(200, cfg.VocabSize, 2)}
 	want := reference(t, dir, model.BF16, prompts[1:])
 	e := newExecutor(t, dir, 2, model.BF16)
 	jobs := newJobs(e, prompts)
@@ -444,7 +437,7 @@ func TestCancelWithinALongMLALayer(t *testing.T) {
 func TestStreamedPrefillOnOpaqueTensors(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
-	several := [][]int32{prompt(151, cfg.VocabSize, 1), prompt(2, cfg.VocabSize, 2), prompt(70, cfg.VocabSize, 3)}
+	several := [][]int32{testkit.Prompt(151, cfg.VocabSize, 1), testkit.Prompt(2, cfg.VocabSize, 2), testkit.Prompt(70, cfg.VocabSize, 3)}
 	want := reference(t, dir, model.BF16, several)
 	e := newExecutor(t, dir, 2, model.BF16)
 	m := model.New(e.Model.Cfg, conformance.Opaque{CPU: cpu.New(2)})
@@ -478,7 +471,7 @@ func (f *failingDevice) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
 func TestDeviceFailureFailsThePass(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 0)
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
-	prompts := [][]int32{prompt(40, cfg.VocabSize, 1), prompt(20, cfg.VocabSize, 2)}
+	prompts := [][]int32{testkit.Prompt(40, cfg.VocabSize, 1), testkit.Prompt(20, cfg.VocabSize, 2)}
 	want := reference(t, dir, model.BF16, prompts)
 	e := newExecutor(t, dir, 2, model.BF16)
 	healthy := e.Model

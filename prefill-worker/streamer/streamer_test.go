@@ -21,27 +21,6 @@ import (
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
 )
 
-// copyModel copies a generated checkpoint into a private folder that a test
-// may damage.
-func copyModel(t *testing.T, src string) string {
-	t.Helper()
-	dst := t.TempDir()
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dst
-}
-
 func open(t *testing.T, dir string, opt streamer.Options) (*safetensors.Checkpoint, *model.Config, *streamer.Streamer) {
 	t.Helper()
 	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
@@ -235,7 +214,7 @@ func TestStreamFaults(t *testing.T) {
 
 func streamFaults(t *testing.T, mode streamer.IOMode) {
 	base := testmodel.Dir(t, "tiny", 1, 0) // one shard per layer
-	dir := copyModel(t, base)
+	dir := testmodel.Copy(t, base)
 	ck, cfg, s := open(t, dir, streamer.Options{Slots: 2, ReadSize: 8192, Readers: 2, IO: mode})
 	backup := t.TempDir()
 	save := func(path string) func() {
@@ -312,7 +291,7 @@ func streamFaults(t *testing.T, mode streamer.IOMode) {
 // TestStreamTruncatedWhileOpen truncates a shard the pass has already
 // opened (two layers share it): the read of the later layer comes up short.
 func TestStreamTruncatedWhileOpen(t *testing.T) {
-	dir := copyModel(t, testmodel.Dir(t, "tiny", 1, 2))
+	dir := testmodel.Copy(t, testmodel.Dir(t, "tiny", 1, 2))
 	ck, _, s := open(t, dir, streamer.Options{Slots: 1, ReadSize: 4096, Readers: 1})
 	f := shardOf(t, ck, 0)
 	if shardOf(t, ck, 2) != f {

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tandem-inference/tandem/internal/prefixkey"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
@@ -21,9 +22,9 @@ import (
 func TestPrefixStoreResumes(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	v := 256
-	long := prompt(300, v, 1)
+	long := testkit.Prompt(300, v, 1)
 	turn1, turn2 := long[:129], long[:257] // 128 and 256 tokens to prefill
-	other := prompt(100, v, 2)
+	other := testkit.Prompt(100, v, 2)
 	want := references(t, dir, [][]int32{turn1, turn2, other})
 
 	probe := newWorker(t, dir, 256<<20, -1, nil)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tandem-inference/tandem/internal/progress"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/prefill-worker/rss"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
@@ -27,7 +28,7 @@ const RSSOverhead = 64 << 20
 
 const rssChildEnv = "TANDEM_PREFILL_RSS_CHILD"
 
-var rssPrompts = [][]int32{prompt(21, 8192, 1), prompt(9, 8192, 2), prompt(14, 8192, 3)}
+var rssPrompts = [][]int32{testkit.Prompt(21, 8192, 1), testkit.Prompt(9, 8192, 2), testkit.Prompt(14, 8192, 3)}
 
 // TestPeakRSSWithinBudget runs the worker on the small preset (1.4 GB of
 // weights) in a child process under budgets far below the model size, with

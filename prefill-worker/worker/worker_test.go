@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
@@ -29,15 +30,7 @@ func TestMain(m *testing.M) {
 		rssChild()
 		return
 	}
-	goleak.VerifyTestMain(m)
-}
-
-func prompt(n, vocab, seed int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((i*7919 + seed*104729 + 13) % vocab)
-	}
-	return out
+	goleak.VerifyTestMain(testkit.Isolated(m))
 }
 
 // references prefills each prompt[:-1] alone on the in-memory model core.
@@ -120,7 +113,7 @@ func (s submitted) check(t *testing.T, want []byte) scheduler.Result {
 func TestBatchesWaitingJobs(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	v := 256
-	prompts := [][]int32{prompt(50, v, 1), prompt(9, v, 2), prompt(120, v, 3), prompt(30, v, 4), prompt(1, v, 5)}
+	prompts := [][]int32{testkit.Prompt(50, v, 1), testkit.Prompt(9, v, 2), testkit.Prompt(120, v, 3), testkit.Prompt(30, v, 4), testkit.Prompt(1, v, 5)}
 	want := references(t, dir, prompts)
 	var mu sync.Mutex
 	var reports []scheduler.PassReport
@@ -196,7 +189,7 @@ func TestBatchesWaitingJobs(t *testing.T) {
 func TestSuperChunkedUnderBudget(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	v := 256
-	prompts := [][]int32{prompt(700, v, 1), prompt(40, v, 2)}
+	prompts := [][]int32{testkit.Prompt(700, v, 1), testkit.Prompt(40, v, 2)}
 	want := references(t, dir, prompts)
 	// Size the budget from the worker's own memory model: depth 1 ring, both
 	// states, 64-row tiles and about 200 tokens' activations (plus the
@@ -245,7 +238,7 @@ func TestCancelAndFaults(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644)
 	}
 	v := 256
-	prompts := [][]int32{prompt(60, v, 1), prompt(80, v, 2), prompt(20, v, 3)}
+	prompts := [][]int32{testkit.Prompt(60, v, 1), testkit.Prompt(80, v, 2), testkit.Prompt(20, v, 3)}
 	want := references(t, dir, prompts)
 	w := newWorker(t, dir, 64<<20, 1, nil)
 
@@ -349,7 +342,7 @@ func TestPassFloorIsTheReadCostNotAComputeBoundPassWall(t *testing.T) {
 	// 4096 tokens: with 1024 the reads of a loaded machine (their
 	// goroutines descheduled: 183 ms in flight for 0.86 MB) came within 5x
 	// of the compute.
-	p := prompt(4097, 256, 1)
+	p := testkit.Prompt(4097, 256, 1)
 	s := submit(t, w, "long", p, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

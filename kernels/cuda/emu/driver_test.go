@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kernels/internal/emuharness"
 )
 
@@ -26,7 +27,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testkit.Isolated(m).Run()
 	cleanup()
 	os.Exit(code)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/kernels/conformance"
 	"github.com/tandem-inference/tandem/kernels/internal/emuharness"
 	"github.com/tandem-inference/tandem/kernels/metal"
@@ -31,7 +32,7 @@ var (
 const dispatchTime = 5 * time.Minute
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testkit.Isolated(m).Run()
 	cleanup()
 	os.Exit(code)
 }
