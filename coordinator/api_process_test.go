@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -85,5 +87,82 @@ func TestStandaloneAPIWithoutWorkers(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(b, &h) != nil || h.Workers == nil || *h.Workers != 0 ||
 		!strings.Contains(h.Reason, "no decode group") {
 		t.Fatalf("/health without workers: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestServeAPISlowBodiesHoldNoSlot is the slow-body attack on `coordinator
+// serve` with its API, as a process: with 4 request slots, 8 connections
+// send a chat completion's headers and one byte of its body, then stall.
+// An ordinary request sent meanwhile is not refused 429 (the slots are
+// taken only once a body is in): with no workers it gets its 503 at once.
+// The stalled requests are answered 408 at the body timeout.
+func TestServeAPISlowBodiesHoldNoSlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator process: not in -short")
+	}
+	dir := testmodel.Dir(t, "demo", 1, 2)
+	creds, _ := credentials(t)
+	co := startCoordinator(t, "--model", dir, "--embedded-port", fmt.Sprint(freePort(t)), "--embedded-data-dir", t.TempDir(),
+		"--embedded-credentials-dir", creds, "--http-listen", "127.0.0.1:0", "--http-max-concurrent-per-key", "4",
+		"--http-body-timeout", "10s")
+	var base string
+	for deadline := time.Now().Add(30 * time.Second); base == ""; time.Sleep(20 * time.Millisecond) {
+		for _, line := range strings.Split(co.log.String(), "\n") {
+			var m struct{ Msg, URL string }
+			if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "OpenAI-compatible API" {
+				base = m.URL
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no API address in the log:\n%s", co.log.String())
+		}
+	}
+	addr := strings.TrimSuffix(strings.TrimPrefix(base, "http://"), "/v1")
+	answers := make(chan string, 8)
+	for range 8 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				line = err.Error()
+			}
+			answers <- strings.TrimSpace(line)
+		}()
+	}
+	body := fmt.Sprintf(`{"model": %q, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}`, filepath.Base(dir))
+	// Until the stalled requests are answered, every ordinary one is
+	// answered beside them, none refused for want of a slot.
+	for range 3 {
+		resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "no_workers") {
+			t.Fatalf("an ordinary request beside 8 stalled bodies: %d %s, want 503 no_workers (a 429 means the stalled bodies hold the slots)", resp.StatusCode, b)
+		}
+	}
+	select {
+	case line := <-answers:
+		t.Fatalf("a stalled request was answered %q before the ordinary ones were", line)
+	default:
+	}
+	for range 8 {
+		select {
+		case line := <-answers:
+			if !strings.Contains(line, " 408 ") {
+				t.Fatalf("stalled request: %q, want 408", line)
+			}
+		case <-time.After(40 * time.Second):
+			t.Fatal("a stalled request was not answered")
+		}
 	}
 }
