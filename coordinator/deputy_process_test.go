@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -37,7 +38,7 @@ func TestClientCannotPurgeThroughTheCoordinator(t *testing.T) {
 	lens := []int{300, 8, 8, 8}
 	var jobs []*job
 	for i, n := range lens {
-		p := prompt(20+i, 300+i)
+		p := testkit.Prompt(20+i, 256, 300+i)
 		jobs = append(jobs, follow(t, url, ids, cp.SubmitRequest{TokenIDs: p, Sampling: cp.Sampling{MaxTokens: n}, Policy: cp.PolicyLocal},
 			ref.Greedy(t, p, n)))
 	}
