@@ -29,10 +29,11 @@ import (
 )
 
 func init() {
-	register(command{name: "e2e", short: "run the whole system here (NATS, coordinator, prefill worker, decode group) on a workload per policy, against the simulator's prediction", run: runE2E})
+	register(command{name: "e2e", short: "run the whole system here (NATS, coordinator, prefill worker, decode group) on a workload per policy, against the simulator's prediction", run: stages(parseE2EFlags, runE2E)})
 }
 
-type e2eFlags struct {
+// e2eConfig is bench e2e's configuration, from its flags.
+type e2eConfig struct {
 	model, preset, profile     string
 	workload, trace            string
 	ladder, warmupPrompts      string
@@ -50,6 +51,7 @@ type e2eFlags struct {
 	cacheCompare               bool
 	cachePolicy                string
 	chat, cacheInTurn          bool
+	args                       []string // the command line, for REPORT.md
 }
 
 // e2eOutput is the JSON line of bench e2e.
@@ -292,8 +294,10 @@ type e2eRun struct {
 	predicted *sim.Result
 }
 
-func runE2E(ctx context.Context, args []string) error {
-	var f e2eFlags
+// parseE2EFlags parses bench e2e's command line. After --help it returns
+// pflag.ErrHelp.
+func parseE2EFlags(args []string) (e2eConfig, error) {
+	f := e2eConfig{args: args}
 	fs := pflag.NewFlagSet("e2e", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (default: the --preset synthetic model, generated into the test-model cache if needed)")
 	fs.StringVar(&f.preset, "preset", "tiny", "synthetic model preset when --model is not given (the one the profile was calibrated on)")
@@ -353,16 +357,19 @@ the profile alone is reported next to it.
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return err
+		return f, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	policies, err := e2ePolicies(f.policies)
-	if err != nil {
+	return f, nil
+}
+
+// validate checks the flags that need no file, profile or model: the
+// policies, the numbers, the prompt lengths, --link-rate and the flags
+// that go together.
+func (f e2eConfig) validate() error {
+	if _, err := e2ePolicies(f.policies); err != nil {
 		return err
 	}
 	switch {
@@ -381,19 +388,130 @@ the profile alone is reported next to it.
 	case f.chat && (f.workload != "agent" || f.trace != ""):
 		return fmt.Errorf("--chat builds the agent workload's sessions as chats: want --workload agent without --trace (not %q)", f.workload)
 	}
+	if _, err := f.linkBytesPerS(); err != nil {
+		return err
+	}
+	if f.inTurn() {
+		if _, _, err := ladderJobs(f.ladder); err != nil {
+			return err
+		}
+	}
+	if _, err := intList(f.warmupPrompts, "--warmup-prompts"); err != nil {
+		return err
+	}
+	if f.comparesCache() {
+		return cachePolicyOK(router.Policy(f.cachePolicy))
+	}
+	return nil
+}
+
+// inTurn says whether the workload is the ladder, its jobs replayed in
+// turn.
+func (f e2eConfig) inTurn() bool { return f.workload == "ladder" && f.trace == "" }
+
+// comparesCache says whether the run compares the prefix cache off and on
+// (the generated agent workload with --cache-compare).
+func (f e2eConfig) comparesCache() bool {
+	return f.cacheCompare && f.workload == "agent" && f.trace == ""
+}
+
+// linkBytesPerS is --link-rate in bytes per second (0: not limited).
+func (f e2eConfig) linkBytesPerS() (int64, error) {
+	if f.linkRate == "" {
+		return 0, nil
+	}
+	rate, err := config.ParseBytes(f.linkRate)
+	if err != nil || rate <= 0 {
+		return 0, fmt.Errorf("--link-rate %q: want a positive byte rate such as 50MB (per second)", f.linkRate)
+	}
+	return rate, nil
+}
+
+// e2eBench is one bench e2e run: its inputs, loaded, the system it
+// started, and what it gathers.
+type e2eBench struct {
+	cfg        e2eConfig
+	policies   []router.Policy
+	prof       *sim.Profile
+	dir        string // the checkpoint
+	budget     int64  // the prefill worker's, in bytes
+	rate       int64  // the link's limit, bytes per second (0: none)
+	setup      sim.Setup
+	seed       router.Rates
+	jobs       []workload.Job
+	warmLens   []int
+	out        e2eOutput
+	d          *deployment
+	nc         *nats.Conn
+	vocab      int
+	key        string // the jobs' key prefix, unique per run
+	faults     *faultCounter
+	probeLoads map[router.Policy][]*float64
+}
+
+func runE2E(ctx context.Context, f e2eConfig) error {
 	start := time.Now()
 	loadAll := sampleLoad(loadEvery)
 	defer loadAll.Stop()
-
-	prof, err := sim.LoadProfile(f.profile)
+	r, err := loadE2E(ctx, f)
 	if err != nil {
 		return err
 	}
+	if err := r.startSystem(ctx); err != nil {
+		return err
+	}
+	defer r.close()
+	if err := r.warmUp(ctx); err != nil {
+		return err
+	}
+	runs, err := r.replayPolicies(ctx)
+	if err != nil {
+		return err
+	}
+	if f.comparesCache() {
+		if err := compareCache(ctx, r.d, r.nc, r.jobs, router.Policy(f.cachePolicy), f.rounds, r.vocab, r.key, f.jobTimeout, f.chat, f.cacheInTurn, &r.out); err != nil {
+			return err
+		}
+	}
+	return r.write(start, loadAll, runs)
+}
+
+// loadE2E loads the profile, sizes the deployment by it and the flags,
+// loads the model (generating the synthetic one if needed) and builds the
+// workload.
+func loadE2E(ctx context.Context, f e2eConfig) (*e2eBench, error) {
+	r := &e2eBench{cfg: f, probeLoads: map[router.Policy][]*float64{}}
+	var err error
+	if r.policies, err = e2ePolicies(f.policies); err != nil {
+		return nil, err
+	}
+	if r.prof, err = sim.LoadProfile(f.profile); err != nil {
+		return nil, err
+	}
+	if err := r.sizeDeployment(); err != nil {
+		return nil, err
+	}
+	name, err := r.loadModel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := &r.cfg
+	r.out = e2eOutput{Model: name, Chat: c.chat, Ranks: c.ranks, Rounds: c.rounds, Threads: c.threads, PrefillBudget: r.budget, LinkRate: r.rate, Profile: r.prof.Name,
+		SeedTokens: c.seedTokens, Policies: map[string]e2ePolicy{}, Predicted: map[string]sim.Summary{}, Tolerance: c.tolerance, Threshold: c.threshold, CalibrationOK: true}
+	if err := r.loadWorkload(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// sizeDeployment sets the deployment's ranks, threads, budget and link
+// from the profile unless the flags say otherwise; the simulator is given
+// what is deployed (r.setup, less its model).
+func (r *e2eBench) sizeDeployment() error {
+	f, prof := &r.cfg, r.prof
 	if prof.Prefill == nil || prof.Decode == nil || prof.Link == nil {
 		return fmt.Errorf("--profile %s: want a profile of this machine with prefill, decode and link sections (bench calibrate writes one)", f.profile)
 	}
-	// The deployment follows the profile unless told otherwise; the
-	// simulator is given what was deployed.
 	pre, dec, link := *prof.Prefill, *prof.Decode, *prof.Link
 	if f.threads == 0 {
 		f.threads = max(pre.Threads, 1)
@@ -408,175 +526,215 @@ the profile alone is reported next to it.
 	if f.budget != "" {
 		pre.MemoryBudget = f.budget
 	}
-	budget, err := pre.Budget()
-	if err != nil {
+	var err error
+	if r.budget, err = pre.Budget(); err != nil {
 		return fmt.Errorf("--memory-budget: %w", err)
 	}
-	var rate int64
-	if f.linkRate != "" {
-		if rate, err = config.ParseBytes(f.linkRate); err != nil || rate <= 0 {
-			return fmt.Errorf("--link-rate %q: want a positive byte rate such as 50MB (per second)", f.linkRate)
-		}
-		// One proxy per rank: each rank's connections get the rate.
-		link.GBps, link.PerRank = min(link.GBps, float64(rate)/1e9), true
-	}
-
-	dir := f.model
-	if dir == "" {
-		say("e2e: synthetic %s model (cache %s)", f.preset, synth.CacheDir())
-		if dir, err = synth.Ensure(ctx, synth.CacheDir(), f.preset, 1, 0); err != nil {
-			return err
-		}
-	}
-	if cal := prof.Measured["model"]; cal != "" && filepath.Base(cal) != filepath.Base(dir) {
-		say("e2e: warning: the profile %s was calibrated on %s, this run serves %s", prof.Name, filepath.Base(cal), filepath.Base(dir))
-	}
-	m, err := sim.LoadModel(dir)
-	if err != nil {
+	if r.rate, err = f.linkBytesPerS(); err != nil {
 		return err
+	}
+	if r.rate > 0 {
+		// One proxy per rank: each rank's connections get the rate.
+		link.GBps, link.PerRank = min(link.GBps, float64(r.rate)/1e9), true
+	}
+	r.setup = sim.Setup{Name: prof.Name, Prefill: &pre, Decode: &dec, Link: &link, Control: prof.ControlPlane}
+	return nil
+}
+
+// loadModel finds the checkpoint (the synthetic --preset one without
+// --model, generated if needed), loads its shapes into the setup and
+// returns the model's name for the report.
+func (r *e2eBench) loadModel(ctx context.Context) (string, error) {
+	f := &r.cfg
+	r.dir = f.model
+	if r.dir == "" {
+		say("e2e: synthetic %s model (cache %s)", f.preset, synth.CacheDir())
+		var err error
+		if r.dir, err = synth.Ensure(ctx, synth.CacheDir(), f.preset, 1, 0); err != nil {
+			return "", err
+		}
+	}
+	if cal := r.prof.Measured["model"]; cal != "" && filepath.Base(cal) != filepath.Base(r.dir) {
+		say("e2e: warning: the profile %s was calibrated on %s, this run serves %s", r.prof.Name, filepath.Base(cal), filepath.Base(r.dir))
+	}
+	m, err := sim.LoadModel(r.dir)
+	if err != nil {
+		return "", err
 	}
 	name := f.preset
 	if f.model != "" {
 		name = m.Name
 	}
-	setup := sim.Setup{Name: prof.Name, Model: m, Prefill: &pre, Decode: &dec, Link: &link, Control: prof.ControlPlane}
-	if err := setup.Validate(); err != nil {
-		return err
-	}
-	var jobs []workload.Job
+	r.setup.Model = m
+	return name, r.setup.Validate()
+}
+
+// loadWorkload builds the jobs (the ladder, a trace or the generated
+// workload, as K3 chats with --chat) and the warm-up's prompt lengths.
+func (r *e2eBench) loadWorkload() error {
+	f := &r.cfg
 	var wname string
-	inTurn := f.workload == "ladder" && f.trace == ""
-	if inTurn {
-		jobs, wname, err = ladderJobs(f.ladder)
+	var err error
+	if f.inTurn() {
+		r.jobs, wname, err = ladderJobs(f.ladder)
 	} else {
-		jobs, wname, err = simWorkload(simFlags{workload: f.workload, trace: f.trace, rate: f.rate, seed: f.seed}, "local")
+		r.jobs, wname, err = simWorkload(simConfig{workload: f.workload, trace: f.trace, rate: f.rate, seed: f.seed}, "local")
 	}
 	if err != nil {
 		return err
 	}
-	framing := 0
 	if f.chat {
-		tok, err := tokenizer.Load(dir)
+		tok, err := tokenizer.Load(r.dir)
 		if err != nil {
 			return fmt.Errorf("--chat: the model's tokenizer: %w", err)
 		}
-		if jobs, framing, err = agentChats(tok, jobs); err != nil {
+		if r.jobs, r.out.ChatFraming, err = agentChats(tok, r.jobs); err != nil {
 			return err
 		}
-		wname += fmt.Sprintf(", as K3 chats (thinking on, tools, tool results; %d tokens of framing added)", framing)
+		wname += fmt.Sprintf(", as K3 chats (thinking on, tools, tool results; %d tokens of framing added)", r.out.ChatFraming)
 	}
-	warmLens, err := intList(f.warmupPrompts, "--warmup-prompts")
-	if err != nil {
+	if r.warmLens, err = intList(f.warmupPrompts, "--warmup-prompts"); err != nil {
 		return err
 	}
-
-	out := e2eOutput{Model: name, Chat: f.chat, ChatFraming: framing, Ranks: f.ranks, Rounds: f.rounds, Threads: f.threads, PrefillBudget: budget, LinkRate: rate, Profile: prof.Name,
-		SeedTokens: f.seedTokens, Policies: map[string]e2ePolicy{}, Predicted: map[string]sim.Summary{}, Tolerance: f.tolerance, Threshold: f.threshold, CalibrationOK: true}
-	ws := workload.Summarize(jobs)
-	out.Workload = e2eWorkload{Name: wname, Jobs: ws.Jobs, Sessions: ws.Sessions, MedianPrompt: ws.MedianPrompt, MaxPrompt: ws.MaxPrompt,
+	ws := workload.Summarize(r.jobs)
+	r.out.Workload = e2eWorkload{Name: wname, Jobs: ws.Jobs, Sessions: ws.Sessions, MedianPrompt: ws.MedianPrompt, MaxPrompt: ws.MaxPrompt,
 		ArrivalsPerMin: ws.ArrivalsPerMin}
+	return nil
+}
 
+// startSystem starts NATS, the coordinator, the prefill worker and the
+// decode ranks, the coordinator's rates seeded from the setup, and
+// connects the client.
+func (r *e2eBench) startSystem(ctx context.Context) error {
+	f := &r.cfg
 	log := zap.NewNop()
 	if f.verbose {
+		var err error
 		if log, err = config.NewLogger("debug", "console", os.Stderr); err != nil {
 			return err
 		}
 	}
-	say("e2e: starting NATS, the coordinator, a prefill worker and %d decode ranks (%s, %d thread(s) each)", f.ranks, name, f.threads)
-	seed := sim.SeedRates(setup, f.seedTokens)
+	say("e2e: starting NATS, the coordinator, a prefill worker and %d decode ranks (%s, %d thread(s) each)", f.ranks, r.out.Model, f.threads)
+	r.seed = sim.SeedRates(r.setup, f.seedTokens)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	d, err := startDeployment(sctx, deployOptions{ModelDir: dir, Ranks: f.ranks, Threads: f.threads, PrefillBudget: budget, LinkRate: rate,
-		Rates: seed, Log: log})
+	d, err := startDeployment(sctx, deployOptions{ModelDir: r.dir, Ranks: f.ranks, Threads: f.threads, PrefillBudget: r.budget, LinkRate: r.rate,
+		Rates: r.seed, Log: log})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("e2e: starting the system: %w", err)
 	}
-	defer d.Close()
+	r.d = d
 	// The replay watches the prefill worker's reports too: the
 	// coordinator's identity (a client may not read them).
-	nc, err := d.c.ConnectAs(ctx, cp.PrincipalCoordinator, "e2e-client")
-	if err != nil {
+	if r.nc, err = d.c.ConnectAs(ctx, cp.PrincipalCoordinator, "e2e-client"); err != nil {
+		d.Close()
 		return err
 	}
-	defer nc.Close()
-	vocab := d.c.Model.VocabSize
+	r.vocab = d.c.Model.VocabSize
 	nonce := make([]byte, 6)
 	_, _ = rand.Read(nonce)
-	key := "e2e-" + hex.EncodeToString(nonce)
-	warm := time.Now()
-	faults := newFaultCounter()
-	if err := e2eWarmup(ctx, d, nc, f.warmup, warmLens, vocab, key, f.jobTimeout, faults); err != nil {
-		return err
-	}
-	if f.warmup > 0 && len(warmLens) > 0 {
-		say("e2e: the warm-up took %s%s", report.Duration(time.Since(warm).Seconds()), faults.String())
-	}
-	// Each replay is predicted from the profile with what the probe jobs
-	// measured just before it (the profile alone with --probe 0).
-	predict := func(s sim.Setup, p router.Policy) (*sim.Result, error) {
-		return sim.Run(ctx, s, jobs, sim.Options{Policy: p, Seed: &seed, Threshold: f.threshold})
-	}
-	probeLoads := map[router.Policy][]*float64{}
-	probe := func(p router.Policy, round int) (sim.Setup, error) {
-		if f.probeReps == 0 {
-			return setup, nil
-		}
-		say("e2e: probing the idle system (prompts of %v tokens, %d times each way)", probeLengths, f.probeReps)
-		probed, pr, err := runProbe(ctx, d, nc, setup, f.probeReps, vocab, fmt.Sprintf("%s-probe-%s-%d", key, p, round), f.jobTimeout)
-		if err != nil {
-			return sim.Setup{}, err
-		}
-		pr.Policy, pr.Round = string(p), round+1
-		out.Probes = append(out.Probes, pr)
-		probeLoads[p] = append(probeLoads[p], pr.OtherLoad)
-		say("e2e: probe: control plane %.2f ms local, %.2f ms remote; prefill worker's passes %.2fx the profile's compute time (worst residual %.0f%%); decode group's prefill %.2fx (worst error %.0f%%), step %.2f ms",
-			pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS, pr.PrefillFactor, 100*pr.PrefillFit.Residual, pr.GroupFactor, 100*pr.GroupFit.Residual, pr.DecodeStepMS)
-		return probed, nil
-	}
-	done, err := replayRounds(ctx, d, nc, jobs, policies, f.rounds, vocab, key, f.jobTimeout, inTurn, probe, predict)
-	if err != nil {
-		return err
-	}
+	r.key = "e2e-" + hex.EncodeToString(nonce)
+	return nil
+}
 
+// close closes the client's connection, then the system.
+func (r *e2eBench) close() {
+	r.nc.Close()
+	r.d.Close()
+}
+
+// warmUp runs the warm-up jobs and counts their page faults.
+func (r *e2eBench) warmUp(ctx context.Context) error {
+	f := &r.cfg
+	warm := time.Now()
+	r.faults = newFaultCounter()
+	if err := e2eWarmup(ctx, r.d, r.nc, f.warmup, r.warmLens, r.vocab, r.key, f.jobTimeout, r.faults); err != nil {
+		return err
+	}
+	if f.warmup > 0 && len(r.warmLens) > 0 {
+		say("e2e: the warm-up took %s%s", report.Duration(time.Since(warm).Seconds()), r.faults.String())
+	}
+	return nil
+}
+
+// predict is the simulator's run of the jobs on s under policy p, the
+// router seeded as the coordinator was.
+func (r *e2eBench) predict(ctx context.Context, s sim.Setup, p router.Policy) (*sim.Result, error) {
+	return sim.Run(ctx, s, r.jobs, sim.Options{Policy: p, Seed: &r.seed, Threshold: r.cfg.threshold})
+}
+
+// probe is the setup the replay under p in round is predicted with: the
+// profile's with what the probe jobs measure just before it (the profile
+// alone with --probe 0).
+func (r *e2eBench) probe(ctx context.Context, p router.Policy, round int) (sim.Setup, error) {
+	f := &r.cfg
+	if f.probeReps == 0 {
+		return r.setup, nil
+	}
+	say("e2e: probing the idle system (prompts of %v tokens, %d times each way)", probeLengths, f.probeReps)
+	probed, pr, err := runProbe(ctx, r.d, r.nc, r.setup, f.probeReps, r.vocab, fmt.Sprintf("%s-probe-%s-%d", r.key, p, round), f.jobTimeout)
+	if err != nil {
+		return sim.Setup{}, err
+	}
+	pr.Policy, pr.Round = string(p), round+1
+	r.out.Probes = append(r.out.Probes, pr)
+	r.probeLoads[p] = append(r.probeLoads[p], pr.OtherLoad)
+	say("e2e: probe: control plane %.2f ms local, %.2f ms remote; prefill worker's passes %.2fx the profile's compute time (worst residual %.0f%%); decode group's prefill %.2fx (worst error %.0f%%), step %.2f ms",
+		pr.ControlPlane.LocalMS, pr.ControlPlane.RemoteMS, pr.PrefillFactor, 100*pr.PrefillFit.Residual, pr.GroupFactor, 100*pr.GroupFit.Residual, pr.DecodeStepMS)
+	return probed, nil
+}
+
+// replayPolicies replays the jobs under each policy, --rounds times, each
+// replay probed and predicted, and sets each policy's measurements against
+// the predictions; then predicts the threshold rule on the same jobs.
+func (r *e2eBench) replayPolicies(ctx context.Context) ([]e2eRun, error) {
+	f := &r.cfg
+	probe := func(p router.Policy, round int) (sim.Setup, error) { return r.probe(ctx, p, round) }
+	predict := func(s sim.Setup, p router.Policy) (*sim.Result, error) { return r.predict(ctx, s, p) }
+	done, err := replayRounds(ctx, r.d, r.nc, r.jobs, r.policies, f.rounds, r.vocab, r.key, f.jobTimeout, f.inTurn(), probe, predict)
+	if err != nil {
+		return nil, err
+	}
 	var runs []e2eRun
-	for _, p := range policies {
-		po, err := predict(setup, p)
+	for _, p := range r.policies {
+		po, err := r.predict(ctx, r.setup, p)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		run, pol := summarizePolicy(p, done[p], po, f.tolerance)
-		pol.ProbeLoad = meanLoad(probeLoads[p])
-		for _, r := range done[p] {
-			if r.faultsKnown {
-				faults.add(string(p), r.faults)
+		pol.ProbeLoad = meanLoad(r.probeLoads[p])
+		for _, x := range done[p] {
+			if x.faultsKnown {
+				r.faults.add(string(p), x.faults)
 			}
 		}
 		runs = append(runs, run)
-		out.CalibrationOK = out.CalibrationOK && pol.Within
-		out.Policies[string(p)] = pol
-		out.Predicted[string(p)] = sim.Summarize(run.predicted)
+		r.out.CalibrationOK = r.out.CalibrationOK && pol.Within
+		r.out.Policies[string(p)] = pol
+		r.out.Predicted[string(p)] = sim.Summarize(run.predicted)
 		say("e2e: policy %s: TTFT p50 %s measured, %s predicted (x%.2f; profile alone %s, x%.2f); %d of %d jobs completed",
 			p, report.Duration(pol.TTFTP50), report.Duration(pol.PredictedP50), pol.Ratio, report.Duration(pol.ProfileP50), pol.ProfileRatio, pol.Completed, pol.Jobs)
 	}
 	// The rule the coordinator does not offer, on the same jobs (with the
 	// first replay's probe).
-	first := setup
-	for _, r := range done[policies[0]][:1] {
-		first = r.setup
+	first := r.setup
+	for _, x := range done[r.policies[0]][:1] {
+		first = x.setup
 	}
-	tr, err := predict(first, router.Threshold)
+	tr, err := r.predict(ctx, first, router.Threshold)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	out.Predicted[string(router.Threshold)] = sim.Summarize(tr)
+	r.out.Predicted[string(router.Threshold)] = sim.Summarize(tr)
+	return runs, nil
+}
 
-	if f.cacheCompare && f.workload == "agent" && f.trace == "" {
-		if err := compareCache(ctx, d, nc, jobs, router.Policy(f.cachePolicy), f.rounds, vocab, key, f.jobTimeout, f.chat, f.cacheInTurn, &out); err != nil {
-			return err
-		}
-	}
-
-	tables := e2eTables(&out, runs)
+// write prints the tables, finishes the output (time taken, page faults,
+// load average), writes the report with --out and the JSON line with
+// --json.
+func (r *e2eBench) write(start time.Time, loadAll *loadSampler, runs []e2eRun) error {
+	f, out := &r.cfg, &r.out
+	tables := e2eTables(out, runs)
 	for _, t := range tables {
 		if err := t.Write(os.Stdout); err != nil {
 			return err
@@ -584,22 +742,31 @@ the profile alone is reported next to it.
 		fmt.Println()
 	}
 	out.TookS = time.Since(start).Seconds()
-	out.PageFaults, out.PageFaultUS = faults.counts(), faults.us
+	out.PageFaults, out.PageFaultUS = r.faults.counts(), r.faults.us
 	if a, ok := loadAll.Stop(); ok {
 		out.LoadAverage = &a
 		say("e2e: took %s, the machine's load average %s (mean (min-max) over the run, %d cores)", report.Duration(out.TookS), a, runtime.NumCPU())
 	}
 	if f.out != "" {
-		if err := e2eReport(f.out, &out, tables, runs, args); err != nil {
+		if err := e2eReport(f.out, out, tables, runs, f.args); err != nil {
 			return err
 		}
 		out.Out = f.out
 		say("e2e: charts and REPORT.md in %s", f.out)
 	}
 	if f.asJSON {
-		return report.JSONLine(os.Stdout, out)
+		return report.JSONLine(os.Stdout, *out)
 	}
 	return nil
+}
+
+// cachePolicyOK checks --cache-policy: a policy the coordinator offers.
+func cachePolicyOK(policy router.Policy) error {
+	switch policy {
+	case router.Local, router.Remote, router.Auto:
+		return nil
+	}
+	return fmt.Errorf("--cache-policy %q: want local, remote or auto", policy)
 }
 
 func e2ePolicies(s string) ([]router.Policy, error) {
@@ -872,10 +1039,8 @@ func intList(s, flagName string) ([]int, error) {
 // replays each job when the one before ended.
 func compareCache(ctx context.Context, d *deployment, nc *nats.Conn, jobs []workload.Job, policy router.Policy, rounds, vocab int,
 	key string, timeout time.Duration, ids, inTurn bool, out *e2eOutput) error {
-	switch policy {
-	case router.Local, router.Remote, router.Auto:
-	default:
-		return fmt.Errorf("--cache-policy %q: want local, remote or auto", policy)
+	if err := cachePolicyOK(policy); err != nil {
+		return err
 	}
 	results := map[bool][]*sim.Result{}
 	var cached, prompt, idsCached, idsPrompt int

@@ -99,7 +99,7 @@ func TestAgentChats(t *testing.T) {
 // TestE2EChatFlag: --chat wants the generated agent workload.
 func TestE2EChatFlag(t *testing.T) {
 	for _, args := range [][]string{{"--chat"}, {"--chat", "--workload", "mix"}, {"--chat", "--workload", "agent", "--trace", filepath.Join(t.TempDir(), "t.jsonl")}} {
-		if err := runE2E(context.Background(), args); err == nil || !strings.Contains(err.Error(), "--workload agent without --trace") {
+		if err := commands["e2e"].run(context.Background(), args); err == nil || !strings.Contains(err.Error(), "--workload agent without --trace") {
 			t.Errorf("bench e2e %v: %v", args, err)
 		}
 	}

@@ -80,10 +80,45 @@ const probeOutput = 8
 // control plane's latency.
 func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup, reps, vocab int, key string, timeout time.Duration) (sim.Setup, *e2eProbe, error) {
 	pr := &e2eProbe{Reps: reps}
+	ps, err := probeJobs(ctx, d, nc, reps, vocab, key, timeout)
+	if err != nil {
+		return sim.Setup{}, nil, err
+	}
+	pr.OtherLoad = ps.otherLoad
+	probed := setup
+	if probed.Prefill, err = ps.fitPrefill(setup, pr); err != nil {
+		return sim.Setup{}, nil, err
+	}
+	if probed.Decode, err = ps.fitGroup(setup, pr); err != nil {
+		return sim.Setup{}, nil, err
+	}
+	if err := ps.controlPlane(ctx, probed, pr); err != nil {
+		return sim.Setup{}, nil, err
+	}
+	cpl := pr.ControlPlane
+	probed.Control = &cpl
+	if pr.Points, err = ps.points(ctx, setup, probed); err != nil {
+		return sim.Setup{}, nil, err
+	}
+	return probed, pr, nil
+}
+
+// probeSamples is what the probe jobs measured: each path's TTFT and the
+// remote probes' pass compute by prompt length (seconds), the local
+// probes' decode steps, and the share of the machine other processes used
+// meanwhile (nil where unknown).
+type probeSamples struct {
+	ttft      map[cp.Policy]map[int][]float64
+	compute   map[int][]float64
+	steps     []float64
+	otherLoad *float64
+}
+
+// probeJobs runs the probe jobs, each prompt length reps times each way,
+// one at a time, each after probeGap of idle time.
+func probeJobs(ctx context.Context, d *deployment, nc *nats.Conn, reps, vocab int, key string, timeout time.Duration) (*probeSamples, error) {
 	lm := startLoad()
-	ttft := map[cp.Policy]map[int][]float64{cp.PolicyLocal: {}, cp.PolicyRemote: {}}
-	compute := map[int][]float64{}
-	var steps []float64
+	ps := &probeSamples{ttft: map[cp.Policy]map[int][]float64{cp.PolicyLocal: {}, cp.PolicyRemote: {}}, compute: map[int][]float64{}}
 	for rep := range reps {
 		for _, n := range probeLengths {
 			for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
@@ -93,59 +128,68 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 				}
 				ms, _, err := replay(ctx, nc, []workload.Job{job}, p, vocab, key, timeout, false)
 				if err != nil {
-					return sim.Setup{}, nil, err
+					return nil, err
 				}
 				m := ms[0]
 				if m.Err != nil {
-					return sim.Setup{}, nil, fmt.Errorf("e2e: probe job (%s, %d tokens): %w", p, n, m.Err)
+					return nil, fmt.Errorf("e2e: probe job (%s, %d tokens): %w", p, n, m.Err)
 				}
-				ttft[p][n] = append(ttft[p][n], m.FirstToken.Sub(m.Submitted).Seconds())
+				ps.ttft[p][n] = append(ps.ttft[p][n], m.FirstToken.Sub(m.Submitted).Seconds())
 				if t := m.Final.Timing; t != nil && m.Tokens > 1 && t.Decode > 0 {
-					steps = append(steps, t.Decode.Seconds()/float64(m.Tokens-1))
+					ps.steps = append(ps.steps, t.Decode.Seconds()/float64(m.Tokens-1))
 				}
-				for _, ps := range d.takePasses() {
-					if len(ps.Rep.Plan.Pieces) == 1 && ps.Rep.Plan.Pieces[0].ID == m.JobID {
-						compute[n] = append(compute[n], ps.Rep.Stats.Compute.Seconds())
+				for _, pass := range d.takePasses() {
+					if len(pass.Rep.Plan.Pieces) == 1 && pass.Rep.Plan.Pieces[0].ID == m.JobID {
+						ps.compute[n] = append(ps.compute[n], pass.Rep.Stats.Compute.Seconds())
 					}
 				}
 			}
 		}
 	}
 	if share, ok := lm.Others(); ok {
-		pr.OtherLoad = &share
+		ps.otherLoad = &share
 	}
+	return ps, nil
+}
+
+// fitPrefill is the setup's prefill box with its compute fitted to the
+// prefill worker's passes (sim.FitPasses); the fit goes into pr.
+func (ps *probeSamples) fitPrefill(setup sim.Setup, pr *e2eProbe) (*sim.PrefillBox, error) {
 	var samples []sim.PassSample
 	for _, n := range probeLengths {
-		if len(compute[n]) == 0 {
-			return sim.Setup{}, nil, fmt.Errorf("e2e: no weight pass was reported for the %d-token remote probes", n)
+		if len(ps.compute[n]) == 0 {
+			return nil, fmt.Errorf("e2e: no weight pass was reported for the %d-token remote probes", n)
 		}
-		samples = append(samples, sim.PassSample{Tokens: n - 1, Seconds: median(compute[n])})
+		samples = append(samples, sim.PassSample{Tokens: n - 1, Seconds: median(ps.compute[n])})
 	}
 	fit, err := sim.FitPasses(setup.Model.Cfg, setup.Prefill.Compute, samples)
 	if err != nil {
-		return sim.Setup{}, nil, err
+		return nil, err
 	}
 	pr.PrefillFit = probeFit{Rates: fit.Rates, OverheadMS: fit.OverheadMS, Residual: fit.WorstResidual}
 	pr.PrefillFactor = setup.Prefill.Compute.MoE / fit.Rates.MoE
-	probed := setup
 	box := *setup.Prefill
 	box.Compute, box.LayerOverheadMS = fit.Rates, fit.OverheadMS
-	probed.Prefill = &box
+	return &box, nil
+}
 
-	// The decode group: its step, and its prefill fitted to the local
-	// probes: each prompt's TTFT over the shortest one's, plus a step (a
-	// probe's TTFT holds the control plane's latency; the shortest prompt
-	// is all latency and a step).
-	if len(steps) == 0 {
-		return sim.Setup{}, nil, errors.New("e2e: the local probes reported no decode time")
+// fitGroup is the setup's decode group with its step as measured and its
+// prefill fitted to the local probes (sim.FitGroup): each prompt's TTFT
+// over the shortest one's, plus a step (a probe's TTFT holds the control
+// plane's latency; the shortest prompt is all latency and a step). The fit
+// goes into pr.
+func (ps *probeSamples) fitGroup(setup sim.Setup, pr *e2eProbe) (*sim.DecodeGroup, error) {
+	if len(ps.steps) == 0 {
+		return nil, errors.New("e2e: the local probes reported no decode time")
 	}
-	step := median(steps)
+	step := median(ps.steps)
+	local := ps.ttft[cp.PolicyLocal]
 	short := probeLengths[0]
 	var gs []sim.GroupSample
 	for _, n := range probeLengths[1:] {
 		// (A noisy shortest probe can outlast a short one: at least a
 		// microsecond of prefill.)
-		d := max(1e-6, median(ttft[cp.PolicyLocal][n])-median(ttft[cp.PolicyLocal][short]))
+		d := max(1e-6, median(local[n])-median(local[short]))
 		gs = append(gs, sim.GroupSample{Prompt: n, Seconds: d + step})
 	}
 	group := *setup.Decode
@@ -155,7 +199,7 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 	}
 	gf, err := sim.FitGroup(setup.Model.Cfg, setup.Prefill.Compute, chunk, step, gs)
 	if err != nil {
-		return sim.Setup{}, nil, err
+		return nil, err
 	}
 	pr.GroupFit = probeFit{Rates: gf.Rates, OverheadMS: gf.OverheadMS, Residual: gf.WorstError}
 	if c := setup.Decode.Compute; c != nil {
@@ -164,52 +208,61 @@ func runProbe(ctx context.Context, d *deployment, nc *nats.Conn, setup sim.Setup
 	pr.DecodeStepMS = step * 1e3
 	rates := gf.Rates
 	group.PrefillRate, group.Compute, group.LayerOverheadMS, group.DecodeStepMS = nil, &rates, gf.OverheadMS, step*1e3
-	probed.Decode = &group
+	return &group, nil
+}
 
-	// The control plane's latency on each path: what the probes took
-	// beyond their simulated work (the median over the prompt lengths).
-	idle := func(s sim.Setup, p router.Policy, n int) (float64, error) {
-		j, err := sim.Idle(ctx, s, p, n)
-		return j.TTFT.Seconds(), err
-	}
+// controlPlane sets pr's control-plane latency on each path: what the
+// probes took beyond their simulated work on probed (the median over the
+// prompt lengths).
+func (ps *probeSamples) controlPlane(ctx context.Context, probed sim.Setup, pr *e2eProbe) error {
 	latency := func(p cp.Policy) (float64, error) {
 		var d []float64
 		for _, n := range probeLengths {
-			w, err := idle(probed, router.Policy(p), n)
+			w, err := idleTTFT(ctx, probed, router.Policy(p), n)
 			if err != nil {
 				return 0, err
 			}
-			d = append(d, median(ttft[p][n])-w)
+			d = append(d, median(ps.ttft[p][n])-w)
 		}
 		return 1e3 * max(0, median(d)), nil
 	}
+	var err error
 	if pr.ControlPlane.LocalMS, err = latency(cp.PolicyLocal); err != nil {
-		return sim.Setup{}, nil, err
+		return err
 	}
-	if pr.ControlPlane.RemoteMS, err = latency(cp.PolicyRemote); err != nil {
-		return sim.Setup{}, nil, err
-	}
-	cpl := pr.ControlPlane
-	probed.Control = &cpl
+	pr.ControlPlane.RemoteMS, err = latency(cp.PolicyRemote)
+	return err
+}
 
+// points sets each probe's median TTFT against the simulator's idle TTFT
+// with the profile alone (setup) and with the probe's figures (probed).
+func (ps *probeSamples) points(ctx context.Context, setup, probed sim.Setup) ([]probePoint, error) {
+	var pts []probePoint
 	for _, p := range []cp.Policy{cp.PolicyLocal, cp.PolicyRemote} {
 		for _, n := range probeLengths {
-			a, err := idle(setup, router.Policy(p), n)
+			a, err := idleTTFT(ctx, setup, router.Policy(p), n)
 			if err != nil {
-				return sim.Setup{}, nil, err
+				return nil, err
 			}
-			b, err := idle(probed, router.Policy(p), n)
+			b, err := idleTTFT(ctx, probed, router.Policy(p), n)
 			if err != nil {
-				return sim.Setup{}, nil, err
+				return nil, err
 			}
-			pt := probePoint{Path: string(p), Prompt: n, Measured: median(ttft[p][n]), Profile: a, Probed: b}
+			pt := probePoint{Path: string(p), Prompt: n, Measured: median(ps.ttft[p][n]), Profile: a, Probed: b}
 			if p == cp.PolicyRemote {
-				pt.PassCompute = median(compute[n])
+				pt.PassCompute = median(ps.compute[n])
 			}
-			pr.Points = append(pr.Points, pt)
+			pts = append(pts, pt)
 		}
 	}
-	return probed, pr, nil
+	return pts, nil
+}
+
+// idleTTFT is the simulator's TTFT of one prompt of n tokens under policy
+// p on the idle setup s, in seconds.
+func idleTTFT(ctx context.Context, s sim.Setup, p router.Policy, n int) (float64, error) {
+	j, err := sim.Idle(ctx, s, p, n)
+	return j.TTFT.Seconds(), err
 }
 
 // median of xs (0 for none).

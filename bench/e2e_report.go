@@ -13,7 +13,22 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/router"
 )
 
+// e2eTables are the tables of bench e2e: the measurement, the simulator
+// against it, where a job's time goes, the router's predictions against
+// the measurement (per job and part by part, where any) and the probes.
 func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
+	tables := []*report.Table{measuredTable(out, runs), simulatorTable(out, runs), breakdownTable(out, runs), routerTable(out, runs)}
+	if pr := partsTable(out, runs); len(pr.Rows) > 0 {
+		tables = append(tables, pr)
+	}
+	if len(out.Probes) > 0 {
+		tables = append(tables, probesTable(out), probeJobsTable(out))
+	}
+	return tables
+}
+
+// measuredTable is each policy's measured figures.
+func measuredTable(out *e2eOutput, runs []e2eRun) *report.Table {
 	pt := &report.Table{Title: fmt.Sprintf("Measured: %s on %s, %d decode ranks", out.Workload.Name, out.Model, out.Ranks),
 		Header: []string{"policy", "jobs", "remote", "local", "failed", "TTFT p50", "p95", "p99", "jobs/min", "jobs/pass", "moved", "tail p50", "tail max", "decode tok/s"}}
 	for _, r := range runs {
@@ -27,21 +42,26 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	if out.LinkRate > 0 {
 		pt.Notes = append(pt.Notes, fmt.Sprintf("The link to each decode rank is limited to %s/s.", report.Bytes(out.LinkRate)))
 	}
+	return pt
+}
 
+// simulatorTable sets the simulator's prediction of each policy against
+// its measurement, and adds the simulated threshold rule.
+func simulatorTable(out *e2eOutput, runs []e2eRun) *report.Table {
 	ct := &report.Table{Title: fmt.Sprintf("Simulator (profile %s) against the measurement, same jobs", out.Profile),
 		Header: []string{"policy", "TTFT p50 measured", "predicted", "predicted/measured", fmt.Sprintf("within %.0f%%", 100*out.Tolerance),
 			"profile alone", "p95 measured", "predicted", "remote measured", "predicted", "rounds p50", "other load (probe / replay)"}}
+	pct := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f%%", 100**v)
+	}
 	for _, r := range runs {
 		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
 		var rounds []string
 		for _, v := range x.RoundP50 {
 			rounds = append(rounds, report.Duration(v))
-		}
-		pct := func(v *float64) string {
-			if v == nil {
-				return "-"
-			}
-			return fmt.Sprintf("%.0f%%", 100**v)
 		}
 		load := pct(x.OtherLoad)
 		if x.ProbeLoad != nil {
@@ -57,12 +77,17 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	ct.Notes = []string{"predicted: each replay from the profile with the figures of the probe just before it (control-plane latency, the prefill worker's pass compute, the decode group's prefill and step); profile alone: without them (its ratio in brackets).",
 		fmt.Sprintf("threshold (remote above %d tokens) is simulated only: the coordinator routes by local, remote or auto.", out.Threshold),
 		"other load: the share of the machine's cores other processes used during the probes before the replays and during the replays; a prediction from a probe taken under another load than its replay's is off by as much."}
+	return ct
+}
 
+// breakdownTable is where a job's time goes per policy, measured and
+// predicted.
+func breakdownTable(out *e2eOutput, runs []e2eRun) *report.Table {
 	bt := &report.Table{Title: "Where a job's time goes, mean per completed job (measured / predicted)",
 		Header: []string{"policy", "queue", "prefill", "transfer tail", "first step", "TTFT mean", "marked after the first token"}}
+	pair := func(a, b float64) string { return report.Duration(a) + " / " + report.Duration(b) }
 	for _, r := range runs {
 		x, p := out.Policies[string(r.policy)], out.Predicted[string(r.policy)]
-		pair := func(a, b float64) string { return report.Duration(a) + " / " + report.Duration(b) }
 		late := "none"
 		if n, worst := lateMarks(r.measured); n > 0 {
 			late = fmt.Sprintf("%d of %d, by up to %s", n, x.Completed, report.Duration(worst.Seconds()))
@@ -72,6 +97,12 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	}
 	bt.Notes = []string{"Measured remote: queue is submission to the weight pass's start, first step the rest after the state's commit (decode step and control-plane hops). Measured local: queue is submission to the decode group's start, prefill includes its first step.",
 		"The parts are the coordinator's marks as measured, the TTFT the client's. Workers report to the coordinator on their own connections, so a remote job's commit (or a local job's first token) can be marked after the client already has its first token: such a job's parts add up to more than its TTFT by as much (the last column; late_mark_s in jobs.jsonl), and its first step counts 0."}
+	return bt
+}
+
+// routerTable sets the router's predicted TTFT of each job against the
+// measured one.
+func routerTable(out *e2eOutput, runs []e2eRun) *report.Table {
 	rt := &report.Table{Title: "The router's predicted TTFT against the measured one, per job (measured / predicted)",
 		Header: []string{"policy", "p10", "p50", "p90", "jobs: prompt tokens, path, predicted -> measured", "load average"}}
 	for _, r := range runs {
@@ -88,6 +119,12 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 	}
 	rt.Notes = []string{"The prediction is the coordinator's own, made when it routed the job (the routed event), from the workers' fitted cost-model terms at that moment; measured is the client's TTFT, submission sent to first token received.",
 		fmt.Sprintf("Load average: the machine's 1-minute load average during the policy's replays, mean (min-max), on %d cores; above the core count, other work shared them.", runtime.NumCPU())}
+	return rt
+}
+
+// partsTable sets the router's predicted parts of the TTFT against the
+// measured ones, summed over the jobs (no rows where no route had parts).
+func partsTable(out *e2eOutput, runs []e2eRun) *report.Table {
 	pr := &report.Table{Title: "The router's predicted parts against the measured ones (sums over the jobs above)",
 		Header: []string{"policy", "part", "jobs", "predicted", "measured", "measured - predicted, median per job", "largest"}}
 	for _, r := range runs {
@@ -97,33 +134,37 @@ func e2eTables(out *e2eOutput, runs []e2eRun) []*report.Table {
 		}
 	}
 	pr.Notes = []string{"Remote: queue is submission to the weight pass's start (predicted: the running pass's rest and the control plane's latency), pass the prefill worker's pass, transfer tail its end to the state committed on every rank, first step the rest of the TTFT. Local: queue is the TTFT less the group's prefill (the control plane), prefill the group's prefill and first step."}
-	tables := []*report.Table{pt, ct, bt, rt}
-	if len(pr.Rows) > 0 {
-		tables = append(tables, pr)
+	return pr
+}
+
+// probesTable is what each probe before a replay measured (out has at
+// least one probe).
+func probesTable(out *e2eOutput) *report.Table {
+	t := &report.Table{Title: "Probes of the idle system before each replay",
+		Header: []string{"before", "round", "control plane local", "remote", "prefill worker's passes", "decode group's prefill", "decode step"}}
+	for _, pr := range out.Probes {
+		t.Add(pr.Policy, fmt.Sprint(pr.Round), fmt.Sprintf("%.2f ms", pr.ControlPlane.LocalMS), fmt.Sprintf("%.2f ms", pr.ControlPlane.RemoteMS),
+			fmt.Sprintf("x%.2f (%.3f ms/layer, %.0f%%)", pr.PrefillFactor, pr.PrefillFit.OverheadMS, 100*pr.PrefillFit.Residual),
+			fmt.Sprintf("x%.2f (%.3f ms/layer/chunk, %.0f%%)", pr.GroupFactor, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual),
+			fmt.Sprintf("%.2f ms", pr.DecodeStepMS))
 	}
-	if len(out.Probes) > 0 {
-		t := &report.Table{Title: "Probes of the idle system before each replay",
-			Header: []string{"before", "round", "control plane local", "remote", "prefill worker's passes", "decode group's prefill", "decode step"}}
-		for _, pr := range out.Probes {
-			t.Add(pr.Policy, fmt.Sprint(pr.Round), fmt.Sprintf("%.2f ms", pr.ControlPlane.LocalMS), fmt.Sprintf("%.2f ms", pr.ControlPlane.RemoteMS),
-				fmt.Sprintf("x%.2f (%.3f ms/layer, %.0f%%)", pr.PrefillFactor, pr.PrefillFit.OverheadMS, 100*pr.PrefillFit.Residual),
-				fmt.Sprintf("x%.2f (%.3f ms/layer/chunk, %.0f%%)", pr.GroupFactor, pr.GroupFit.OverheadMS, 100*pr.GroupFit.Residual),
-				fmt.Sprintf("%.2f ms", pr.DecodeStepMS))
+	t.Notes = []string{fmt.Sprintf("Control plane: the probes' TTFT (each the median of %d) less their simulated work, the median over the prompt lengths. Passes and group prefill: compute time against the profile's (x1.20 is 20%% slower), with the fixed cost and the worst misfit of the fit.", out.Probes[0].Reps)}
+	return t
+}
+
+// probeJobsTable is the first probe's jobs against the simulator's idle
+// TTFT, with the profile alone and with the probe's figures.
+func probeJobsTable(out *e2eOutput) *report.Table {
+	pt := &report.Table{Title: fmt.Sprintf("Probe jobs before the first replay, median of %d (TTFT)", out.Probes[0].Reps),
+		Header: []string{"path", "prompt", "measured", "profile alone", "with the probe", "pass compute"}}
+	for _, x := range out.Probes[0].Points {
+		pc := "-"
+		if x.PassCompute > 0 {
+			pc = report.Duration(x.PassCompute)
 		}
-		t.Notes = []string{fmt.Sprintf("Control plane: the probes' TTFT (each the median of %d) less their simulated work, the median over the prompt lengths. Passes and group prefill: compute time against the profile's (x1.20 is 20%% slower), with the fixed cost and the worst misfit of the fit.", out.Probes[0].Reps)}
-		tables = append(tables, t)
-		pt := &report.Table{Title: fmt.Sprintf("Probe jobs before the first replay, median of %d (TTFT)", out.Probes[0].Reps),
-			Header: []string{"path", "prompt", "measured", "profile alone", "with the probe", "pass compute"}}
-		for _, x := range out.Probes[0].Points {
-			pc := "-"
-			if x.PassCompute > 0 {
-				pc = report.Duration(x.PassCompute)
-			}
-			pt.Add(x.Path, fmt.Sprint(x.Prompt), report.Duration(x.Measured), report.Duration(x.Profile), report.Duration(x.Probed), pc)
-		}
-		tables = append(tables, pt)
+		pt.Add(x.Path, fmt.Sprint(x.Prompt), report.Duration(x.Measured), report.Duration(x.Profile), report.Duration(x.Probed), pc)
 	}
-	return tables
+	return pt
 }
 
 // lateMarks counts the completed jobs whose last part the coordinator

@@ -19,18 +19,29 @@ import (
 )
 
 func init() {
-	register(command{name: "mkmodel", short: "write a synthetic K3-shaped checkpoint in the released layout", run: runMkmodel})
+	register(command{name: "mkmodel", short: "write a synthetic K3-shaped checkpoint in the released layout", run: stages(parseMkmodelFlags, runMkmodel)})
 }
 
-func runMkmodel(ctx context.Context, args []string) error {
+// mkmodelConfig is bench mkmodel's configuration, from its flags.
+type mkmodelConfig struct {
+	preset, config, out string
+	seed                uint64
+	shards              int
+	force, sparse       bool
+}
+
+// parseMkmodelFlags parses bench mkmodel's command line. After --help it
+// returns pflag.ErrHelp; without --out it prints the usage.
+func parseMkmodelFlags(args []string) (mkmodelConfig, error) {
+	var f mkmodelConfig
 	fs := pflag.NewFlagSet("mkmodel", pflag.ContinueOnError)
-	preset := fs.String("preset", "tiny", "model preset: "+strings.Join(configs.ModelPresets(), ", "))
-	cfgPath := fs.String("config", "", "use this config.json (released nested shape) instead of a preset")
-	seed := fs.Uint64("seed", 1, "random seed; the same seed gives the same weights")
-	out := fs.String("out", "", "output directory (required)")
-	shards := fs.Int("shards", 0, "number of safetensors shards (0: one per layer plus one for the embedding and head, as released)")
-	force := fs.Bool("force", false, "overwrite a non-empty output directory")
-	sparse := fs.Bool("sparse", false, "leave every tensor's data as a hole that reads as zeros: full-size files that take no disk (with the released layout, also the vision tower's two shards)")
+	fs.StringVar(&f.preset, "preset", "tiny", "model preset: "+strings.Join(configs.ModelPresets(), ", "))
+	fs.StringVar(&f.config, "config", "", "use this config.json (released nested shape) instead of a preset")
+	fs.Uint64Var(&f.seed, "seed", 1, "random seed; the same seed gives the same weights")
+	fs.StringVar(&f.out, "out", "", "output directory (required)")
+	fs.IntVar(&f.shards, "shards", 0, "number of safetensors shards (0: one per layer plus one for the embedding and head, as released)")
+	fs.BoolVar(&f.force, "force", false, "overwrite a non-empty output directory")
+	fs.BoolVar(&f.sparse, "sparse", false, "leave every tensor's data as a hole that reads as zeros: full-size files that take no disk (with the released layout, also the vision tower's two shards)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench mkmodel --preset tiny|small|medium|k3 --seed N --out DIR [--shards N] [--force] [--sparse]
 
@@ -47,19 +58,36 @@ model can be planned and streamed on a machine that cannot store it).
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return f, err
 	}
-	if *out == "" {
+	if f.out == "" {
 		fs.Usage()
-		return errors.New("--out is required")
+		return f, errors.New("--out is required")
 	}
-	var cfgJSON []byte
-	var err error
-	if *cfgPath != "" {
-		cfgJSON, err = os.ReadFile(*cfgPath)
-	} else {
-		cfgJSON, err = configs.ModelPreset(*preset)
+	return f, nil
+}
+
+// validate checks the flags that need no file: the preset, when no
+// --config is given.
+func (f mkmodelConfig) validate() error {
+	if f.config == "" {
+		if _, err := configs.ModelPreset(f.preset); err != nil {
+			return fmt.Errorf("--preset: %w", err)
+		}
 	}
+	return nil
+}
+
+// configJSON is the model's config.json: --config's file or the preset's.
+func (f mkmodelConfig) configJSON() ([]byte, error) {
+	if f.config != "" {
+		return os.ReadFile(f.config)
+	}
+	return configs.ModelPreset(f.preset)
+}
+
+func runMkmodel(ctx context.Context, f mkmodelConfig) error {
+	cfgJSON, err := f.configJSON()
 	if err != nil {
 		return err
 	}
@@ -72,18 +100,18 @@ model can be planned and streamed on a machine that cannot store it).
 		total += t.Bytes()
 	}
 	kind := ""
-	if *sparse {
+	if f.sparse {
 		kind = " (sparse: zero weights in holes)"
 	}
 	fmt.Fprintf(os.Stderr, "mkmodel: %d layers, hidden %d, %d experts, %s of text tensors%s -> %s\n",
-		cfg.NumLayers, cfg.HiddenSize, cfg.NumExperts, progress.HumanBytes(total), kind, *out)
+		cfg.NumLayers, cfg.HiddenSize, cfg.NumExperts, progress.HumanBytes(total), kind, f.out)
 	p := progress.NewBytes(os.Stderr, "mkmodel")
 	start := time.Now()
-	if err := synth.Write(ctx, cfgJSON, *out, synth.Options{Seed: *seed, Shards: *shards, Force: *force, Sparse: *sparse, Progress: p.Update}); err != nil {
+	if err := synth.Write(ctx, cfgJSON, f.out, synth.Options{Seed: f.seed, Shards: f.shards, Force: f.force, Sparse: f.sparse, Progress: p.Update}); err != nil {
 		return err
 	}
 	reportTokenizer(cfg.VocabSize)
-	if size, used, ok := dirUsage(*out); ok {
+	if size, used, ok := dirUsage(f.out); ok {
 		fmt.Fprintf(os.Stderr, "mkmodel: %s in files, %s on disk\n", progress.HumanBytes(size), progress.HumanBytes(used))
 	}
 	fmt.Fprintf(os.Stderr, "mkmodel: done in %s\n", time.Since(start).Round(time.Millisecond))

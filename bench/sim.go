@@ -38,10 +38,6 @@ type simConfig struct {
 	args                          []string // the command line, for REPORT.md
 }
 
-// simFlags is simConfig under the name e2e.go builds it by (for
-// simWorkload); it goes when e2e.go moves to simConfig.
-type simFlags = simConfig
-
 // simOutput is the JSON line of bench sim.
 type simOutput struct {
 	Model    string `json:"model"`
@@ -380,7 +376,7 @@ func (r *simRun) write() error {
 }
 
 // simWorkload builds the workload of the flags.
-func simWorkload(f simFlags, modelName string) ([]workload.Job, string, error) {
+func simWorkload(f simConfig, modelName string) ([]workload.Job, string, error) {
 	if f.trace != "" {
 		jobs, err := workload.LoadTrace(f.trace)
 		return jobs, f.trace, err

@@ -24,7 +24,7 @@ func TestSparsePassOnly(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1)) // stream sets the budget as the limit
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := runMkmodel(ctx, []string{"--preset", "tiny", "--sparse", "--out", dir}); err != nil {
+	if err := commands["mkmodel"].run(ctx, []string{"--preset", "tiny", "--sparse", "--out", dir}); err != nil {
 		t.Fatal(err)
 	}
 	shards, _ := filepath.Glob(filepath.Join(dir, "model-*-of-000012.safetensors"))
