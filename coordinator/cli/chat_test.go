@@ -3,7 +3,9 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,4 +96,62 @@ func TestSubmitChatFile(t *testing.T) {
 	if _, _, err := run(ctx, append([]string{"submit", "--chat", notChat}, nats...)...); err == nil || !strings.Contains(err.Error(), notChat) {
 		t.Errorf("a body without messages: %v", err)
 	}
+}
+
+// TestServeWithTheOpenAISDK: the official openai package drives the API
+// that `coordinator serve` runs, in K3's conversation format
+// (coordinator/openai/testdata/client/chat.mjs: thinking streamed as
+// reasoning_content, required calls and strict JSON valid on three seeds).
+func TestServeWithTheOpenAISDK(t *testing.T) {
+	sdkDir := filepath.Join("..", "openai", "testdata", "client")
+	node, err := exec.LookPath("node")
+	if _, serr := os.Stat(filepath.Join(sdkDir, "node_modules", "openai", "package.json")); err != nil || serr != nil {
+		t.Skip("node or the npm openai package missing (scripts/setup.sh installs them)")
+	}
+	creds := privateConfigDir(t)
+	dir := testmodel.Dir(t, "demo", 1, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	serveCtx, stop := context.WithCancel(ctx)
+	serveLog := &syncBuffer{}
+	served := make(chan error, 1)
+	go func() {
+		root := New(io.Discard, serveLog)
+		root.SetArgs([]string{"serve", "--model", dir, "--embedded-port", "0", "--embedded-data-dir", t.TempDir(),
+			"--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--log-format", "json"})
+		served <- root.ExecuteContext(serveCtx)
+	}()
+	defer func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v\n%s", err, serveLog.String())
+		}
+	}()
+	url := logged(t, serveLog, "embedded NATS server", "url")
+	apiURL := logged(t, serveLog, "OpenAI-compatible API", "url")
+	logged(t, serveLog, "coordinator serving", "model")
+	var ids []cp.Identity
+	for _, p := range []cp.Principal{cp.PrincipalCoordinator, cp.PrincipalWorker, cp.PrincipalClient} {
+		id, err := cp.LoadIdentity(cp.IdentityFile(creds, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, *id)
+	}
+	c, err := cluster.Start(ctx, cluster.Options{ModelDir: dir, NATSURL: url, NoCoordinator: true, NoPrefill: true, Threads: 1, Identities: ids})
+	if err != nil {
+		t.Fatalf("workers: %v", err)
+	}
+	defer c.Close()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, node, "chat.mjs")
+	cmd.Dir = sdkDir
+	cmd.Env = append(os.Environ(), "TANDEM_URL="+apiURL, "TANDEM_MODEL="+filepath.Base(dir))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node chat.mjs against serve's API: %v\n%s", err, out)
+	}
+	t.Logf("the SDK saw: %s", out)
 }

@@ -2,7 +2,10 @@ package demo
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,8 +77,34 @@ func TestDemo(t *testing.T) {
 			t.Errorf("%s: %v\n%s", curl, err, b)
 		}
 	}
+	sdk(ctx, t, s)
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sdk runs the official openai package's check of K3's conversation format
+// (coordinator/openai/testdata/client/chat.mjs) against the API the demo
+// serves, as its output names it.
+func sdk(ctx context.Context, t *testing.T, out string) {
+	t.Helper()
+	dir := filepath.Join("..", "openai", "testdata", "client")
+	node, err := exec.LookPath("node")
+	if _, serr := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil || serr != nil {
+		t.Logf("node or the npm openai package missing (scripts/setup.sh installs them): the SDK check is not run")
+		return
+	}
+	m := regexp.MustCompile(`OpenAI-compatible API at (http://\S+/v1) \(model "([^"]+)"\)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the demo does not name its API and model:\n%s", out)
+	}
+	cmd := exec.CommandContext(ctx, node, "chat.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "TANDEM_URL="+m[1], "TANDEM_MODEL="+m[2])
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node chat.mjs against the demo's API: %v\n%s", err, b)
+	}
+	t.Logf("the SDK saw: %s", b)
 }
