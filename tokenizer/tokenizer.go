@@ -22,6 +22,7 @@ type Tokenizer struct {
 	specialID map[string]int // name -> id
 	specLens  []int          // distinct special name lengths, longest first
 	specFirst [256]bool      // first bytes of special names
+	longest   int            // bytes of the longest token's text, special names included
 }
 
 // Load reads a tokenizer from dir: tiktoken.model and tokenizer_config.json.
@@ -71,7 +72,37 @@ func parse(model, config []byte, modelName, configName string) (*Tokenizer, erro
 		t.specLens = append(t.specLens, l)
 	}
 	sort.Sort(sort.Reverse(sort.IntSlice(t.specLens)))
+	for r := range v.len() {
+		t.longest = max(t.longest, len(v.bytes(r)))
+	}
+	if len(t.specLens) > 0 {
+		t.longest = max(t.longest, t.specLens[0])
+	}
 	return t, nil
+}
+
+// MinTokens is a lower bound on the tokens that text of n bytes encodes
+// to: no token covers more bytes than the longest one. It lets a prompt
+// that is surely over a limit be refused without encoding it.
+func (t *Tokenizer) MinTokens(n int) int {
+	if t.longest == 0 {
+		return n
+	}
+	return (n + t.longest - 1) / t.longest
+}
+
+// MinSegmentTokens is MinTokens over rendered segments: each special
+// segment one token, the text segments by their bytes.
+func (t *Tokenizer) MinSegmentTokens(segs []Segment) int {
+	n, text := 0, 0
+	for _, s := range segs {
+		if s.Special {
+			n++
+		} else {
+			text += len(s.Text)
+		}
+	}
+	return n + t.MinTokens(text)
 }
 
 // VocabSize is the number of token ids: ranks plus special slots.

@@ -172,6 +172,13 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 			return nil, badRequest(constraintParam(c), "%v", err)
 		}
 	}
+	segs, err := tokenizer.RenderChat(c)
+	if err != nil {
+		return nil, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
+	}
+	if aerr := p.surelyFits(p.tok.MinSegmentTokens(segs), s.MaxTokens, "messages"); aerr != nil {
+		return nil, aerr
+	}
 	ids, err := p.tok.EncodeChat(c)
 	if err != nil {
 		return nil, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), tokenizer.ErrChat.Error()+": "))
@@ -431,6 +438,11 @@ func (p *planner) promptIDs(raw json.RawMessage) ([]int, *apiError) {
 		if p.tok == nil {
 			return nil, badRequest("prompt", "model %s has no tokenizer: give the prompt as token ids", p.name)
 		}
+		// The limit is checked again on the ids (in fit); before encoding,
+		// only what is surely over it is refused.
+		if aerr := p.surelyFits(p.tok.MinTokens(len(text)), 0, "prompt"); aerr != nil {
+			return nil, aerr
+		}
 		ids = p.tok.Encode(text)
 	}
 	if len(ids) == 0 {
@@ -447,12 +459,21 @@ func (p *planner) promptIDs(raw json.RawMessage) ([]int, *apiError) {
 // fit checks the prompt against the limits: the configured longest
 // prompt, and prompt + output against the model's positions.
 func (p *planner) fit(ids []int, maxTokens int, param string) *apiError {
-	n := len(ids)
+	return p.limits(len(ids), maxTokens, param, "")
+}
+
+// surelyFits refuses, before encoding, a prompt of at least atLeast
+// tokens that is over the limits: a large body costs no encoding.
+func (p *planner) surelyFits(atLeast, maxTokens int, param string) *apiError {
+	return p.limits(atLeast, maxTokens, param, "at least ")
+}
+
+func (p *planner) limits(n, maxTokens int, param, atLeast string) *apiError {
 	if p.maxPrompt > 0 && n > p.maxPrompt {
-		return tooLong(param, "the prompt has %d tokens, at most %d allowed", n, p.maxPrompt)
+		return tooLong(param, "the prompt has %s%d tokens, at most %d allowed", atLeast, n, p.maxPrompt)
 	}
 	if m := p.info.MaxPositions; m > 0 && n+maxTokens > m {
-		return tooLong(param, "the prompt (%d tokens) and max_tokens (%d) exceed the model's context length of %d tokens", n, maxTokens, m)
+		return tooLong(param, "the prompt (%s%d tokens) and max_tokens (%d) exceed the model's context length of %d tokens", atLeast, n, maxTokens, m)
 	}
 	return nil
 }
