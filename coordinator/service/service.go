@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/jobs"
@@ -180,14 +181,17 @@ func (c *Config) withDefaults() (Config, error) {
 
 // Coordinator is a running coordinator.
 type Coordinator struct {
-	cfg   Config
-	nc    *nats.Conn
-	log   *zap.Logger
-	m     *metrics.Metrics
-	table *jobs.Table
-	est   *router.Estimator
-	view  *view
-	load  *loadTracker
+	cfg Config
+	nc  *nats.Conn
+	log *zap.Logger
+	// dropLog logs dropped client requests, at most a few a minute: a
+	// client that floods them cannot fill the log (the metric counts all).
+	dropLog *zap.Logger
+	m       *metrics.Metrics
+	table   *jobs.Table
+	est     *router.Estimator
+	view    *view
+	load    *loadTracker
 
 	queue   *cp.JobQueue
 	reg     *cp.Registry
@@ -208,7 +212,10 @@ func New(nc *nats.Conn, cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Coordinator{cfg: cfg, nc: nc, log: cfg.Log, m: cfg.Metrics, table: jobs.NewTable(cfg.KeepFinished),
+	dropLog := cfg.Log.WithOptions(zap.WrapCore(func(core zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(core, time.Minute, 5, 0)
+	}))
+	return &Coordinator{cfg: cfg, nc: nc, log: cfg.Log, dropLog: dropLog, m: cfg.Metrics, table: jobs.NewTable(cfg.KeepFinished),
 		est: router.NewEstimator(cfg.Rates, cfg.Alpha), view: newView(), load: newLoadTracker(),
 		runs: map[string]*run{}, pendingCancel: map[string]string{}, ready: make(chan struct{})}, nil
 }
@@ -340,7 +347,7 @@ func (c *Coordinator) fromClient(handle nats.MsgHandler) nats.MsgHandler {
 		if m.Reply != "" {
 			if err := cp.CheckClientReply(m.Subject, m.Reply); err != nil {
 				c.m.DroppedRequest(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
-				c.log.Warn("client request dropped unanswered: its reply subject is not the client's inbox",
+				c.dropLog.Warn("client request dropped unanswered: its reply subject is not the client's inbox",
 					zap.String("subject", m.Subject), zap.String("reply", m.Reply), zap.Error(err))
 				return
 			}
