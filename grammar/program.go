@@ -3,6 +3,8 @@ package grammar
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/tandem-inference/tandem/internal/pyquote"
 )
 
 // The automaton is a pushdown Thompson machine over symbols: a program of
@@ -451,7 +453,7 @@ func (b *builder) object(s *schema, sep bool) {
 				if track {
 					b.comma(sep)
 				}
-				b.lit(quote(p.name))
+				b.lit(pyquote.Quote(p.name))
 				b.colon(sep)
 				b.call(p.s, ruleJSON, sep)
 				jump(i+1, true)

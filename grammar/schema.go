@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/tandem-inference/tandem/internal/pyquote"
 )
 
 // Limits on a schema: it comes from a client.
@@ -376,7 +378,7 @@ func toScalar(v any) (scalar, error) {
 		}
 		return scalar{kind: tBoolean, json: "false"}, nil
 	case string:
-		return scalar{kind: tString, json: quote(v), str: v}, nil
+		return scalar{kind: tString, json: pyquote.Quote(v), str: v}, nil
 	case json.Number:
 		kind := uint8(tNumber)
 		if !strings.ContainsAny(string(v), ".eE") {
@@ -408,44 +410,6 @@ func filterKinds(e []scalar, types uint8) []scalar {
 		}
 	}
 	return out
-}
-
-// quote is s as a JSON string as Python's json.dumps writes it with
-// ensure_ascii=False (the released renderer's form): only the quote, the
-// backslash and control characters escaped.
-func quote(s string) string {
-	const hex = "0123456789abcdef"
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch c {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			if c < 0x20 {
-				b.WriteString(`\u00`)
-				b.WriteByte(hex[c>>4])
-				b.WriteByte(hex[c&15])
-			} else {
-				b.WriteByte(c)
-			}
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 // attr is s escaped as the renderer writes an attribute value.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/tandem-inference/tandem/internal/pyquote"
 )
 
 // pyValue is a JSON value as Python's json.loads returns it: objects keep
@@ -413,7 +415,7 @@ func (v pyValue) write(b *strings.Builder, style dumpStyle) {
 	case pyFloat:
 		b.WriteString(pyFloatRepr(v.num))
 	case pyString:
-		writePyString(b, v.str)
+		pyquote.Write(b, v.str)
 	case pyArray:
 		b.WriteByte('[')
 		for i, it := range v.items {
@@ -429,47 +431,12 @@ func (v pyValue) write(b *strings.Builder, style dumpStyle) {
 			if i > 0 {
 				b.WriteString(style.item)
 			}
-			writePyString(b, k)
+			pyquote.Write(b, k)
 			b.WriteString(style.key)
 			v.vals[i].write(b, style)
 		}
 		b.WriteByte('}')
 	}
-}
-
-// writePyString quotes s as json.dumps with ensure_ascii=False: only the
-// quote, the backslash and control characters are escaped.
-func writePyString(b *strings.Builder, s string) {
-	const hex = "0123456789abcdef"
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch c {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			if c < 0x20 {
-				b.WriteString(`\u00`)
-				b.WriteByte(hex[c>>4])
-				b.WriteByte(hex[c&15])
-			} else {
-				b.WriteByte(c)
-			}
-		}
-	}
-	b.WriteByte('"')
 }
 
 // pyFloatRepr is Python's repr of a float as json.dumps writes it: the

@@ -3,6 +3,8 @@ package tokenizer
 import (
 	"encoding/json"
 	"strings"
+
+	"github.com/tandem-inference/tandem/internal/pyquote"
 )
 
 // maxHead bounds an element head (or a closing name) the parser collects:
@@ -367,7 +369,7 @@ func jsonQuote(s string) string { return `"` + jsonEscape(s) + `"` }
 // jsonEscape is s escaped for the inside of a JSON string.
 func jsonEscape(s string) string {
 	var b strings.Builder
-	writePyString(&b, s)
+	pyquote.Write(&b, s)
 	out := b.String()
 	return out[1 : len(out)-1]
 }
