@@ -128,21 +128,15 @@ func InboxPrefix(p Principal, name string) string {
 	return "_INBOX" // nats.go's default
 }
 
-// Permissions are the subjects identity p (named name) may publish to and
-// subscribe to. They are the whole of tandem's access control on NATS:
-//
-//   - a client publishes only its own requests (submit, cancel, list,
-//     availability under ClientPrefix(name)) and reads only its own namespace and inbox: other
-//     clients' jobs, the job queue, assignments (with their transfer
-//     secrets) and progress are out of its reach, and it cannot forge a
-//     worker's progress or a token;
-//   - a worker takes assignments, cancellations, drain and cache requests on its own subjects (any
-//     worker's, for the shared worker identity), answers them, reports
-//     progress under its worker subjects, publishes tokens into clients'
-//     namespaces, and keeps its registry key in the bucket the coordinators
-//     set up; it cannot read the job queue, other clients' requests or job
-//     events, nor create, change or delete any stream or bucket;
-//   - the coordinator may do everything.
+// Permissions are the subjects identity p, named name, may publish to and
+// subscribe to; they are the whole of tandem's access control on NATS. A
+// client reaches only its own requests, namespace and inbox. A worker
+// takes and answers requests on its own subjects, any worker's for the
+// shared worker identity, reports progress, publishes tokens into clients'
+// namespaces and keeps its registry key; it can read neither the job queue
+// nor other clients' requests or job events, and change no stream or
+// bucket. The coordinator may do everything.
+// docs/ARCHITECTURE.md, "Security", says what each identity is trusted with.
 func Permissions(p Principal, name string) *server.Permissions {
 	switch p {
 	case PrincipalClient:
