@@ -85,15 +85,16 @@ type Prediction struct {
 	QueueWait, Pass, Prefill, TransferTail, FirstStep, Overhead time.Duration
 }
 
-// PredictRemote is the remote TTFT of a prompt of prompt tokens (the
-// prefill worker runs all but the last, or its part up to RemoteSplit):
-// wait for the running pass, then a pass that takes the longer of the floor
-// and the compute of every prompt sharing it (each term at its rate, the
-// attention over each prompt's own cache, a fixed cost per layer; a prompt
-// from its stored prefix on), plus the state still in flight when it ends
-// (past the rows the group holds), plus the group's own prefill of the
-// rest of the prompt and the first decode step on the group. A part the
-// store holds whole runs no pass.
+// PredictRemote is the remote TTFT of a prompt of prompt tokens, whose
+// prefill worker runs all but the last token, or its part up to
+// RemoteSplit. It is the wait for the running pass, then a pass that takes
+// the longer of the floor and the compute of every prompt sharing it, plus
+// the state still in flight when that pass ends past the rows the group
+// holds, plus the group's own prefill of the rest of the prompt and the
+// first decode step on the group. Compute prices each term at its rate,
+// the attention over each prompt's own cache and a fixed cost per layer,
+// from a prompt's stored prefix on. A part the store holds whole runs no
+// pass.
 func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	var p Prediction
 	if l.PassRunning {
