@@ -123,8 +123,9 @@ type Checked struct {
 }
 
 // Reconnected says the coordinator's NATS connection came back after a
-// loss. Core NATS keeps nothing for a missing subscriber, so a run that
-// follows a job asks the job's decode group how it stands.
+// loss. Reports published while it was away never reached it, since core
+// NATS keeps nothing for a missing subscriber, so a run that follows a job
+// asks the job's decode group how it stands.
 type Reconnected struct{ At time.Time }
 
 // Tick says the time Next named has come.
