@@ -21,42 +21,44 @@ import (
 // Options says how to reach a NATS deployment. Every field is optional: the
 // zero value connects to nats://127.0.0.1:4222 without authentication.
 type Options struct {
-	// URL is one server URL or a comma-separated list (nats://, tls://).
+	// URL is one server URL or a comma-separated list of nats:// or tls://
+	// URLs.
 	URL  string
 	Name string // connection name shown by the server's monitoring
 
-	// Identity logs in as a tandem identity (its user and password) and
-	// sets InboxPrefix to its own when that is empty. IdentityFile names a
-	// file to read it from (LoadIdentity) instead.
+	// Identity logs in with a tandem identity's user and password and sets
+	// InboxPrefix to its own when that is empty. IdentityFile instead names
+	// a file to read it from with LoadIdentity.
 	Identity     *Identity
 	IdentityFile string
-	// InboxPrefix is the prefix of the connection's reply inboxes (default
-	// NATS's "_INBOX"): a client's or a worker's identity may only read
-	// its own (see controlplane.InboxPrefix).
+	// InboxPrefix is the prefix of the connection's reply inboxes, by
+	// default NATS's "_INBOX". A client's or a worker's identity may only
+	// read its own, InboxPrefix of the identity.
 	InboxPrefix string
 
-	// Authentication: at most one of Identity, User/Password, Token,
-	// NKeySeedFile and CredsFile (a JWT + nkey seed file for operator-mode
-	// deployments).
+	// Options authenticate with at most one of Identity, User and Password,
+	// Token, NKeySeedFile and CredsFile, a JWT and nkey seed file for
+	// operator-mode deployments.
 	User         string
 	Password     string
 	Token        string
 	NKeySeedFile string
 	CredsFile    string
 
-	// TLS, when set, turns TLS on: CA verifies the server (system roots
-	// when empty); Cert and Key are a client certificate.
+	// TLS, when set, turns TLS on. CA verifies the server, with the
+	// system's roots when empty; Cert and Key are a client certificate.
 	TLS *TLSFiles
 
 	// ConnectTimeout bounds each dial and handshake; default 5 s.
 	ConnectTimeout time.Duration
 	// ReconnectWait is the pause between reconnect attempts; default 1 s.
 	ReconnectWait time.Duration
-	// MaxReconnects: 0 means the default (60); negative means forever.
+	// MaxReconnects bounds reconnect attempts: 0 means the default of 60,
+	// and a negative value means forever.
 	MaxReconnects int
 	// RetryConnect retries the first connection too, every ReconnectWait,
-	// until Connect's context ends (a client started while the server is
-	// down waits for it).
+	// until Connect's context ends, so that a client started while the
+	// server is down waits for it.
 	RetryConnect bool
 
 	// Logger gets disconnects, reconnects and asynchronous errors; nil
@@ -214,11 +216,11 @@ func readable(path, what string) error {
 // a worker or coordinator should not fail to start on it.
 const handshakeTries = 3
 
-// Connect connects to NATS. It fails fast on bad options (unreadable key
-// files, conflicting credentials) and returns when connected, when the
-// server refuses (e.g. wrong credentials), when no server answers (unless
-// RetryConnect), after handshakeTries garbled handshakes (unless
-// RetryConnect: then until ctx ends), or when ctx ends.
+// Connect connects to NATS. It fails fast on bad options, such as
+// unreadable key files or conflicting credentials. Otherwise it returns
+// when connected, when the server refuses, when ctx ends, and, without
+// RetryConnect, when no server answers or after handshakeTries garbled
+// handshakes; with RetryConnect it keeps trying those until ctx ends.
 func Connect(ctx context.Context, o Options) (*nats.Conn, error) {
 	opts, err := o.natsOptions()
 	if err != nil {
@@ -310,9 +312,9 @@ func (o *Options) HasAuth() bool {
 }
 
 // UseLocalIdentity makes o log in as this machine's identity of principal
-// p (in DefaultCredentialsDir, written by the first embedded server) when
-// o has no credentials of its own and that file exists; it returns the
-// file used, or "".
+// p when o has no credentials of its own and that file exists; it returns
+// the file used, or "". The file is in DefaultCredentialsDir, written by
+// the first embedded server.
 func (o *Options) UseLocalIdentity(p Principal) string {
 	if o.HasAuth() {
 		return ""
@@ -330,8 +332,8 @@ func (o *Options) UseLocalIdentity(p Principal) string {
 }
 
 // ClientName is the client namespace a connection speaks for: the name in
-// its client inbox prefix (InboxPrefix(PrincipalClient, name)), or
-// DefaultClient for a connection without one (an open server's).
+// its client inbox prefix, InboxPrefix(PrincipalClient, name), or
+// DefaultClient for a connection without one, as on an open server.
 func ClientName(nc *nats.Conn) string {
 	if name, ok := strings.CutPrefix(nc.Opts.InboxPrefix, InboxPrefix(PrincipalClient, "")); ok && CheckID(name) == nil {
 		return name

@@ -18,12 +18,12 @@ import (
 // Principal is the kind of a NATS identity of a tandem deployment. Each
 // kind gets its own subject permissions, enforced by the NATS server, so
 // that a client cannot read another client's jobs, see a transfer secret
-// or speak for a worker (see Permissions).
+// or speak for a worker; Permissions lists them.
 type Principal string
 
 const (
-	// PrincipalCoordinator runs jobs: it may publish and subscribe
-	// everywhere (it owns the job queue and the registry).
+	// PrincipalCoordinator runs jobs and owns the job queue and the
+	// registry: it may publish and subscribe everywhere.
 	PrincipalCoordinator Principal = "coordinator"
 	// PrincipalWorker is a prefill worker or a decode rank: it takes
 	// assignments, reports progress, publishes tokens and beats.
@@ -36,11 +36,11 @@ const (
 // of the client identity generated for this machine.
 const DefaultClient = "local"
 
-// Identity is one NATS user of a tandem deployment: who it is (Principal
-// and Name) and how it logs in (User and Password). A client's Name is its
-// subject namespace (ClientPrefix); a worker's Name, when set, is the one
-// worker id it may serve (empty: any worker). Identities are stored one per
-// file, as JSON, with 0600 permissions (SaveIdentity).
+// Identity is one NATS user of a tandem deployment: who it is, Principal
+// and Name, and how it logs in, User and Password. A client's Name is its
+// subject namespace, ClientPrefix; a worker's Name, when set, is the one
+// worker id it may serve, and when empty it may serve any. SaveIdentity
+// stores identities one per file, as JSON, with 0600 permissions.
 type Identity struct {
 	Principal Principal `json:"principal"`
 	Name      string    `json:"name,omitempty"`
@@ -80,7 +80,7 @@ func (id *Identity) Validate() error {
 	return nil
 }
 
-// NewIdentity makes an identity with a fresh random password (160 bits).
+// NewIdentity makes an identity with a fresh random 160-bit password.
 // The user name is "tandem-" + principal, and "-" + name when named.
 func NewIdentity(p Principal, name string) Identity {
 	user := "tandem-" + string(p)
@@ -97,7 +97,7 @@ func NewIdentities() []Identity {
 	return []Identity{NewIdentity(PrincipalCoordinator, ""), NewIdentity(PrincipalWorker, ""), NewIdentity(PrincipalClient, DefaultClient)}
 }
 
-// Find returns the first identity of principal p (nil when none).
+// Find returns the first identity of principal p, or nil when none.
 func Find(ids []Identity, p Principal) *Identity {
 	for i := range ids {
 		if ids[i].Principal == p {
@@ -108,12 +108,12 @@ func Find(ids []Identity, p Principal) *Identity {
 }
 
 // ClientPrefix is the subject namespace of client name: its requests and
-// its jobs' events and tokens live under it, and only it (and the
-// coordinator) may read there.
+// its jobs' events and tokens live under it, and only it and the
+// coordinator may read there.
 func ClientPrefix(name string) string { return Prefix + ".clients." + name }
 
-// InboxPrefix is the reply-inbox prefix a connection of identity p (named
-// name) uses: clients and workers may subscribe only to their own, so that
+// InboxPrefix is the reply-inbox prefix a connection of identity p, named
+// name, uses. Clients and workers may subscribe only to their own, so that
 // no one reads another's replies. The coordinator keeps NATS's default.
 func InboxPrefix(p Principal, name string) string {
 	switch p {
@@ -128,21 +128,15 @@ func InboxPrefix(p Principal, name string) string {
 	return "_INBOX" // nats.go's default
 }
 
-// Permissions are the subjects identity p (named name) may publish to and
-// subscribe to. They are the whole of tandem's access control on NATS:
-//
-//   - a client publishes only its own requests (submit, cancel, list,
-//     availability under ClientPrefix(name)) and reads only its own namespace and inbox: other
-//     clients' jobs, the job queue, assignments (with their transfer
-//     secrets) and progress are out of its reach, and it cannot forge a
-//     worker's progress or a token;
-//   - a worker takes assignments, cancellations, drain and cache requests on its own subjects (any
-//     worker's, for the shared worker identity), answers them, reports
-//     progress under its worker subjects, publishes tokens into clients'
-//     namespaces, and keeps its registry key in the bucket the coordinators
-//     set up; it cannot read the job queue, other clients' requests or job
-//     events, nor create, change or delete any stream or bucket;
-//   - the coordinator may do everything.
+// Permissions are the subjects identity p, named name, may publish to and
+// subscribe to; they are the whole of tandem's access control on NATS. A
+// client reaches only its own requests, namespace and inbox. A worker
+// takes and answers requests on its own subjects, any worker's for the
+// shared worker identity, reports progress, publishes tokens into clients'
+// namespaces and keeps its registry key; it can read neither the job queue
+// nor other clients' requests or job events, and change no stream or
+// bucket. The coordinator may do everything.
+// docs/ARCHITECTURE.md, "Security", says what each identity is trusted with.
 func Permissions(p Principal, name string) *server.Permissions {
 	switch p {
 	case PrincipalClient:
@@ -214,8 +208,9 @@ func serverUsers(ids []Identity) ([]*server.User, error) {
 
 // ServerAuthorization is the authorization block of a nats-server
 // configuration file that gives ids exactly the permissions the embedded
-// server gives them (passwords as bcrypt hashes): the way to run tandem on a NATS deployment of one's
-// own (`coordinator credentials --nats-server-conf`).
+// server gives them, with passwords as bcrypt hashes. It is how tandem runs
+// on a NATS deployment of one's own; `coordinator credentials
+// --nats-server-conf` writes it.
 func ServerAuthorization(ids []Identity) (string, error) {
 	if _, err := serverUsers(ids); err != nil {
 		return "", err
@@ -251,8 +246,8 @@ func ServerAuthorization(ids []Identity) (string, error) {
 	return b.String(), nil
 }
 
-// DefaultCredentialsDir is where this machine's identities live:
-// <user config dir>/tandem/nats (e.g. ~/.config/tandem/nats on Linux).
+// DefaultCredentialsDir is where this machine's identities live,
+// <user config dir>/tandem/nats, such as ~/.config/tandem/nats on Linux.
 func DefaultCredentialsDir() (string, error) {
 	base, err := os.UserConfigDir()
 	if err != nil {

@@ -10,16 +10,13 @@ import (
 	"go.uber.org/zap"
 )
 
-// Lifecycle is a worker's part of the drain protocol, which both workers'
-// adapters share: whether it takes jobs yet or still, the jobs it has
-// taken, and its way out (a drain, asked by a coordinator's DrainRequest or
-// by the process, then Close).
-//
-// A worker serves its subjects before it registers (so that a coordinator
-// that finds it in the registry finds it serving) and takes jobs only once
-// it has registered (Registered): an assignment that reaches a restarted
-// worker's new process before the registry shows the restart was meant
-// for the old one, and is refused.
+// Lifecycle is a worker's part of the drain protocol, shared by both
+// workers' adapters: whether it takes jobs yet or still, the jobs it has
+// taken, and its way out, a drain then Close. A drain is asked by a
+// coordinator's DrainRequest or by the process. A worker serves its
+// subjects before it registers and takes jobs only once Registered, so that
+// a coordinator that finds it in the registry finds it serving and an
+// assignment meant for a restarted worker's old process is refused.
 type Lifecycle struct {
 	id, what string         // the worker's id, and what it is ("prefill worker")
 	running  func() int     // the jobs it holds, for the log and DrainReply

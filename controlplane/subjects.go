@@ -137,18 +137,14 @@ func WorkerStatus(workerID string) string { return Prefix + ".workers." + worker
 // clients may not read the registry).
 func HeartbeatSubject(workerID string) string { return "$KV." + WorkersBucket + "." + workerID }
 
-// CheckClientReply checks the reply subject of a client request on subject
-// (ClientSubmit, ClientCancel, ClientList or ClientAvailability). The NATS
-// server checks what a client publishes on, never the reply subject it
-// names, and the coordinator answers with its own unrestricted
-// permissions: a reply sent wherever a request asks would be the client's
-// publish on a subject it may not use (a JetStream API call, another
-// client's events, a worker's registry key, the coordinator's own inbox).
-// So a request is answered only on the asking client's own inbox,
-// InboxPrefix(PrincipalClient, client) followed by one or more plain tokens
-// (no wildcard, no white space), where the client is the one the subject
-// names (the server lets a client publish only under its own
-// ClientPrefix). A request that fails the check must be dropped unanswered.
+// CheckClientReply checks the reply subject of a client request on subject,
+// one of ClientSubmit, ClientCancel, ClientList and ClientAvailability. It
+// accepts only the asking client's own inbox: InboxPrefix(PrincipalClient,
+// client) followed by one or more plain tokens, without wildcards or white
+// space, where client is the one the subject names. A request that fails
+// the check must be dropped unanswered, since the coordinator's reply
+// would otherwise publish with its own permissions; docs/ARCHITECTURE.md,
+// "Security", has the reason.
 func CheckClientReply(subject, reply string) error {
 	client, err := ClientOf(subject)
 	if err != nil {

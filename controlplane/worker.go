@@ -23,7 +23,7 @@ type LayerRange struct {
 	End   int `msgpack:"end" json:"end"`
 }
 
-// IsZero reports whether the range is unset (it drives omitempty).
+// IsZero reports whether the range is unset; it drives omitempty.
 func (r LayerRange) IsZero() bool { return r == LayerRange{} }
 
 // Len is the number of layers in the range.
@@ -44,29 +44,30 @@ func (r LayerRange) validate(msg, field string) error {
 // Rates are a worker's measured figures, which the coordinator's cost model
 // folds into its estimates.
 type Rates struct {
-	// PrefillTokensPerSec: prompt tokens per second of prefill compute
-	// (a prefill worker, or a decode group prefilling locally).
+	// PrefillTokensPerSec is the prompt tokens per second of prefill
+	// compute, of a prefill worker or of a decode group prefilling locally.
 	PrefillTokensPerSec float64 `msgpack:"prefill_tok_s,omitempty" json:"prefill_tok_s,omitempty"`
-	// DecodeTokensPerSec: tokens per second of one decoded sequence.
+	// DecodeTokensPerSec is the tokens per second of one decoded sequence.
 	DecodeTokensPerSec float64 `msgpack:"decode_tok_s,omitempty" json:"decode_tok_s,omitempty"`
-	// PassFloor: the time of one weight pass with nothing to compute, the
-	// floor of a layer-streamed prefill (prefill workers).
+	// PassFloor is a prefill worker's time of one weight pass with nothing
+	// to compute, the floor of a layer-streamed prefill.
 	PassFloor time.Duration `msgpack:"pass_floor_ns,omitempty" json:"pass_floor_ns,omitempty"`
-	// LinkBytesPerSec: measured state-transfer bandwidth towards decode ranks.
+	// LinkBytesPerSec is the measured state-transfer bandwidth towards
+	// decode ranks.
 	LinkBytesPerSec float64 `msgpack:"link_bytes_s,omitempty" json:"link_bytes_s,omitempty"`
-	// ReadBytesPerSec: a prefill worker's measured weight read rate (bytes
-	// read over the time reads were in flight, so a pass that compute held
-	// back still measures the disk); PassFloor is its weights' bytes over
-	// this rate.
+	// ReadBytesPerSec is a prefill worker's measured weight read rate, the
+	// bytes read over the time reads were in flight, so that a pass that
+	// compute held back still measures the disk. PassFloor is its weights'
+	// bytes over this rate.
 	ReadBytesPerSec float64 `msgpack:"read_bytes_s,omitempty" json:"read_bytes_s,omitempty"`
 	// Compute is the worker's compute per cost-model term, fitted to its
-	// finished prefills (a prefill worker's passes, a decode group's own
-	// prefills, advertised by its rank 0); nil before the first.
+	// finished prefills, nil before the first. A decode group's rank 0
+	// advertises the fit of the group's own prefills.
 	Compute *ComputeTerms `msgpack:"compute,omitempty" json:"compute,omitempty"`
 }
 
-// ComputeTerms are fitted compute rates per cost-model term (package
-// costmodel): GFLOP/s of the KDA layers' work, the MLA projections, the MLA
+// ComputeTerms are fitted compute rates per term of package costmodel:
+// GFLOP/s of the KDA layers' work, the MLA projections, the MLA
 // attention over the cache, the MoE and the dense feed-forward layers, and
 // the fixed cost of one layer call.
 type ComputeTerms struct {
@@ -81,7 +82,7 @@ type ComputeTerms struct {
 	WorstError float64 `msgpack:"worst_error" json:"worst_error"`
 }
 
-// TermsOf is the heartbeat form of fitted terms (nil before any sample).
+// TermsOf is the heartbeat form of fitted terms, nil before any sample.
 func TermsOf(c costmodel.Compute, samples int, worst float64) *ComputeTerms {
 	if samples <= 0 {
 		return nil
@@ -184,13 +185,13 @@ type WorkerInfo struct {
 
 	MemoryTotal uint64 `msgpack:"memory_total" json:"memory_total"` // bytes
 	MemoryFree  uint64 `msgpack:"memory_free" json:"memory_free"`   // bytes
-	// MaxSeqTokens is the longest sequence this worker can take now
-	// (decode ranks: what the free KV memory holds).
+	// MaxSeqTokens is the longest sequence this worker can take now; a
+	// decode rank's is what its free KV memory holds.
 	MaxSeqTokens int `msgpack:"max_seq_tokens,omitempty" json:"max_seq_tokens,omitempty"`
 	QueueDepth   int `msgpack:"queue_depth" json:"queue_depth"` // jobs waiting
-	// PrefillChunk (decode ranks) is the prompt rows of one prefill step of
-	// the group: it serves queued prompts in turn, a chunk each, which the
-	// router prices. 0: whole prompts, in arrival order.
+	// PrefillChunk is a decode group's prompt rows per prefill step. The
+	// group serves queued prompts in turn, a chunk each, and the router
+	// prices that; 0 means whole prompts in arrival order.
 	PrefillChunk int `msgpack:"prefill_chunk,omitempty" json:"prefill_chunk,omitempty"`
 	Active       int `msgpack:"active" json:"active"` // jobs running
 
@@ -202,19 +203,19 @@ type WorkerInfo struct {
 	Draining bool      `msgpack:"draining,omitempty" json:"draining,omitempty"` // takes no new jobs
 
 	// PrefixCache is a decode rank's prefix-state cache, or a prefill
-	// worker's prefix store (absent when off).
+	// worker's prefix store; absent when off.
 	PrefixCache *PrefixCacheInfo `msgpack:"prefix_cache,omitempty" json:"prefix_cache,omitempty"`
 }
 
 // MaxCachedPrefixes bounds the prefixes a heartbeat advertises.
 const MaxCachedPrefixes = 1024
 
-// PrefixCacheInfo is a decode rank's prefix-state cache (or a prefill
-// worker's prefix store): what it holds of its memory (its disk) and what
-// it did (counters since the worker started), and, from the group's head
-// (which makes the group's cache decisions) or the prefill worker, the prefixes
-// a prompt can resume from: each a link of the hash chain of
-// internal/prefixkey seeded with Salt, and the prompt tokens it covers.
+// PrefixCacheInfo is a decode rank's prefix-state cache or a prefill
+// worker's prefix store: what it holds of its memory or disk, and counters
+// of what it did since the worker started. The group's head, which makes
+// the group's cache decisions, and the prefill worker also list the
+// prefixes a prompt can resume from, each a link of the hash chain of
+// internal/prefixkey seeded with Salt and the prompt tokens it covers.
 type PrefixCacheInfo struct {
 	Entries   int    `msgpack:"entries" json:"entries"`
 	Bytes     uint64 `msgpack:"bytes" json:"bytes"`
@@ -224,12 +225,12 @@ type PrefixCacheInfo struct {
 	Misses    uint64 `msgpack:"misses,omitempty" json:"misses,omitempty"`
 	Evictions uint64 `msgpack:"evictions,omitempty" json:"evictions,omitempty"`
 	Salt      uint64 `msgpack:"salt,omitempty" json:"salt,omitempty"`
-	// Prefixes, the most recently used first (at most MaxCachedPrefixes).
+	// Prefixes are at most MaxCachedPrefixes, the most recently used first.
 	Prefixes []CachedPrefix `msgpack:"prefixes,omitempty" json:"prefixes,omitempty"`
-	// Stride (a group's head) is the snapshot stride in tokens: a local
-	// prompt's prefill steps end at each multiple of it and at the last
-	// multiple of 64 before the prompt's end (prefixkey.Snapshots), which
-	// the router prices. 0: at that end only.
+	// Stride is a group head's snapshot stride in tokens. A local prompt's
+	// prefill steps end at each multiple of it and at the last multiple of
+	// 64 before the prompt's end, as prefixkey.Snapshots says, and the
+	// router prices those steps; 0 means at that end only.
 	Stride int `msgpack:"stride,omitempty" json:"stride,omitempty"`
 }
 

@@ -19,33 +19,14 @@ type Sample struct {
 	Attention time.Duration
 }
 
-// Fit explains measured samples by base's rates scaled by two factors, one
-// for all the linear work (KDA, MLA projections, MoE, dense) and one for
-// the MLA attention, plus a fixed cost per layer call, by non-negative
-// least squares on relative errors (so a long job counts as much as a
-// short one, and cannot drown it). The linear terms keep base's ratios:
-// within a whole prompt's time they grow together with the tokens and no
-// measurement of prompts tells them apart; the attention is told apart by
-// its growth with the square of the context. A base with unknown rates is
-// taken as equal rates. worst is the largest relative error left over the
-// samples.
-//
-// Samples of few sizes cannot pin all three down (two prompt lengths fit
-// three terms in many ways, and the fit then prices other lengths wildly),
-// so Fit chooses among the nested forms (one factor for all the work; with
-// the fixed cost; linear and attention apart; both) by how well each,
-// fitted without the samples of one size, prices that size, over every
-// size: the form that prices unseen prompt lengths best. A form is
-// considered only when more sizes were measured than it has terms; one
-// size gives the single factor.
-//
-// Samples that timed their attention apart (Sample.Attention) give its
-// factor outright, which the prompts' whole times cannot until the
-// attention dominates them: on the CPU it runs at about a tenth of the
-// linear work's rate, yet a 1024-token prompt spends under a quarter of its
-// time there. The factor is their attention time over their attention work at
-// base's rates, less a part per row (timedAttention), and the rest of
-// every sample's time is fitted as above without the attention.
+// Fit returns base's rates scaled to explain samples. The linear work
+// keeps base's ratios under one factor, the MLA attention has a factor of
+// its own, and each layer call a fixed cost; worst is the largest relative
+// error left over the samples. A base with unknown rates counts as equal
+// rates. Fit fails when there are no samples, when a sample is not a
+// measurement, and when the time does not grow with the work.
+// docs/ARCHITECTURE.md, "Fitting the cost model", says how the fit's form
+// is chosen.
 func Fit(base Compute, samples []Sample) (fit Compute, worst float64, err error) {
 	if !base.Known() {
 		base = Uniform(1, 0)
@@ -314,17 +295,10 @@ func hasAttn(rows []fitRow) bool {
 	return false
 }
 
-// Fitter keeps a worker's recent samples and its fit: at most PerBucket
-// samples of each size class (powers of two of the work), the newest, so
-// that a stream of short jobs keeps the long ones that taught the
-// attention term, and one long job weighs as one sample. When the kept
-// samples cannot be fitted together (a cold first pass slower than a
-// longer one after it: "the time does not grow with the work"), the oldest
-// give way until they can, the new sample always kept: one odd sample
-// cannot hold the fit where it was. The first sample a Fitter is given
-// paid the process's one-time costs (page-ins of the weights, buffers,
-// connections: a worker's first pass or prefill took 2-4x what the same
-// prompt took later): it serves alone until the second comes, which
+// Fitter keeps a worker's recent samples and their fit: the newest
+// PerBucket samples of each power-of-two size class of work. When the kept
+// samples cannot be fitted together the oldest give way, and the new
+// sample is always kept. The first sample serves alone until the second
 // replaces it. Safe for concurrent use.
 type Fitter struct {
 	base Compute

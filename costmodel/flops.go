@@ -44,15 +44,15 @@ func (f FLOPs) seconds(c Compute) float64 {
 }
 
 // LayerFLOPs counts the work of layer L over the positions [lo, hi) of one
-// sequence (the earlier positions are in its cache). Every projection is a
+// sequence, whose earlier positions are in its cache. Every projection is a
 // GEMM of 2·in·out per token. KDA adds its chunked recurrence per head and
-// token: about 4·C·D for the intra-chunk attention and 6·D² for reading and
-// updating the D×D state (C the chunk, D the head size). MLA adds the causal
-// attention: per head, 2·(q·k width + v width) for every (query, earlier or
-// same key) pair. The MoE counts the router, the latent down and up
-// projections, the shared experts and top-k routed experts (gate, up, down).
-// AttnRes mixes and norms are a few d-wide vectors per token and are left
-// out.
+// token, about 4·C·D for the intra-chunk attention and 6·D² for reading and
+// updating the D×D state, with C the chunk and D the head size. MLA adds
+// the causal attention, per head 2·(q·k width + v width) for every pair of
+// a query and an earlier or the same key. The MoE counts the router, the
+// latent down and up projections, the shared experts and the top-k routed
+// experts' gate, up and down. AttnRes mixes and norms, a few d-wide vectors
+// per token, are left out.
 func LayerFLOPs(c *modelconfig.Config, L, lo, hi int) FLOPs {
 	var f FLOPs
 	if hi <= lo {

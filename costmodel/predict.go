@@ -59,41 +59,44 @@ type Load struct {
 	// runs as two steps that the ranks overlap.
 	LocalStops []int
 	// LocalCached is how many of the new prompt's first tokens the decode
-	// group holds in its prefix cache: it prefills only the rest (attending
-	// to the cached rows).
+	// group holds in its prefix cache; it prefills only the rest, attending
+	// to the cached rows.
 	LocalCached int
-	// The remote path with the prefix caches. RemoteSplit, when > 0, is
-	// where the prefill worker's part of the prompt ends (the last multiple
-	// of 64 before the last token, so that both sides keep the state): the
-	// group prefills the rest itself once the state is in. RemoteCached is
-	// how many of the first tokens the prefill worker's store holds: its
-	// pass computes only the rest of its part. RemoteAppend is how many the
-	// group holds rows of: the transfer carries only the rows after them.
+	// RemoteSplit, RemoteCached and RemoteAppend describe the remote path
+	// with the prefix caches. RemoteSplit, when > 0, is where the prefill
+	// worker's part of the prompt ends, the last multiple of 64 before the
+	// last token, so that both sides keep the state; the group prefills the
+	// rest itself once the state is in. RemoteCached is how many of the
+	// first tokens the prefill worker's store holds, so that its pass
+	// computes only the rest of its part. RemoteAppend is how many the group
+	// holds rows of, so that the transfer carries only the rows after them.
 	RemoteSplit, RemoteCached, RemoteAppend int
 	// Threshold is the prompt length above which the router's Threshold
-	// policy goes remote (not a cost).
+	// policy goes remote; it is not a cost.
 	Threshold int
 }
 
 // Prediction is a predicted time to first token and its parts.
 type Prediction struct {
 	Total time.Duration
-	// Remote: QueueWait (until the pass starts), Pass (the weight pass that
-	// carries the prompt), TransferTail (state still in flight after the
-	// pass). Local: QueueWait, Prefill. Both: FirstStep, and Overhead, the
-	// control plane's own latency on the path.
+	// A remote prediction has QueueWait until the pass starts, Pass for the
+	// weight pass that carries the prompt and TransferTail for the state
+	// still in flight after the pass; a local one has QueueWait and
+	// Prefill. Both have FirstStep and Overhead, the control plane's own
+	// latency on the path.
 	QueueWait, Pass, Prefill, TransferTail, FirstStep, Overhead time.Duration
 }
 
-// PredictRemote is the remote TTFT of a prompt of prompt tokens (the
-// prefill worker runs all but the last, or its part up to RemoteSplit):
-// wait for the running pass, then a pass that takes the longer of the floor
-// and the compute of every prompt sharing it (each term at its rate, the
-// attention over each prompt's own cache, a fixed cost per layer; a prompt
-// from its stored prefix on), plus the state still in flight when it ends
-// (past the rows the group holds), plus the group's own prefill of the
-// rest of the prompt and the first decode step on the group. A part the
-// store holds whole runs no pass.
+// PredictRemote is the remote TTFT of a prompt of prompt tokens, whose
+// prefill worker runs all but the last token, or its part up to
+// RemoteSplit. It is the wait for the running pass, then a pass that takes
+// the longer of the floor and the compute of every prompt sharing it, plus
+// the state still in flight when that pass ends past the rows the group
+// holds, plus the group's own prefill of the rest of the prompt and the
+// first decode step on the group. Compute prices each term at its rate,
+// the attention over each prompt's own cache and a fixed cost per layer,
+// from a prompt's stored prefix on. A part the store holds whole runs no
+// pass.
 func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	var p Prediction
 	if l.PassRunning {

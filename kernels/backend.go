@@ -165,18 +165,12 @@ type Span struct{ Lo, Hi int }
 // Len is the number of rows.
 func (s Span) Len() int { return s.Hi - s.Lo }
 
-// Backend runs the K3 ops. Methods panic only on programmer error (shape
-// mismatches the model code guarantees); data errors are the loader's job.
-//
-// The contract for device memory: activations, the KDA state and conv
-// tails, the MLA latent cache and the AttnRes stack live in backend tensors
-// between ops, and the code above the backend moves values between host and
-// backend only at these points: token ids in (Embed), a layer's sequence
-// state attached before the layer and detached (written back to its host
-// bytes) after it, and logits out (Download). The router's choice
-// (RouterTopK's ids and weights, 8 bytes per routed row) is the one other
-// host crossing: a device backend needs the per-expert row counts on the
-// host to launch one GEMM per expert in any case.
+// Backend runs the K3 ops. Methods panic only on programmer error, such as
+// shape mismatches the model code guarantees; data errors are the loader's
+// job. Values cross between the host and the backend only at Embed, at a
+// layer's state attach and detach, at Download, and in RouterTopK's ids and
+// weights, 8 bytes per routed row; docs/ARCHITECTURE.md, "Backends and
+// device memory", has the contract.
 type Backend interface {
 	Name() string
 	// Threads is the degree of parallelism the backend uses on the host.

@@ -30,16 +30,14 @@ type ServerConfig struct {
 	Linger time.Duration
 	// MaxHandshakes bounds connections not yet authenticated (default 64).
 	MaxHandshakes int
-	// MaxHandshakesPerSource bounds those from one source address (default
-	// MaxHandshakes/4, at least 1), so that one peer holding connections
-	// open without authenticating cannot take every slot. Each is bounded
-	// by Timeouts.Handshake too. A connection that arrives when its source
-	// (or the server) is at its bound does not wait and is not refused: the
+	// MaxHandshakesPerSource bounds those from one source address, by
+	// default MaxHandshakes/4 and at least 1, so that one peer holding
+	// connections open without authenticating cannot take every slot; each
+	// is bounded by Timeouts.Handshake too. A connection that arrives when
+	// its source or the server is at its bound takes the slot of the
 	// connection there that has waited longest without answering the
-	// challenge is closed and gives it its slot. An honest sender answers
-	// within one round trip, so it is never the one closed, and slots held
-	// open, even from the sender's own address, cannot keep a job's sender
-	// out.
+	// challenge, which is closed. An honest sender answers within one round
+	// trip, so held slots, even from its own address, cannot keep it out.
 	MaxHandshakesPerSource int
 }
 

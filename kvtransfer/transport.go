@@ -5,18 +5,12 @@ import (
 	"time"
 )
 
-// Transport opens connections that move whole frames. A frame is a header
-// (opaque bytes to the transport; msgpack to the session layer) and a payload.
-//
-// The interface is what an RDMA transport can provide as well as TCP: the
-// Apple Thunderbolt 5 verbs are UC-only SEND/RECV with about 32 posted
-// receives per queue pair and no timeouts. So the transport only moves frames
-// and owns their integrity framing; the session layer above it owns sequence
-// numbers (to detect a lost frame), credits (to never exceed the posted
-// receives) and end-to-end acknowledgements (to resend). An RDMA transport
-// would implement deadlines with its own timers and copy each received
-// payload from its registered buffer into the destination that PlaceFunc
-// returns; TCP reads straight into it.
+// Transport opens connections that move whole frames. A frame is a header,
+// opaque bytes to the transport and msgpack to the session layer, and a
+// payload. A transport moves frames and owns their integrity framing; the
+// session layer above it owns sequence numbers, credits and end-to-end
+// acknowledgements. docs/ARCHITECTURE.md, kvtransfer, says why the
+// interface is no more than an RDMA transport can provide.
 type Transport interface {
 	// Dial connects to addr.
 	Dial(ctx context.Context, addr string) (Conn, error)

@@ -144,14 +144,15 @@ func (m *Model) DropSeq(b *Batch, i int, extra ...*kernels.Tensor) {
 }
 
 // NextCall is the next call of a layer whose cost per row depends on the
-// row's position: from batch row from of pieces of the given lengths laid
-// out back to back, piece i starting at prompt position starts[i] (a
-// multiple of KDAChunk), the rows [lo, hi) of a call of at most tile rows
-// (0: any) whose cost, summed over KDAChunk-row steps by cost(piece, lo, hi)
-// for prompt positions [lo, hi), stays within budget (0: any). A call always
-// takes at least one step. from must be the end of an earlier call (0 at
-// first). A piece is cut only at multiples of KDAChunk from its start, so
-// each sequence's chunked KDA sees the chunks one call over the batch sees.
+// row's position. The batch holds pieces of the given lengths back to back,
+// piece i starting at prompt position starts[i], a multiple of KDAChunk.
+// From batch row from, 0 or the end of an earlier call, NextCall returns the
+// rows [lo, hi) of a call of at most tile rows whose cost stays within
+// budget, where tile 0 and budget 0 mean any. The cost sums cost(piece, lo,
+// hi) over the call's KDAChunk-row steps, lo and hi being prompt positions.
+// A call always takes at least one step and cuts a piece only at multiples
+// of KDAChunk from its start, so that each sequence's chunked KDA sees the
+// chunks one call over the batch sees.
 func NextCall(lens, starts []int, from, tile int, budget float64, cost func(piece, lo, hi int) float64) (lo, hi int) {
 	if tile > 0 {
 		tile = max(KDAChunk, tile-tile%KDAChunk)

@@ -97,12 +97,12 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// JobResult is how one job went. Times are since the workload's start
-// (Arrival, FirstToken, Done) or spans: Queue + Prefill + TransferTail +
-// FirstStep = TTFT (a measured job's parts can add up to more: bench e2e
-// reports them as the coordinator marked them). The control plane's
-// latency and a remote job's wait for the decode group's admission are
-// part of Queue.
+// JobResult is how one job went. Arrival, FirstToken and Done are times
+// since the workload's start; the others are spans, with Queue + Prefill +
+// TransferTail + FirstStep = TTFT. A measured job's parts can add up to
+// more, as bench e2e reports them as the coordinator marked them. The
+// control plane's latency and a remote job's wait for the decode group's
+// admission are part of Queue.
 type JobResult struct {
 	ID, Session string
 	Turn        int
@@ -111,13 +111,13 @@ type JobResult struct {
 	Arrival     time.Duration
 	Target      router.Target
 	Decision    router.Decision
-	// Refused is why the job did not run ("" when it did).
+	// Refused is why the job did not run, or "" when it did.
 	Refused string
-	// Queue: arrival to the first pass (remote) or the first local prefill
-	// chunk. Prefill: from there to the end of the last pass or chunk.
-	// TransferTail: the end of the last pass to the state's commit on the
-	// group (remote only). FirstStep: from then to the first token (the
-	// wait for the group's next decode step and the step).
+	// Queue runs from arrival to the first remote pass or the first local
+	// prefill chunk, and Prefill from there to the end of the last pass or
+	// chunk. TransferTail, remote only, runs from the end of the last pass
+	// to the state's commit on the group, and FirstStep from then to the
+	// first token, the wait for the group's next decode step and the step.
 	Queue, Prefill, TransferTail, FirstStep, TTFT time.Duration
 	Passes                                        int
 	FirstToken, Done                              time.Duration

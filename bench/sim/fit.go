@@ -32,17 +32,14 @@ type ComputeFit struct {
 const regularization = 0.1
 
 // FitCompute finds the compute rates per layer type and the fixed cost per
-// layer call that best explain measured layer times: time = Σ FLOPs_type /
+// layer call that best explain measured layer times, time = Σ FLOPs_type /
 // rate_type + overhead, by non-negative least squares on relative errors.
-//
-// Every layer holds an attention and a feed-forward sublayer, so layer
-// times fix only sums: a cost moved from every attention sublayer to every
-// feed-forward one (KDA and MLA projections against MoE and dense) explains
-// them as well. Among such fits it takes the one whose linear rates are
-// closest to equal (a light penalty on their differences); the MLA
+// Layer times fix only the sums of a layer's attention and feed-forward
+// sublayers, so among equally good fits it takes the one whose linear rates
+// are closest to equal, by a light penalty on their differences;
+// predictions for the measured model do not depend on that choice. The MLA
 // attention's rate is told apart by its growth with the context, so the
-// samples must hold the MLA layers at two or more lengths. Predictions for
-// the measured model do not depend on the choice.
+// samples must hold the MLA layers at two or more lengths.
 func FitCompute(c *model.Config, samples []LayerSample) (ComputeFit, error) {
 	const nv = 6 // kda, mla, attn, moe, dense: seconds per GFLOP; overhead: seconds
 	if len(samples) < nv {

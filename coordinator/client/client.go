@@ -67,22 +67,17 @@ const tailWait = 500 * time.Millisecond
 // retries until its context ends.
 const attemptTimeout = 5 * time.Second
 
-// Run submits req as the connection's client (controlplane.ClientName) and
-// follows the job until its final event (and its last token message), or
-// until ctx ends. Without an idempotency key it makes
-// one up, so that it knows the job's id and can subscribe to the job's
-// subjects before the job can start; retrying is then safe, and Run
-// retries the submission itself while no coordinator answers or the
-// answer is unavailable (no capacity now, the queue did not store it).
-//
-// The connection may drop and come back any number of times (give nc
-// MaxReconnects < 0): after each reconnection Run asks a coordinator for
-// the job's latest event until one answers, so a final event published
-// while it was away is not missed. Token messages go on streaming to
-// Handlers.Token after those it missed (Handlers.Gap says which), and the
-// Result takes the whole output from the final event. A job handed back to the queue by
-// a stopping coordinator runs again from its first token; Run then starts
-// its tokens over. Run returns an error when nc is closed.
+// Run submits req as the connection's client, controlplane.ClientName, and
+// follows the job until its final event and last token message, or until
+// ctx ends; it returns an error when nc is closed. Without an idempotency
+// key it makes one up, so that it knows the job's id and subscribes before
+// the job can start, and it retries the submission while no coordinator
+// answers or the answer is unavailable. Run survives any number of
+// reconnections when nc has MaxReconnects < 0: it misses no final event,
+// streams the tokens after those it missed to Handlers.Token, with
+// Handlers.Gap saying which it missed, and the Result takes the whole
+// output from the final event. A job that a stopping coordinator handed
+// back runs again from its first token, and Run starts its tokens over.
 func Run(ctx context.Context, nc *nats.Conn, req cp.SubmitRequest, h Handlers) (*Result, error) {
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = "client-" + cp.NewJobID()

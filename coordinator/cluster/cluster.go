@@ -1,5 +1,5 @@
 // Package cluster runs a whole tandem deployment in one process: a NATS
-// server (embedded, or an existing one by URL), a coordinator, a CPU
+// server, embedded or an existing one by URL, a coordinator, a CPU
 // prefill worker and an N-rank decode group on loopback, each on its own
 // NATS connection and each reached only through the control plane, as
 // separate machines would be. The demo, the tests and the benchmarks start
@@ -40,53 +40,55 @@ import (
 type Options struct {
 	// ModelDir is the checkpoint every member serves.
 	ModelDir string
-	// NATSURL joins an existing NATS server; empty starts an embedded one
-	// (Server configures it).
+	// NATSURL joins an existing NATS server; empty starts an embedded one,
+	// which Server configures.
 	NATSURL string
 	Server  cp.ServerConfig
-	// Identities are the deployment's NATS users (as cp.NewIdentities
-	// makes them: the coordinator, the workers, the client "local"); each
-	// member logs in as its own, Connect as the client. Nil with an
-	// embedded server (and no single user in Server): fresh ones are made.
-	// Nil with NATSURL: the members log in as Server's single user, if any.
+	// Identities are the deployment's NATS users as cp.NewIdentities makes
+	// them, the coordinator, the workers and the client "local". Each member
+	// logs in as its own, and Connect as the client. When nil, an embedded
+	// server without a single user in Server gets fresh ones, and with
+	// NATSURL the members log in as Server's single user, if any.
 	Identities []cp.Identity
 	// Coordinator configures the coordinator; its Model, Tokenizer, Queue,
 	// Registry and Log are filled in.
 	Coordinator service.Config
 	Queue       cp.QueueConfig
 	Registry    cp.RegistryConfig
-	// Ranks is the decode group's size (default 2); Group its name
-	// (default "local").
+	// Ranks is the decode group's size, by default 2, and Group its name,
+	// by default "local".
 	Ranks int
 	Group string
-	// NoPrefill starts no prefill worker; NoCoordinator no coordinator
-	// (one runs elsewhere on NATSURL).
+	// NoPrefill starts no prefill worker, and NoCoordinator no coordinator
+	// when one runs elsewhere on NATSURL.
 	NoPrefill, NoCoordinator bool
-	// PrefillBudget is the prefill worker's memory budget (default 256 MiB).
+	// PrefillBudget is the prefill worker's memory budget; default 256 MiB.
 	PrefillBudget int64
-	// Threads per compute backend (0: all cores).
+	// Threads is the threads per compute backend; 0 means all cores.
 	Threads int
 	// PrefillBackend, if set, makes the prefill worker's compute backend
-	// at each start (default: the CPU backend with Threads threads); tests
+	// at each start, by default the CPU backend with Threads threads. Tests
 	// wrap the CPU backend to hold a pass at a layer of their choosing.
 	PrefillBackend func() kernels.Backend
-	// DecodeMemory is each decode rank's state budget (0: unlimited).
+	// DecodeMemory is each decode rank's state budget; 0 means unlimited.
 	DecodeMemory int64
-	// PrefixCache configures the decode ranks' prefix-state cache (on by
-	// default).
+	// PrefixCache configures the decode ranks' prefix-state cache, on by
+	// default.
 	PrefixCache pipeline.PrefixCacheConfig
 	// PrefixStore, when its Dir is set, gives the prefill worker a prefix
-	// store there (MaxBytes: default 1 GiB); it outlives the worker's
-	// restarts, as a disk does.
+	// store there, of MaxBytes or by default 1 GiB, that outlives the
+	// worker's restarts as a disk does.
 	PrefixStore struct {
 		Dir      string
 		MaxBytes int64
 	}
-	// Heartbeat is the workers' heartbeat interval (default: TTL/3).
+	// Heartbeat is the workers' heartbeat interval; default TTL/3.
 	Heartbeat time.Duration
-	// Transfer timeouts of the data plane (zero: kvtransfer's defaults).
+	// Transfer is the data plane's timeouts; zero takes kvtransfer's
+	// defaults.
 	Transfer kvtransfer.Timeouts
-	// Mesh keep-alive and idle limit of the decode group (zero: defaults).
+	// Mesh is the decode group's keep-alive and idle limit; zero takes the
+	// defaults.
 	MeshHeartbeat, MeshIdle time.Duration
 	Metrics                 *metrics.Metrics
 	Log                     *zap.Logger
@@ -206,16 +208,16 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 	return c, nil
 }
 
-// Connect opens a connection to the cluster's NATS as its client "local"
-// (name is the connection's name).
+// Connect opens a connection named name to the cluster's NATS as its
+// client "local".
 func (c *Cluster) Connect(ctx context.Context, name string) (*nats.Conn, error) {
 	return c.ConnectAs(ctx, cp.PrincipalClient, name)
 }
 
-// ConnectAs opens a connection to the cluster's NATS as the deployment's
-// identity of principal p (for a worker, the one named name if there is
-// one, else the shared one); name is the connection's name (a worker's id,
-// which also names its reply inbox).
+// ConnectAs opens a connection named name to the cluster's NATS as the
+// deployment's identity of principal p. A worker logs in as the identity
+// named name if there is one, else the shared one, and name, its id, also
+// names its reply inbox.
 func (c *Cluster) ConnectAs(ctx context.Context, p cp.Principal, name string) (*nats.Conn, error) {
 	o := cp.Options{URL: c.URL, Name: name, MaxReconnects: -1, ReconnectWait: 100 * time.Millisecond}
 	if ids := c.opt.Identities; ids != nil {
@@ -246,7 +248,7 @@ func (c *Cluster) ConnectAs(ctx context.Context, p cp.Principal, name string) (*
 	return cp.Connect(ctx, o)
 }
 
-// Identities are the deployment's NATS users (nil: an open server).
+// Identities are the deployment's NATS users, nil for an open server.
 func (c *Cluster) Identities() []cp.Identity { return c.opt.Identities }
 
 func (c *Cluster) registry(ctx context.Context, nc *nats.Conn) (*cp.Registry, error) {
@@ -259,7 +261,7 @@ func (c *Cluster) workerRegistry(ctx context.Context, nc *nats.Conn) (*cp.Regist
 	return cp.WorkerRegistry(ctx, nc, c.opt.Registry, c.opt.Identities != nil, c.log)
 }
 
-// Coordinator is the running coordinator (nil while stopped).
+// Coordinator is the running coordinator, nil while stopped.
 func (c *Cluster) Coordinator() *service.Coordinator {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -309,8 +311,8 @@ func (c *Cluster) StartCoordinator(ctx context.Context) error {
 	return nil
 }
 
-// StopCoordinator stops the coordinator cleanly (its jobs go back to the
-// queue after its grace period) and waits for it.
+// StopCoordinator stops the coordinator cleanly and waits for it; its jobs
+// go back to the queue after its grace period.
 func (c *Cluster) StopCoordinator() error {
 	c.mu.Lock()
 	m := c.coord
@@ -326,8 +328,8 @@ func (c *Cluster) StopCoordinator() error {
 }
 
 // KillCoordinator stops the coordinator as a crash would: its connection
-// drops, nothing is handed back (the queue delivers its jobs again after
-// the ack wait).
+// drops and nothing is handed back, so the queue delivers its jobs again
+// after the ack wait.
 func (c *Cluster) KillCoordinator() {
 	c.mu.Lock()
 	m := c.coord
@@ -391,7 +393,7 @@ func (c *Cluster) StartPrefill(ctx context.Context) error {
 	return nil
 }
 
-// StopPrefill stops the prefill worker cleanly (it deregisters).
+// StopPrefill stops the prefill worker cleanly; it deregisters.
 func (c *Cluster) StopPrefill(ctx context.Context) error {
 	c.mu.Lock()
 	p := c.prefill
@@ -423,7 +425,7 @@ func (c *Cluster) KillPrefill() {
 	_ = p.adapter.Close(ctx) // its connection is gone: nothing reaches NATS
 }
 
-// PrefillWorker is the running prefill worker (nil while stopped).
+// PrefillWorker is the running prefill worker, nil while stopped.
 func (c *Cluster) PrefillWorker() *worker.Worker {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -433,8 +435,8 @@ func (c *Cluster) PrefillWorker() *worker.Worker {
 	return c.prefill.worker
 }
 
-// StartRank registers decode rank r (starting its worker again if it was
-// killed).
+// StartRank registers decode rank r, starting its worker again if it was
+// killed.
 func (c *Cluster) StartRank(ctx context.Context, r int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -473,8 +475,9 @@ func (c *Cluster) StartRank(ctx context.Context, r int) error {
 // RankID is decode rank r's worker id.
 func (c *Cluster) RankID(r int) string { return fmt.Sprintf("%s-r%d", c.opt.Group, r) }
 
-// StopRank deregisters decode rank r cleanly; its worker keeps running
-// (StartRank registers it again), so the group takes no jobs meanwhile.
+// StopRank deregisters decode rank r cleanly. Its worker keeps running
+// until StartRank registers it again, and the group takes no jobs
+// meanwhile.
 func (c *Cluster) StopRank(ctx context.Context, r int) error {
 	c.mu.Lock()
 	m := c.ranks[r]
@@ -506,7 +509,7 @@ func (c *Cluster) KillRank(r int) {
 }
 
 // WaitReady waits until the decode ring is formed and the registry shows
-// every rank ready (after a start or a restart).
+// every rank ready, after a start or a restart.
 func (c *Cluster) WaitReady(ctx context.Context) error {
 	if err := c.Group.Head().WaitReady(ctx); err != nil {
 		return err
@@ -548,8 +551,8 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	}
 }
 
-// Close stops every member (workers first, then the coordinator, then the
-// server).
+// Close stops every member: the workers first, then the coordinator, then
+// the server.
 func (c *Cluster) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

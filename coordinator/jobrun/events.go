@@ -11,16 +11,16 @@ type Event interface{ event() }
 
 // Delivery is what the queue says of this delivery of the job.
 type Delivery struct {
-	// NumDelivered counts the deliveries, this one included: above 1, an
+	// NumDelivered counts the deliveries, this one included; above 1, an
 	// earlier one may have assigned the job.
 	NumDelivered uint64
-	// LastAttempt: the queue will not deliver the job again.
+	// LastAttempt says the queue will not deliver the job again.
 	LastAttempt bool
 	// Cancelled is a client's reason when the job was cancelled while
-	// queued ("": not cancelled).
+	// queued, or "" when it was not.
 	Cancelled string
-	// Refused: the stored request does not pass this coordinator's
-	// admission (other limits, or another model).
+	// Refused says the stored request does not pass this coordinator's
+	// admission, with other limits or another model.
 	Refused *cp.JobError
 }
 
@@ -34,7 +34,7 @@ type Start struct {
 type WorkerReport struct {
 	Worker string
 	Kind   cp.WorkerKind
-	// Group and Ranks: a decode group's id and every rank's worker id.
+	// Group and Ranks are a decode group's id and every rank's worker id.
 	Group string
 	Ranks []string
 	Reply *cp.JobStatusReply // nil: no answer
@@ -47,15 +47,15 @@ type Inquired struct {
 }
 
 // Plan is a placement the driver found: the route and both assignments,
-// built (transfer session and secret included) by the driver.
+// which the driver built with their transfer session and secret.
 type Plan struct {
 	Route  *cp.RouteDecision
 	Group  string
 	Head   string   // the decode group's rank 0
 	Ranks  []string // every rank of the group
 	Decode *cp.Assignment
-	// Prefill and PrefillAssignment: the prefill worker of a remote job
-	// ("" and nil for a local one).
+	// Prefill and PrefillAssignment are the prefill worker of a remote job,
+	// "" and nil for a local one.
 	Prefill           string
 	PrefillAssignment *cp.Assignment
 }
@@ -65,8 +65,8 @@ type Candidate struct {
 	At   time.Time
 	Plan *Plan
 	Why  string
-	// Unreachable names a prefill worker that did not answer: left out of
-	// the next tries, which come after a pause.
+	// Unreachable names a prefill worker that did not answer, which the
+	// next tries, after a pause, leave out.
 	Unreachable string
 }
 
@@ -74,11 +74,11 @@ type Candidate struct {
 type Assigned struct {
 	At    time.Time
 	Reply *cp.AssignReply
-	// NoResponders: nobody serves the worker's assign subject.
+	// NoResponders says nobody serves the worker's assign subject.
 	NoResponders bool
 	Err          error
-	// Lost: the registry lost the worker (the reason) while the
-	// assignment was unanswered; the request was abandoned.
+	// Lost is the reason the registry lost the worker while the assignment
+	// was unanswered; the request was abandoned.
 	Lost string
 }
 
@@ -90,20 +90,21 @@ type Report struct {
 	prefillOpen bool // adopting a prefill side that ended
 }
 
-// WorkerLost: the registry lost a worker (left, expired, restarted).
+// WorkerLost says the registry lost a worker that left, expired or
+// restarted.
 type WorkerLost struct {
 	At     time.Time
 	Worker string
 	Reason string
 	Since  time.Time // when the registry recorded it
-	// Left: the worker deregistered. A worker leaves after publishing
+	// Left says the worker deregistered. A worker leaves after publishing
 	// its final reports, but they come on another subscription than the
 	// registry's changes, so they may still be on their way.
 	Left bool
 }
 
-// WorkersChanged: the registry changed; a job waiting for workers tries
-// again.
+// WorkersChanged says the registry changed; a job waiting for workers
+// tries again.
 type WorkersChanged struct{ At time.Time }
 
 // Cancel is a client's cancellation.
@@ -112,24 +113,25 @@ type Cancel struct {
 	Reason string
 }
 
-// Checked answers Check: the worker's account of the job, or why there is
-// none (Err; a worker that does not answer or does not serve status).
+// Checked answers Check with the worker's account of the job, or with Err
+// when there is none, as from a worker that does not answer or does not
+// serve status.
 type Checked struct {
 	At    time.Time
 	Reply *cp.JobStatusReply
 	Err   error
 }
 
-// Reconnected: the coordinator's NATS connection came back after a loss.
-// Reports published while it was away never reached it (core NATS keeps
-// nothing for a missing subscriber), so a run that follows a job asks the
-// job's decode group how it stands.
+// Reconnected says the coordinator's NATS connection came back after a
+// loss. Reports published while it was away never reached it, since core
+// NATS keeps nothing for a missing subscriber, so a run that follows a job
+// asks the job's decode group how it stands.
 type Reconnected struct{ At time.Time }
 
-// Tick: the time Next named has come.
+// Tick says the time Next named has come.
 type Tick struct{ At time.Time }
 
-// Shutdown: the coordinator is stopping.
+// Shutdown says the coordinator is stopping.
 type Shutdown struct{ At time.Time }
 
 func (Start) event()          {}
@@ -148,16 +150,16 @@ func (Shutdown) event()       {}
 // Action is something the driver must do.
 type Action interface{ action() }
 
-// Publish announces a job event (and records it). A final event is stored
-// in the results before it is published.
+// Publish announces and records a job event. A final event is stored in
+// the results before it is published.
 type Publish struct{ Event cp.JobEvent }
 
 // Inquire asks every decode group's rank 0 and every prefill worker of the
 // model what they know of the job; the answers come back as Inquired.
 type Inquire struct{}
 
-// Place asks for a placement (a Candidate), leaving out the prefill
-// workers named.
+// Place asks for a placement, answered as a Candidate, leaving out the
+// prefill workers named.
 type Place struct{ Exclude []string }
 
 // Assign sends an assignment; the answer comes back as Assigned.
@@ -166,11 +168,11 @@ type Assign struct {
 	Assignment *cp.Assignment
 }
 
-// Check asks worker (the decode group's head) what it knows of the job
-// (its status request); the answer comes back as Checked. A run asks
-// before it fails a job that went silent, and after the coordinator's
-// connection came back: a lost report must not fail, or hang, a job that
-// runs or ended well.
+// Check asks worker, the decode group's head, by its status request what
+// it knows of the job; the answer comes back as Checked. A run asks before
+// it fails a job that went silent and after the coordinator's connection
+// came back, so that a lost report neither fails nor hangs a job that runs
+// or ended well.
 type Check struct{ Worker string }
 
 // CancelOn tells workers to drop the job.
@@ -179,8 +181,8 @@ type CancelOn struct {
 	Reason  string
 }
 
-// ReplyCancel answers the client's cancellation. Late: the job had ended
-// before it.
+// ReplyCancel answers the client's cancellation; Late says the job had
+// ended before it.
 type ReplyCancel struct {
 	State cp.JobState
 	Late  bool
@@ -221,15 +223,15 @@ type LoadProgress struct {
 
 type LoadForget struct{}
 
-// AssignedAt: both sides took the job, Latency after its submission.
+// AssignedAt says both sides took the job, Latency after its submission.
 type AssignedAt struct{ Latency time.Duration }
 
-// Settle ends the delivery: Ack (the job reached a final state) or hand it
-// back to the queue.
+// Settle ends the delivery: Ack when the job reached a final state, else
+// hand it back to the queue.
 type Settle struct{ Ack bool }
 
-// Bug: the run tried a move the lifecycle forbids (a coordinator bug, to
-// be logged).
+// Bug says the run tried a move the lifecycle forbids, a coordinator bug
+// to be logged.
 type Bug struct{ Err error }
 
 func (Publish) action()             {}

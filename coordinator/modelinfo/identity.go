@@ -18,40 +18,17 @@ import (
 	"github.com/tandem-inference/tandem/model/safetensors"
 )
 
-// A model identity names what determines a model's computation, so that
-// the processes of one job agree they compute the same function:
-//
-//	m-<config digest>-<tensor digest>
-//
-// The config digest hashes the parsed configuration's canonical form
-// (CanonicalConfig), not config.json's bytes: re-saving the file with other
-// whitespace, key order or number spelling keeps it. The tensor digest
-// hashes the checkpoint's tensor table: every tensor's name, dtype and shape
-// from the shard headers (the index maps names to shards; the headers are
-// where dtypes and shapes live). Two checkpoints of one config whose tensors
-// differ in any of these therefore differ. Tensor data is not hashed:
-// reading 1.5 TB to name a model is not an option, and a checkpoint whose
-// values were changed in place keeps its name (`bench checkpoint verify`
-// checks structure, not values).
-//
-// A directory with config.json and no checkpoint (a coordinator that only
-// tokenizes and routes) has the config digest alone, m-<config digest>;
-// such an identity matches every identity with that config digest (Match).
-
-// idDigest is how many bytes of each SHA-256 an identity shows (12 hex
-// digits): enough to tell a deployment's checkpoints apart, short enough
+// idDigest is how many bytes of each SHA-256 an identity shows: 12 hex
+// digits, enough to tell a deployment's checkpoints apart and short enough
 // to read in `coordinator workers`.
 const idDigest = 6
 
-// CanonicalConfig is the canonical form of a parsed configuration: the
-// fields tandem's parser keeps (internal/modelconfig.Config: every width,
-// count, epsilon, layer list, token id and the quantization config, with
-// the parser's defaults filled in) as JSON with sorted keys and numbers as
-// Go formats them (1e-05 and 0.00001 are one number). The vision tower's
-// config is left out: tandem runs the text tower only, so it does not
-// change what tandem computes. Fields the parser ignores
-// (transformers_version, architectures, torch_dtype, auto_map, ...) are
-// not in it for the same reason.
+// CanonicalConfig is the canonical form of a parsed configuration, which
+// the config digest of an identity hashes: the fields of
+// internal/modelconfig.Config with the parser's defaults filled in, as JSON
+// with sorted keys and numbers as Go formats them, so that 1e-05 and
+// 0.00001 are one number. The vision tower's config is left out, since
+// tandem runs the text tower only.
 func CanonicalConfig(c *modelconfig.Config) ([]byte, error) {
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -108,7 +85,7 @@ func identityOf(canonical []byte, tensors []TensorMeta) string {
 	return id + "-" + hex.EncodeToString(h.Sum(nil)[:idDigest])
 }
 
-// ConfigPart is the config digest part of an identity ("m-<12 hex>").
+// ConfigPart is the config digest part of an identity, m-<12 hex>.
 func ConfigPart(id string) string {
 	if i := strings.LastIndexByte(id, '-'); i > 1 && strings.Count(id, "-") == 2 {
 		return id[:i]
@@ -120,10 +97,9 @@ func ConfigPart(id string) string {
 func HasTensors(id string) bool { return strings.Count(id, "-") == 2 }
 
 // Match reports whether a process of identity mine may work with one of
-// identity theirs: the same identity, or, when either side knows only the
-// config (a coordinator without the checkpoint), the same config. The
-// workers of one job must have one identity (they exchange state computed
-// from the tensors); the coordinator checks that among them.
+// identity theirs: the two are equal, or either covers only a config and
+// the config parts are equal. The workers of one job must share one
+// identity; the coordinator checks that among them.
 func Match(mine, theirs string) bool {
 	if mine == theirs {
 		return true
@@ -134,10 +110,14 @@ func Match(mine, theirs string) bool {
 	return ConfigPart(mine) == ConfigPart(theirs)
 }
 
-// Identity is the model identity of the model directory dir: its
-// config.json parsed and validated, and, when dir holds a checkpoint (an
-// index or *.safetensors files), every shard's header. It reads no tensor
-// data.
+// Identity is the model identity of the model directory dir,
+// m-<config digest>-<tensor digest>, with 12 hex digits each. The config
+// digest hashes CanonicalConfig of dir's validated config.json, so that
+// re-saving the file keeps it; the tensor digest hashes every tensor's
+// name, dtype and shape from the shard headers. A dir without a checkpoint
+// has the config digest alone, m-<config digest>. Identity reads no tensor
+// data, so a checkpoint whose values changed in place keeps its identity.
+// docs/PROTOCOL.md, "Model identity", has the reasons.
 func Identity(dir string) (string, error) {
 	c, err := modelconfig.Load(filepath.Join(dir, ConfigFile))
 	if err != nil {

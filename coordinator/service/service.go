@@ -34,29 +34,30 @@ import (
 
 // Config configures a coordinator. Zero values take the defaults named.
 type Config struct {
-	// Model is the model the coordinator serves (its config.json).
+	// Model is the model the coordinator serves, from its config.json.
 	Model *modelinfo.Info
 	// Tokenizer encodes text prompts; nil accepts token ids only.
 	Tokenizer *tokenizer.Tokenizer
 
-	// Policy is the routing policy of jobs that do not name one (auto).
+	// Policy is the routing policy of jobs that do not name one; default
+	// auto.
 	Policy cp.Policy
-	// Rates seed the cost model; measured job figures move them (EWMA
-	// with weight Alpha, default 0.2), and the workers' heartbeats replace
+	// Rates seed the cost model; measured job figures move them by an EWMA
+	// with weight Alpha, default 0.2, and the workers' heartbeats replace
 	// the compute terms and the pass floor with their own measurements. A
 	// zero rate is taken from the heartbeats until a job measures it.
 	Rates router.Rates
 	Alpha float64
 	// SeedPrefillTokPerS and SeedLocalTokPerS, when Rates has no compute
 	// terms for a path, seed them from a tokens/s figure: equal rates per
-	// term such that a prompt of SeedTokens (default 1,024) takes that long.
+	// term such that a prompt of SeedTokens, default 1,024, takes that long.
 	SeedPrefillTokPerS, SeedLocalTokPerS float64
 	SeedTokens                           int
 
-	// MaxPromptTokens refuses longer prompts at submission (default: the
-	// model's longest sequence). DefaultMaxTokens is the output length of
-	// a job that does not say (default 256); MaxOutputTokens the most a
-	// job may ask for (default 32768).
+	// MaxPromptTokens refuses longer prompts at submission; default the
+	// model's longest sequence. DefaultMaxTokens is the output length of a
+	// job that does not say, default 256, and MaxOutputTokens the most a job
+	// may ask for, default 32768.
 	MaxPromptTokens  int
 	DefaultMaxTokens int
 	MaxOutputTokens  int
@@ -67,16 +68,16 @@ type Config struct {
 	// which a client that lost its connection learns how its job ended.
 	Results cp.ResultsConfig
 
-	// MaxRunning bounds the jobs this coordinator drives at once (default
-	// 1024); the others wait in the queue.
+	// MaxRunning bounds the jobs this coordinator drives at once, default
+	// 1024; the others wait in the queue.
 	MaxRunning int
 	// SubmitHandlers is the number of parallel handlers of small
-	// submissions (default 4; large ones are handled one at a time): a
-	// submission waits for the queue's store.
+	// submissions, default 4, since a submission waits for the queue's
+	// store; large ones are handled one at a time.
 	SubmitHandlers int
-	// SubmitBytes bounds the bytes of large submissions (over 64 KiB) the
-	// coordinator holds at once, read and not yet answered (default 64
-	// MiB, at least the largest message); one that does not fit is
+	// SubmitBytes bounds the bytes of large submissions, over 64 KiB, that
+	// the coordinator holds at once, read and not yet answered; default 64
+	// MiB and at least the largest message. One that does not fit is
 	// answered unavailable at once, so that a burst of large prompts
 	// neither exhausts memory nor keeps the coordinator from reading its
 	// connection.
@@ -87,27 +88,27 @@ type Config struct {
 	// submissions together stay within it.
 	Budget *bytebudget.Budget
 	// AssignTimeout bounds a worker's answer to an assignment or a
-	// cancellation (default 10 s).
+	// cancellation; default 10 s.
 	AssignTimeout time.Duration
-	// PlacementWait is how long a job waits for a decode group (or, under
-	// policy remote, a prefill worker) with room for it before it fails
-	// (default 60 s).
+	// PlacementWait is how long a job waits for a decode group, and under
+	// policy remote a prefill worker, with room for it before it fails;
+	// default 60 s.
 	PlacementWait time.Duration
 	// StallTimeout fails a decoding job whose decode group reported
-	// nothing for that long (default 2 min; the group reports every few
-	// seconds).
+	// nothing for that long; default 2 min, while the group reports every
+	// few seconds.
 	StallTimeout time.Duration
 	// TransferTimeout is a remote job's deadline for prefill and transfer,
-	// given to both sides (default 30 min).
+	// given to both sides; default 30 min.
 	TransferTimeout time.Duration
-	// JobTimeout bounds a job from submission to its end (default 2 h).
+	// JobTimeout bounds a job from submission to its end; default 2 h.
 	JobTimeout time.Duration
 	// ShutdownGrace is how long a stopping coordinator lets its running
-	// jobs finish before it cancels them and hands them back to the queue
-	// (default 30 s).
+	// jobs finish before it cancels them and hands them back to the queue;
+	// default 30 s.
 	ShutdownGrace time.Duration
-	// KeepFinished is how many finished jobs the job list remembers
-	// (default 10,000).
+	// KeepFinished is how many finished jobs the job list remembers;
+	// default 10,000.
 	KeepFinished int
 
 	Metrics *metrics.Metrics // nil: none
@@ -220,9 +221,9 @@ func New(nc *nats.Conn, cfg Config) (*Coordinator, error) {
 		runs: map[string]*run{}, pendingCancel: map[string]string{}, ready: make(chan struct{})}, nil
 }
 
-// Budget is the byte budget the coordinator holds submissions to (its
-// Config.Budget, or the one it made of SubmitBytes): an HTTP front door
-// in the same process holds its request bodies to it too.
+// Budget is the byte budget the coordinator holds submissions to, its
+// Config.Budget or the one it made of SubmitBytes. An HTTP front door in
+// the same process holds its request bodies to it too.
 func (c *Coordinator) Budget() *bytebudget.Budget { return c.cfg.Budget }
 
 // Ready is closed once the coordinator serves requests and takes jobs.

@@ -41,41 +41,42 @@ type Config struct {
 	Worker *pipeline.Worker
 	Layout *rank.Layout
 	Rank   int
-	// Model is the model's configuration; ModelID its identity
-	// (membership of one model: modelinfo.Identity of the model directory).
+	// Model is the model's configuration; ModelID its identity,
+	// modelinfo.Identity of the model directory, which names membership of
+	// one model.
 	Model   *model.Config
 	ModelID string
-	// LatentDType is the rank's MLA cache dtype (default BF16), for the
+	// LatentDType is the rank's MLA cache dtype, by default BF16, for the
 	// memory it reports.
 	LatentDType model.DType
 	// Tokenizer detokenizes the tokens rank 0 publishes and finds stop
 	// texts; nil publishes token ids only and refuses stop texts.
 	Tokenizer *tokenizer.Tokenizer
-	// Backend names the compute backend (default "cpu").
+	// Backend names the compute backend; default "cpu".
 	Backend string
 	Version string
 	// Advertise is the host:port other workers reach this rank's
-	// kvtransfer server on (default: the layout's endpoint).
+	// kvtransfer server on, by default the layout's endpoint.
 	Advertise string
-	// Heartbeat is the interval between heartbeats (default: a third of
-	// the registry's TTL).
+	// Heartbeat is the interval between heartbeats, by default a third of
+	// the registry's TTL.
 	Heartbeat time.Duration
 	// TransferDeadline bounds a remote job's transfer when its assignment
-	// has no deadline (default 30 min).
+	// has no deadline; default 30 min.
 	TransferDeadline time.Duration
-	// Handlers is the number of assignments rank 0 admits at once
-	// (default 256): an admission waits for a trip around the ring, and
-	// they travel it together. An assignment beyond them is refused
+	// Handlers is the number of assignments rank 0 admits at once, by
+	// default 256; an admission waits for a trip around the ring, and they
+	// travel it together. An assignment beyond them is refused
 	// unavailable at once, and the coordinator places it again after a
 	// pause, rather than waiting unanswered past its assignment timeout.
 	Handlers int
-	// Remember is how long rank 0 keeps a finished job's final report
-	// (default 1 h, at most 4096 jobs), so that a coordinator taking the
+	// Remember is how long rank 0 keeps a finished job's final report, by
+	// default 1 h and for at most 4096 jobs, so that a coordinator taking the
 	// job over after a crash learns how it ended instead of running it
 	// again.
 	Remember time.Duration
-	// Metrics records assignments and the time between tokens (nil:
-	// none); MetricsAddr is the host:port of the rank's /metrics,
+	// Metrics records assignments and the time between tokens, if set;
+	// MetricsAddr is the host:port of the rank's /metrics,
 	// advertised in heartbeats.
 	Metrics     *Metrics
 	MetricsAddr string
@@ -194,9 +195,9 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	return a, nil
 }
 
-// Close stops taking assignments, cancels the jobs still running on rank 0
-// (their coordinators learn it from their progress), waits until their last
-// messages are out, and deregisters the rank.
+// Close stops taking assignments, cancels the jobs still running on rank
+// 0, whose coordinators learn it from their progress, waits until their
+// last messages are out, and deregisters the rank.
 func (a *Adapter) Close(ctx context.Context) error {
 	a.life.Close()
 	a.mu.Lock()
@@ -217,11 +218,11 @@ func (a *Adapter) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Drain stops taking jobs (the registry shows the rank draining at once,
-// so routers pass its group by, and rank 0 refuses assignments that still
-// come as unavailable, so coordinators place them elsewhere) and waits
-// until the sequences this rank holds end, or ctx ends. Close then cancels
-// whatever is left.
+// Drain stops taking jobs and waits until the sequences this rank holds
+// end, or ctx ends; Close then cancels whatever is left. The registry shows
+// the rank draining at once, so that routers pass its group by, and rank 0
+// refuses assignments that still come as unavailable, so that coordinators
+// place them elsewhere.
 func (a *Adapter) Drain(ctx context.Context) error {
 	a.life.StartDrain("")
 	if err := a.life.Wait(ctx); err != nil {
@@ -245,14 +246,15 @@ func (a *Adapter) Drain(ctx context.Context) error {
 	}
 }
 
-// Draining is closed once a drain has started (Drain, or a coordinator's
-// DrainRequest): the process should drain and exit.
+// Draining is closed once a drain has started by Drain or a coordinator's
+// DrainRequest; the process should then drain and exit.
 func (a *Adapter) Draining() <-chan struct{} { return a.life.Draining() }
 
-// NotReady says why the rank takes no jobs now (nil: it takes them).
+// NotReady says why the rank takes no jobs now, or is nil when it takes
+// them.
 func (a *Adapter) NotReady() error { return a.life.NotReady() }
 
-// Beat sends a heartbeat now (e.g. once the ring is formed).
+// Beat sends a heartbeat now, as when the ring is formed.
 func (a *Adapter) Beat() { a.life.Beat() }
 
 // info is this rank's heartbeat.

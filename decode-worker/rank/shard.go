@@ -8,17 +8,17 @@ import (
 	"github.com/tandem-inference/tandem/model"
 )
 
+// PinRefused is what to log with Loaded.PinErr: the consequence and the fix.
+const PinRefused = "the decode rank's weights may be paged out under memory pressure (raise the memory-lock limit, ulimit -l, to keep them resident)"
+
 // LoadShard loads rank r's resident share of the checkpoint in dir: its
 // layer range, plus the embedding on rank 0 and the final mix, norm and
 // lm_head on the last rank. It checks the layout against the checkpoint's
 // config first, so a layout for another model fails before any mapping.
-// On a host backend the share is pinned in memory (model.LoadOptions.Pin):
-// a decode step touches each routed expert only now and then, and one the
-// kernel had paged out meanwhile would be read from disk while the step
-// waits. Loaded.PinErr says when the system refused the lock.
-// PinRefused is what to log with Loaded.PinErr: the consequence and the fix.
-const PinRefused = "the decode rank's weights may be paged out under memory pressure (raise the memory-lock limit, ulimit -l, to keep them resident)"
-
+// On a host backend the share is pinned in memory, model.LoadOptions.Pin,
+// since a routed expert paged out between the steps that touch it would be
+// read from disk while a step waits; Loaded.PinErr says when the system
+// refused the lock.
 func LoadShard(dir string, be kernels.Backend, l *Layout, r int, latentEps float64) (*model.Loaded, error) {
 	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {

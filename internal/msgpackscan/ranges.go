@@ -13,16 +13,14 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// CheckFor validates one msgpack value in b, as Check does, and then checks
-// every integer in it against the Go type it will be decoded into (t, the
-// type a pointer passed to the decoder points to).
-//
-// The msgpack decoder converts integers the way a Go conversion does: 2^32+5
-// decodes into an int32 as 5, -1 into a uint64 as 2^64-1. encoding/json
-// refuses both; CheckFor refuses them too, naming the field, so that a
-// message means the same in both encodings. A float where an integer is
-// wanted, and a float64 where a float32 is, are left to the decoder, which
-// refuses them.
+// CheckFor validates one msgpack value in b as Check does, then checks
+// every integer in it against the Go type t it will be decoded into, the
+// type a pointer passed to the decoder points to. It refuses, naming the
+// field, an integer that the msgpack decoder would convert as a Go
+// conversion does, such as 2^32+5 into an int32 or -1 into a uint64, as
+// encoding/json refuses it, so that a message means the same in both
+// encodings. A float where an integer is wanted, and a float64 where a
+// float32 is, are left to the decoder, which refuses them.
 func CheckFor(b []byte, t reflect.Type) error {
 	if err := Check(b); err != nil {
 		return err

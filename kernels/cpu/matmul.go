@@ -16,28 +16,22 @@ type float interface{ ~float32 | ~float64 }
 const blockT = 96
 
 // MatMul computes dst[T, O] = x[T, I] · Wᵀ for W [O, I] in any storage
-// format.
-//
-// Every output is defined as one fp64 accumulator updated with a fused
-// multiply-add, acc = fma(x[k], w[k], acc), sequentially for k = 0..I-1 from
-// acc = 0, with x[k] and w[k] widened exactly (MX weights are their element
-// times a power-of-two scale), then rounded once to the output type. The
-// result therefore does not depend on T, on where a row falls in a tile, on
-// the thread count or on the other rows of the batch: batched passes, super-
-// chunks and decode steps rely on that for bit-identical states. Explicit
-// FMA also makes amd64 and arm64 agree bit for bit, and fp64 accumulation
-// keeps the reference within the fixtures' 1e-5 on activations of magnitude
-// ~100 (SiTU's cap).
-//
-// The work is blocked so that no weight is decoded more than once per 96
-// rows of x and nothing is dequantized as a whole: per group of 32 output
-// columns, 128 values of k of the group's weight rows are decoded into a
-// k-major fp64 panel, and tile kernels (SIMD assembly where available)
-// vectorise across the 32 columns, never across k (tile.go).
+// format. Each output is one fp64 accumulator updated by
+// acc = fma(x[k], w[k], acc) for k = 0..I-1 from acc = 0, with x[k] and
+// w[k] widened exactly, then rounded once to the output type. The result
+// therefore does not depend on T, on where a row falls in a tile, on the
+// thread count or on the other rows of the batch, and amd64 and arm64 agree
+// bit for bit; docs/ARCHITECTURE.md, "Numerics and exactness", says what
+// relies on that.
 func (b *Backend) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
 	if x.Cols != w.Cols || dst.Rows != x.Rows || dst.Cols != w.Rows {
 		panic(fmt.Sprintf("cpu.MatMul: x %v · %s[%d,%d]ᵀ -> dst %v", x, w.Name, w.Rows, w.Cols, dst))
 	}
+	// The work is blocked so that no weight is decoded more than once per 96
+	// rows of x and nothing is dequantized as a whole: per group of 32 output
+	// columns, 128 values of k of the group's weight rows are decoded into a
+	// k-major fp64 panel, and tile kernels, SIMD assembly where available,
+	// vectorise across the 32 columns, never across k (tile.go).
 	gemm(b, dst.Data, x.Data, x.Rows, w)
 }
 

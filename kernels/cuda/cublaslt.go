@@ -8,18 +8,16 @@ import (
 	"github.com/tandem-inference/tandem/kernels"
 )
 
-// cuBLASLt, when enabled: BF16 GEMMs with fp32 accumulation. MX weights are
-// decoded to BF16 by tandem_dequant_bf16 first and the fp32 activations
-// rounded to BF16 the same way (as the F32 format), then
-// Y[T, O] = X[T, I] · Wᵀ is, in cuBLASLt's column-major terms,
-// D[O, T] = op(A)·B with A = W viewed as [I, O] (transposed) and B = X
+// In cuBLASLt's column-major terms, Y[T, O] = X[T, I] · Wᵀ is
+// D[O, T] = op(A)·B with A = W viewed as [I, O], transposed, and B = X
 // viewed as [I, T].
-//
-// It is off unless TANDEM_CUBLASLT=1: the binding has not yet run on a GPU,
-// and the backend's own tensor-core GEMM (checked by the emulator) is the
-// default until `bench validate` has compared the two there.
 
-// LtEnv enables cuBLASLt ("1").
+// LtEnv enables cuBLASLt when set to "1": BF16 GEMMs with fp32
+// accumulation, MX weights decoded to BF16 by tandem_dequant_bf16 first and
+// the fp32 activations rounded to BF16 the same way, as the F32 format. It
+// is off by default: the binding has not yet run on a GPU, and the
+// backend's own tensor-core GEMM, checked by the emulator, stays the
+// default until `bench validate` has compared the two there.
 const LtEnv = "TANDEM_CUBLASLT"
 
 const (

@@ -26,15 +26,14 @@ type Copied struct {
 	Stubs   []string `json:"stubs"` // shards whose data was not copied
 }
 
-// Copy makes dst a checkpoint directory for range r of src: the shards the
-// range needs are copied whole; every other shard of the index becomes a
-// header-only stub, its real header followed by a hole up to its real size
-// (no disk used), because every process opens all the shards' headers
-// (their tensor table is the model's identity) while reading only its own
-// layers' data; the other files (config.json, the index, the tokenizer)
-// are copied as they are. CopyFile names the stubs, so that Verify with a
-// range that needs one says so. dst must not exist or be empty. It returns
-// the bytes copied.
+// Copy makes dst a checkpoint directory for range r of src and returns the
+// bytes copied. The shards the range needs are copied whole; every other
+// shard of the index becomes a header-only stub that uses no disk, its real
+// header followed by a hole up to its real size, because every process
+// opens all the shards' headers but reads only its own layers' data. The
+// other files, such as config.json, the index and the tokenizer, are copied
+// as they are. CopyFile names the stubs, so that Verify with a range that
+// needs one says so. dst must not exist or be empty.
 func Copy(ctx context.Context, src, dst string, r Range) (int64, error) {
 	cfg, idx, err := Open(src)
 	if err != nil {

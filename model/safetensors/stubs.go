@@ -11,15 +11,13 @@ import (
 
 // StubsFile names, in a checkpoint directory, the shards that are
 // header-only stubs: the real shard's header followed by a hole up to its
-// real size. `bench checkpoint shards --copy` (package model/layout) writes
-// it when it copies the part of a checkpoint one process needs: every
-// process opens every shard's header (the tensor table is the model's
-// identity) but reads only its own tensors' data. A stub's data would read
-// as zeros, so a tensor in a stub is refused (ErrStub) where its data are
-// needed, instead of computing with zero weights. A sparse synthetic
-// checkpoint (`bench mkmodel --sparse`, every weight a hole on purpose,
-// for planning and streaming at full size) has no such file: its holes
-// read as the zeros they are meant to be.
+// real size. `bench checkpoint shards --copy`, package model/layout, writes
+// it for the part of a checkpoint one process needs, since every process
+// opens every shard's header but reads only its own tensors' data. A
+// tensor in a stub is refused with ErrStub where its data are needed,
+// instead of computing with zero weights. A sparse synthetic checkpoint,
+// `bench mkmodel --sparse`, has no such file: its every weight is a hole on
+// purpose, for planning and streaming at full size, and reads as zeros.
 const StubsFile = "tandem-shards.json"
 
 // ErrStub: the tensor's shard is a header-only stub (StubsFile).

@@ -30,30 +30,31 @@ type Config struct {
 	Registry *cp.Registry
 	WorkerID string
 	Worker   *worker.Worker
-	// ModelID is the model's identity (modelinfo.Identity of the model
-	// directory); the coordinator pairs workers of the same model.
+	// ModelID is the model's identity, modelinfo.Identity of the model
+	// directory; the coordinator pairs workers of the same model.
 	ModelID string
 	Backend string // default "cpu"
 	Version string
 	// MemoryTotal is the worker's memory budget, reported in heartbeats.
 	MemoryTotal int64
-	// Heartbeat is the interval between heartbeats (default: a third of
-	// the registry's TTL).
+	// Heartbeat is the interval between heartbeats, by default a third of
+	// the registry's TTL.
 	Heartbeat time.Duration
-	// Transfer configures the kvtransfer senders: timeouts and connections
-	// per decode rank (0: kvtransfer's defaults).
+	// Transfer and TransferConns configure the kvtransfer senders'
+	// timeouts and connections per decode rank; zero takes kvtransfer's
+	// defaults.
 	Transfer      kvtransfer.Timeouts
 	TransferConns int
-	// DefaultDeadline bounds a job whose assignment has none (default 30 min).
+	// DefaultDeadline bounds a job whose assignment has none; default 30 min.
 	DefaultDeadline time.Duration
 	// ProgressEvery is the least time between two progress reports of a
-	// job (default 100 ms); the last layer is always reported.
+	// job, by default 100 ms; the last layer is always reported.
 	ProgressEvery time.Duration
-	// Remember is how long a finished job's final report is kept (default
-	// 1 h, at most 4096 jobs), so that a coordinator taking the job over
+	// Remember is how long a finished job's final report is kept, by
+	// default 1 h and for at most 4096 jobs, so that a coordinator taking the job over
 	// after a crash learns how it ended instead of running it again.
 	Remember time.Duration
-	// Metrics records assignments and transfers (nil: none); MetricsAddr
+	// Metrics records assignments and transfers, if set; MetricsAddr
 	// is the host:port of the worker's /metrics, advertised in heartbeats.
 	Metrics     *Metrics
 	MetricsAddr string
@@ -144,10 +145,10 @@ func Start(ctx context.Context, cfg Config) (*Adapter, error) {
 	return a, nil
 }
 
-// Drain stops taking jobs (the registry shows the worker draining at once,
-// and assignments that still come are refused unavailable, so coordinators
-// place their jobs elsewhere) and waits until the jobs running here end,
-// or ctx ends. Close then cancels whatever is left.
+// Drain stops taking jobs and waits until the jobs running here end, or
+// ctx ends; Close then cancels whatever is left. The registry shows the
+// worker draining at once, and assignments that still come are refused
+// unavailable, so that coordinators place their jobs elsewhere.
 func (a *Adapter) Drain(ctx context.Context) error {
 	a.life.StartDrain("")
 	if err := a.life.Wait(ctx); err != nil {
@@ -156,11 +157,12 @@ func (a *Adapter) Drain(ctx context.Context) error {
 	return nil
 }
 
-// Draining is closed once a drain has started (Drain, or a coordinator's
-// DrainRequest): the process should drain and exit.
+// Draining is closed once a drain has started by Drain or a coordinator's
+// DrainRequest; the process should then drain and exit.
 func (a *Adapter) Draining() <-chan struct{} { return a.life.Draining() }
 
-// NotReady says why the worker takes no jobs now (nil: it takes them).
+// NotReady says why the worker takes no jobs now, or is nil when it takes
+// them.
 func (a *Adapter) NotReady() error { return a.life.NotReady() }
 
 // running is the number of jobs the worker holds.
@@ -170,8 +172,8 @@ func (a *Adapter) running() int {
 	return len(a.jobs)
 }
 
-// Close stops taking assignments, cancels the jobs in progress (their
-// coordinators learn it from their progress) and deregisters the worker.
+// Close stops taking assignments, cancels the jobs in progress, whose
+// coordinators learn it from their progress, and deregisters the worker.
 // The worker itself is the caller's to close.
 func (a *Adapter) Close(ctx context.Context) error {
 	a.life.Close()

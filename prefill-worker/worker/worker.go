@@ -34,37 +34,42 @@ import (
 
 // Config configures a worker. Zero values take the documented defaults.
 type Config struct {
-	// Model is the checkpoint directory (config.json + safetensors shards).
+	// Model is the checkpoint directory of config.json and safetensors
+	// shards.
 	Model string
-	// Budget bounds the worker's memory (bytes).
+	// Budget bounds the worker's memory, in bytes.
 	Budget int64
-	// Depth is the prefetch depth (layers read ahead of compute), or -1 to
-	// let the planner choose from the budget.
+	// Depth is the prefetch depth, the layers read ahead of compute, or -1
+	// to let the planner choose from the budget.
 	Depth int
 	// Backend runs the layers; nil means the CPU backend with Threads
-	// threads (0: all cores).
+	// threads, where 0 means all cores.
 	Backend kernels.Backend
 	Threads int
-	// LatentDType is the MLA cache dtype (default BF16, the state contract);
+	// LatentDType is the MLA cache dtype, by default BF16, the state
+	// contract's;
 	// LatentNormEps overrides the config's MLA latent norm eps when > 0.
 	LatentDType   model.DType
 	LatentNormEps float64
-	// Weight streamer: request size, requests in flight, I/O mode.
+	// ReadSize, Readers and IO are the weight streamer's request size,
+	// requests in flight and I/O mode.
 	ReadSize int64
 	Readers  int
 	IO       streamer.IOMode
-	// MaxTile caps the rows of one layer call (0: planner default).
+	// MaxTile caps the rows of one layer call; 0 takes the planner's
+	// default.
 	MaxTile int
-	// Sink queue depth and timeouts (see scheduler.Config).
+	// SinkQueue, SinkTimeout and CloseTimeout are the sink queue's depth
+	// and timeouts, as in scheduler.Config.
 	SinkQueue                 int
 	SinkTimeout, CloseTimeout time.Duration
 	Log                       *zap.Logger
-	// Store, when set, is the worker's prefix store (prefixstore.Open, for
-	// this model and LatentDType): jobs resume from the longest stored
-	// prefix of their tokens and leave their state there (see withStore).
+	// Store, when set, is the worker's prefix store, opened by
+	// prefixstore.Open for this model and LatentDType. Jobs resume from the
+	// longest stored prefix of their tokens and leave their state there.
 	Store *prefixstore.Store
-	// OnPass, if set, is called after every pass; OnLayer after every
-	// layer of a pass, from the pass's goroutine (it must be quick).
+	// OnPass, if set, is called after every pass, and OnLayer after every
+	// layer of a pass, from the pass's goroutine; they must be quick.
 	OnPass  func(scheduler.PassReport)
 	OnLayer func(executor.Progress)
 }
@@ -193,11 +198,11 @@ func New(cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// Job is a submitted job (see scheduler.Job: Wait, Done, Result).
+// Job is a submitted job, a scheduler.Job with Wait, Done and Result.
 type Job = scheduler.Job
 
-// Spec describes a job (see scheduler.Spec). Tokens are the prompt without
-// its last token.
+// Spec describes a job as scheduler.Spec does. Tokens are the prompt
+// without its last token.
 type Spec = scheduler.Spec
 
 // Submit queues a job for the next pass.
@@ -271,15 +276,15 @@ type Stats struct {
 	scheduler.Stats
 	// PrefillTokensPerSec is tokens prefilled per second of compute.
 	PrefillTokensPerSec float64
-	// ReadBytesPerSec is the weights' read rate: bytes read over the time
-	// reads were in flight, over every pass (a pass that compute held back
-	// still measures the disk). PassFloor is what one pass's reads take at
-	// that rate: the floor of a pass with nothing to compute. Zero before
-	// the first pass.
+	// ReadBytesPerSec is the weights' read rate, the bytes read over the
+	// time reads were in flight, over every pass, so that a pass that
+	// compute held back still measures the disk. PassFloor is what one
+	// pass's reads take at that rate, the floor of a pass with nothing to
+	// compute. Both are zero before the first pass.
 	ReadBytesPerSec float64
 	PassFloor       time.Duration
 	// Compute is the compute per cost-model term fitted to the finished
-	// passes (zero before the first), from ComputeSamples of them, with a
+	// passes, zero before the first, from ComputeSamples of them, with a
 	// largest relative error of ComputeWorst.
 	Compute        costmodel.Compute
 	ComputeSamples int
@@ -306,8 +311,8 @@ func (w *Worker) Stats() Stats {
 // CostModel is the cost model's view of the worker's model.
 func (w *Worker) CostModel() *costmodel.Model { return w.cost }
 
-// Plan is what a pass over jobs of the given prompt lengths (tokens to
-// prefill each) would do, without running it: the --dry-run answer.
+// Plan is what a pass over jobs of the given prompt lengths, the tokens to
+// prefill each, would do, without running it: the --dry-run answer.
 func (w *Worker) Plan(lens []int) (planner.Plan, error) {
 	jobs := make([]planner.Job, len(lens))
 	for i, n := range lens {
@@ -328,13 +333,13 @@ func (w *Worker) Depth() int { return w.depth }
 // Costs is the planner's memory model of this worker.
 func (w *Worker) Costs() planner.Costs { return w.costs }
 
-// Streamer exposes the weight streamer (for benchmarks: RawRead, read-only
-// passes, the I/O mode). Its passes must not overlap the worker's: use it
-// only while no job is queued or running.
+// Streamer exposes the weight streamer to benchmarks, for RawRead,
+// read-only passes and the I/O mode. Its passes must not overlap the
+// worker's, so use it only while no job is queued or running.
 func (w *Worker) Streamer() *streamer.Streamer { return w.stream }
 
-// Executor exposes the pass executor (for benchmarks that time a pass at
-// another depth), under the same rule as Streamer.
+// Executor exposes the pass executor to benchmarks that time a pass at
+// another depth, under the same rule as Streamer.
 func (w *Worker) Executor() *executor.Executor { return w.exec }
 
 // Close stops serving: unfinished jobs fail, the pass in progress stops at
