@@ -126,7 +126,7 @@ func (w *Worker) onTick() {
 	for id, f := range w.flights {
 		launched[id] = f.launched
 	}
-	if id, stalled := stalledStep(launched, time.Now(), w.cfg.StepTimeout); stalled {
+	if id, stalled := stalledStep(launched, w.now(), w.cfg.StepTimeout); stalled {
 		err := fmt.Errorf("decode group: step %d did not come back within %v", id, w.cfg.StepTimeout)
 		w.log.Warn("ring stalled", zap.Error(err))
 		up, down := resetLinks(0)
