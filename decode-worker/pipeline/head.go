@@ -89,17 +89,16 @@ func (w *Worker) Cancel(ctx context.Context, id string) error {
 // cancelOnLoop is Cancel's part on the loop.
 func (w *Worker) cancelOnLoop(id string) error {
 	s := w.seqs[id]
-	switch {
-	case s == nil:
-		if _, ok := w.cancelEnded[id]; ok {
-			delete(w.cancelEnded, id) // a step dropped it and ended it already
-			return nil
-		}
+	_, ended := w.cancelEnded[id]
+	switch onCancelAction(s != nil, s != nil && s.admitting, ended) {
+	case cancelDone:
+		delete(w.cancelEnded, id)
+	case cancelUnknown:
 		w.cancels.remove(id)
 		return fmt.Errorf("decode group: no sequence %q", id)
-	case s.admitting:
+	case cancelAdmitting:
 		s.cancelled = true
-	default:
+	case cancelEnd:
 		w.end(s, Result{Reason: ReasonCancelled})
 	}
 	return nil

@@ -97,15 +97,8 @@ func (w *Worker) runnable() bool {
 	if !w.head || !w.formed {
 		return false
 	}
-	if prefillDue(len(w.queue), w.prefillFlights(), w.maxSteps) {
-		return true
-	}
-	for _, sl := range w.slots {
-		if !sl.inflight && len(sl.members) > 0 {
-			return true
-		}
-	}
-	return false
+	return prefillDue(len(w.queue), w.prefillFlights(), w.maxSteps) ||
+		slices.ContainsFunc(w.slots, func(sl *slot) bool { return slotDue(sl.inflight, len(sl.members)) })
 }
 
 // schedule launches what can go: one prefill step, then every idle slot.
@@ -117,7 +110,7 @@ func (w *Worker) schedule() {
 		w.launchPrefill()
 	}
 	for k, sl := range w.slots {
-		if !sl.inflight && len(sl.members) > 0 {
+		if slotDue(sl.inflight, len(sl.members)) {
 			w.launch(slices.Clone(sl.members), nil, model.PhaseDecode, k)
 		}
 	}

@@ -108,6 +108,8 @@ func TestPlanStep(t *testing.T) {
 		{"a sequence not held", rank2, decode("a", "b"), held("a"), `Fail(sequence "b" has no state on this rank)`},
 		{"a sequence at another position", rank2, decode("a"), map[string]seqView{"a": {held: true, tokens: 6}},
 			`Fail(sequence "a" is at token 6 here, the step is for token 5)`},
+		{"a sequence behind the step", rank2, decode("a"), map[string]seqView{"a": {held: true, tokens: 4}},
+			`Fail(sequence "a" is at token 4 here, the step is for token 5)`},
 		{"cancelled sequences are skipped, their rows kept in the count", rank2,
 			prefill([]string{"a", "b", "c"}, []int32{5, 9, 5}, []int32{3, 2, 4}),
 			map[string]seqView{"a": {held: true, tokens: 5}, "b": {held: true, cancelled: true}, "c": {held: true, tokens: 5}},
@@ -284,6 +286,54 @@ func TestHopTime(t *testing.T) {
 	}{{400, 600}, {0, 0}, {1500, 0}} { // unstamped; a clock ahead counts nothing
 		if got := hopTime(tc.sentAt, at); got != tc.want {
 			t.Errorf("hopTime(%d) = %d, want %d", tc.sentAt, got, tc.want)
+		}
+	}
+}
+
+// TestOnTickAction: the head's timer, with clock readings for a clock.
+func TestOnTickAction(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	launched := map[uint64]time.Time{1: t0, 2: t0.Add(time.Second)}
+	for _, tc := range []struct {
+		name   string
+		formed bool
+		now    time.Time
+		want   tickAction
+		step   uint64
+	}{
+		{"not formed: the Form again", false, t0.Add(time.Hour), tickForm, 0},
+		{"steps within the timeout", true, t0.Add(5 * time.Second), tickNone, 0},
+		{"a step past it resets the ring", true, t0.Add(5*time.Second + 1), tickReset, 1},
+	} {
+		if act, id := onTickAction(tc.formed, launched, tc.now, 5*time.Second); act != tc.want || id != tc.step {
+			t.Errorf("%s: onTickAction = %d, step %d; want %d, step %d", tc.name, act, id, tc.want, tc.step)
+		}
+	}
+	if act, _ := onTickAction(true, nil, t0, time.Second); act != tickNone {
+		t.Errorf("no step in flight: onTickAction = %d", act)
+	}
+}
+
+func TestSlotDue(t *testing.T) {
+	if !slotDue(false, 2) || slotDue(true, 2) || slotDue(false, 0) || slotDue(true, 0) {
+		t.Fatal("a slot steps when it has members and no step in flight")
+	}
+}
+
+func TestOnCancelAction(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		held, admitting, ended bool
+		want                   cancelAction
+	}{
+		{"running: ends now", true, false, false, cancelEnd},
+		{"admitting: ends when admitted", true, true, false, cancelAdmitting},
+		{"ended by the step that dropped it", false, false, true, cancelDone},
+		{"unknown", false, false, false, cancelUnknown},
+		{"held again under its id: the step's end was another's", true, false, true, cancelEnd},
+	} {
+		if got := onCancelAction(tc.held, tc.admitting, tc.ended); got != tc.want {
+			t.Errorf("%s: onCancelAction = %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }
