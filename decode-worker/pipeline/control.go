@@ -118,15 +118,14 @@ func (w *Worker) onTick() {
 	if w.ring == nil || !w.head {
 		return
 	}
-	if !w.formed {
-		w.sendForm()
-		return
-	}
 	launched := make(map[uint64]time.Time, len(w.flights))
 	for id, f := range w.flights {
 		launched[id] = f.launched
 	}
-	if id, stalled := stalledStep(launched, time.Now(), w.cfg.StepTimeout); stalled {
+	switch act, id := onTickAction(w.formed, launched, w.now(), w.cfg.StepTimeout); act {
+	case tickForm:
+		w.sendForm()
+	case tickReset:
 		err := fmt.Errorf("decode group: step %d did not come back within %v", id, w.cfg.StepTimeout)
 		w.log.Warn("ring stalled", zap.Error(err))
 		up, down := resetLinks(0)

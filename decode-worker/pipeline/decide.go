@@ -126,3 +126,56 @@ func onFormAction(head, formed bool, msg, mine uint64, holding int) formAction {
 func startable(remote bool, ready, ranks int) bool {
 	return !remote || ready == ranks
 }
+
+// tickAction is what the head does on a tick of its timer.
+type tickAction int
+
+const (
+	tickNone  tickAction = iota
+	tickForm             // the ring is not formed: send the Form again
+	tickReset            // a step is stalled: reset the ring
+)
+
+// onTickAction is the head's tick: before the ring is formed it retries
+// the Form; after, it resets the ring when a step launched more than
+// timeout before now has not come back (the step, for the error).
+func onTickAction(formed bool, launched map[uint64]time.Time, now time.Time, timeout time.Duration) (tickAction, uint64) {
+	if !formed {
+		return tickForm, 0
+	}
+	if id, ok := stalledStep(launched, now, timeout); ok {
+		return tickReset, id
+	}
+	return tickNone, 0
+}
+
+// slotDue reports whether the head steps a decode slot: it has members
+// and no step in flight.
+func slotDue(inflight bool, members int) bool {
+	return !inflight && members > 0
+}
+
+// cancelAction is what Cancel does on the head's loop.
+type cancelAction int
+
+const (
+	cancelDone      cancelAction = iota // a step dropped the sequence and ended it already
+	cancelUnknown                       // no such sequence: an error, and its mark goes
+	cancelAdmitting                     // ends as cancelled when its admission completes
+	cancelEnd                           // ends now, as cancelled
+)
+
+// onCancelAction is the rule for a Cancel of a sequence: held says the head
+// holds it, admitting that its admission is going around the ring, ended
+// that a step that dropped it ended it.
+func onCancelAction(held, admitting, ended bool) cancelAction {
+	switch {
+	case !held && ended:
+		return cancelDone
+	case !held:
+		return cancelUnknown
+	case admitting:
+		return cancelAdmitting
+	}
+	return cancelEnd
+}

@@ -89,17 +89,16 @@ func (w *Worker) Cancel(ctx context.Context, id string) error {
 // cancelOnLoop is Cancel's part on the loop.
 func (w *Worker) cancelOnLoop(id string) error {
 	s := w.seqs[id]
-	switch {
-	case s == nil:
-		if _, ok := w.cancelEnded[id]; ok {
-			delete(w.cancelEnded, id) // a step dropped it and ended it already
-			return nil
-		}
+	_, ended := w.cancelEnded[id]
+	switch onCancelAction(s != nil, s != nil && s.admitting, ended) {
+	case cancelDone:
+		delete(w.cancelEnded, id)
+	case cancelUnknown:
 		w.cancels.remove(id)
 		return fmt.Errorf("decode group: no sequence %q", id)
-	case s.admitting:
+	case cancelAdmitting:
 		s.cancelled = true
-	default:
+	case cancelEnd:
 		w.end(s, Result{Reason: ReasonCancelled})
 	}
 	return nil
@@ -257,7 +256,7 @@ func (w *Worker) admitted(s *seq, verdicts []mesh.Verdict) {
 		return
 	}
 	w.counters.admitted++
-	s.timing.Admitted = time.Now()
+	s.timing.Admitted = w.now()
 	if rm := s.req.Remote; rm != nil && rm.Appended != nil {
 		*rm.Appended = 0
 		if pre := s.admit.Prefix; pre != nil {
@@ -301,7 +300,7 @@ func (w *Worker) stateFailed(s *seq, r int, reason string) {
 
 // start schedules a sequence whose state is in place on every rank.
 func (w *Worker) start(s *seq) {
-	s.timing.Ready = time.Now()
+	s.timing.Ready = w.now()
 	t := s.req.Tokens[s.from:]
 	s.pending, s.next = t[:len(t)-1], t[len(t)-1]
 	w.ready(s)
@@ -323,7 +322,7 @@ func (w *Worker) end(s *seq, r Result) {
 // finish tells the sink.
 func (w *Worker) finish(s *seq, r Result) {
 	r.Tokens, r.Cached = s.emitted, s.from
-	s.timing.Ended = time.Now()
+	s.timing.Ended = w.now()
 	r.Timing = s.timing
 	fields := []zap.Field{zap.String("seq", s.id), zap.String("reason", string(r.Reason)), zap.Int("tokens", s.emitted)}
 	if !s.timing.FirstToken.IsZero() && s.emitted > 1 {
@@ -355,8 +354,8 @@ func (w *Worker) onTokens(m *mesh.Msg) {
 	}
 	delete(w.flights, tk.Step)
 	tr := tk.Trace
-	if len(tr.Mesh) == w.n && tr.SentAt > 0 {
-		tr.Mesh[w.n-1] += max(m.At.UnixNano()-tr.SentAt, 0)
+	if len(tr.Mesh) == w.n {
+		tr.Mesh[w.n-1] += hopTime(tr.SentAt, m.At)
 	}
 	w.onResults(f, tk.Results, tr)
 }
@@ -369,7 +368,7 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 		c.decodeSteps++
 		c.decodeRows += int64(len(f.seqs))
 		c.largest = max(c.largest, len(f.seqs))
-		c.stepTime += time.Since(f.launched)
+		c.stepTime += w.now().Sub(f.launched)
 		for _, v := range tr.Compute {
 			c.stepCompute += time.Duration(v)
 		}
@@ -389,24 +388,23 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 	}
 	for _, r := range results {
 		s := inStep[r.Seq]
-		if s == nil || w.seqs[r.Seq] != s {
-			continue // ended meanwhile (cancelled)
-		}
-		if r.Done && r.Reason == string(ReasonError) {
-			w.end(s, Result{Reason: ReasonError, Err: errors.New(r.Err)})
+		live := s != nil && w.seqs[r.Seq] == s // else ended meanwhile (cancelled)
+		act := onResult(r, f.phase, live, live && s.inflight)
+		switch act {
+		case resultIgnore:
 			continue
-		}
-		if f.phase != model.PhaseDecode || !s.inflight {
+		case resultFail:
+			w.end(s, Result{Reason: ReasonError, Err: errors.New(r.Err)})
 			continue
 		}
 		s.inflight = false
 		if s.emitted == 0 {
-			s.timing.FirstToken = time.Now()
+			s.timing.FirstToken = w.now()
 		}
 		s.emitted++
 		w.counters.tokens++
 		s.req.Sink.Token(s.id, s.emitted-1, r.Token)
-		if r.Done {
+		if act == resultEnd {
 			w.end(s, Result{Reason: Reason(r.Reason)})
 			continue
 		}

@@ -97,15 +97,8 @@ func (w *Worker) runnable() bool {
 	if !w.head || !w.formed {
 		return false
 	}
-	if prefillDue(len(w.queue), w.prefillFlights(), w.maxSteps) {
-		return true
-	}
-	for _, sl := range w.slots {
-		if !sl.inflight && len(sl.members) > 0 {
-			return true
-		}
-	}
-	return false
+	return prefillDue(len(w.queue), w.prefillFlights(), w.maxSteps) ||
+		slices.ContainsFunc(w.slots, func(sl *slot) bool { return slotDue(sl.inflight, len(sl.members)) })
 }
 
 // schedule launches what can go: one prefill step, then every idle slot.
@@ -117,7 +110,7 @@ func (w *Worker) schedule() {
 		w.launchPrefill()
 	}
 	for k, sl := range w.slots {
-		if !sl.inflight && len(sl.members) > 0 {
+		if slotDue(sl.inflight, len(sl.members)) {
 			w.launch(slices.Clone(sl.members), nil, model.PhaseDecode, k)
 		}
 	}
@@ -178,7 +171,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	if k >= 0 {
 		w.slots[k].inflight = true
 	}
-	t0 := time.Now()
+	t0 := w.now()
 	b, err := w.m.NewBatch(states, toks)
 	var keep []bool
 	if err == nil {
@@ -208,7 +201,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		if k >= 0 {
 			w.slots[k].inflight = false
 		}
-		w.stepDone(id, phase, 0, 0, time.Since(t0))
+		w.stepDone(id, phase, 0, 0, w.now().Sub(t0))
 		return
 	}
 	if phase == model.PhasePrefill {
@@ -227,18 +220,18 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	w.addAttention(&tr, b, ss)
 	if w.last { // a group of one
 		results := w.sample(ss, phase, b)
-		compute := time.Since(t0)
+		compute := w.now().Sub(t0)
 		tr.Compute[0] = int64(compute)
 		w.stepDone(id, phase, len(ss), b.Rows(), compute)
 		w.onResults(f, results, tr)
 		return
 	}
-	compute := time.Since(t0)
+	compute := w.now().Sub(t0)
 	tr.Compute[0] = int64(compute)
 	w.stepDone(id, phase, len(ss), b.Rows(), compute)
-	t1 := time.Now()
+	t1 := w.now()
 	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
-	tr.Mesh[0] = int64(time.Since(t1))
+	tr.Mesh[0] = int64(w.now().Sub(t1))
 	w.flights[id] = f
 	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
 		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Trace: tr}

@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -15,7 +14,8 @@ import (
 // onStep runs a step that came from the previous rank through this rank's
 // layers, and sends it on: to the next rank, or, from the last rank, as
 // sampled tokens back to rank 0. A step this rank cannot run fails its
-// sequences (the report travels on to the head), not the ring.
+// sequences (the report travels on to the head), not the ring. The
+// decisions are step.go's; this is the compute and the sends.
 func (w *Worker) onStep(m *mesh.Msg) {
 	st := m.Step
 	tr := st.Trace
@@ -26,112 +26,69 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		if w.ctx.Err() != nil {
 			return // closing: the ring's reset reports it
 		}
-		err = fmt.Errorf("decode rank %d: step %d: %w", w.cfg.Rank, st.ID, err)
+		h, err := failStep(w.cfg.Rank, w.epoch, st, tr, err)
 		w.log.Warn("step failed", zap.Error(err))
-		res := make([]mesh.Result, len(st.Seqs))
-		for i, id := range st.Seqs {
-			res[i] = mesh.Result{Seq: id, Done: true, Reason: string(ReasonError), Err: err.Error()}
+		for _, id := range st.Seqs {
 			if s := w.seqs[id]; s != nil {
 				w.free(s)
 			}
 		}
-		w.send(&mesh.Header{Kind: mesh.KindTokens, Epoch: w.epoch, Tokens: &mesh.Tokens{Step: st.ID, Results: res, Trace: tr}}, nil)
+		w.send(h, nil)
 	}
 	phase := model.Phase(st.Phase)
-	switch {
-	case phase != model.PhasePrefill && phase != model.PhaseDecode:
-		fail(fmt.Errorf("unknown phase %d", st.Phase))
-		return
-	case len(st.Seqs) == 0 || len(st.Pos) != len(st.Seqs) || len(st.Rows) != len(st.Seqs):
-		fail(fmt.Errorf("%d sequences with %d positions and %d row counts", len(st.Seqs), len(st.Pos), len(st.Rows)))
-		return
-	case st.Cols != w.m.Cfg.HiddenSize || st.Stack != w.m.Cfg.StackLenBefore(w.lo):
-		fail(fmt.Errorf("activations of width %d with %d blocks; layer %d takes width %d with %d", st.Cols, st.Stack, w.lo, w.m.Cfg.HiddenSize, w.m.Cfg.StackLenBefore(w.lo)))
+	view := w.view()
+	p := planStep(view, st, w.stepSeqs(st.Seqs))
+	if p.err != nil {
+		fail(p.err)
 		return
 	}
-	// Sequences being cancelled leave the step before it runs: a rank that
-	// dropped one from an earlier step holds a torn state for it.
-	ss := make([]*seq, 0, len(st.Seqs))
-	states := make([]*model.SeqState, 0, len(st.Seqs))
-	spans := make([]kernels.Span, 0, len(st.Seqs))
-	var skip []kernels.Span // the skipped sequences' rows in the payload
-	rows := 0
-	for i, id := range st.Seqs {
-		n := int(st.Rows[i])
-		switch {
-		case n < 1 || phase == model.PhaseDecode && n != 1:
-			fail(fmt.Errorf("sequence %q has %d rows in a %s step", id, st.Rows[i], phaseName(phase)))
-			return
-		case w.cancels.has(id):
-			skip = append(skip, kernels.Span{Lo: rows, Hi: rows + n})
-			rows += n
-			continue
-		}
-		s := w.seqs[id]
-		switch {
-		case s == nil || s.e.State == nil:
-			fail(fmt.Errorf("sequence %q has no state on this rank", id))
-			return
-		case int(st.Pos[i]) != s.e.State.Tokens:
-			fail(fmt.Errorf("sequence %q is at token %d here, the step is for token %d", id, s.e.State.Tokens, st.Pos[i]))
-			return
-		}
-		ss, states = append(ss, s), append(states, s.e.State)
-		spans = append(spans, kernels.Span{Lo: rows, Hi: rows + n})
-		rows += n
+	ss := make([]*seq, len(p.run))
+	states := make([]*model.SeqState, len(p.run))
+	for k, i := range p.run {
+		ss[k] = w.seqs[st.Seqs[i]]
+		states[k] = ss[k].e.State
 	}
-	t0 := time.Now()
-	ts, err := mesh.DecodeTensors(w.m.Backend, m.Payload, 1+st.Stack, rows, st.Cols)
+	t0 := w.now()
+	ts, err := mesh.DecodeTensors(w.m.Backend, m.Payload, 1+st.Stack, p.rows, st.Cols)
 	if err != nil {
 		fail(err)
 		return
 	}
-	if tr.SentAt > 0 {
-		tr.Mesh[w.cfg.Rank-1] += max(m.At.UnixNano()-tr.SentAt, 0)
-	}
-	tr.Mesh[w.cfg.Rank-1] += int64(time.Since(t0))
+	tr.Mesh[w.cfg.Rank-1] += hopTime(tr.SentAt, m.At) + int64(w.now().Sub(t0))
 
-	t1 := time.Now()
-	b := &model.Batch{Seqs: states, Spans: spans, Partial: ts[0], Stack: ts[1:]}
-	if len(skip) > 0 {
+	t1 := w.now()
+	b := &model.Batch{Seqs: states, Spans: p.spans, Partial: ts[0], Stack: ts[1:]}
+	if len(p.skip) > 0 {
 		// Lay the skipped rows out as sequences of their own and drop them.
-		all := &model.Batch{Partial: b.Partial, Stack: b.Stack}
-		var drop []int
-		for i, j := 0, 0; i < len(spans) || j < len(skip); {
-			if j < len(skip) && (i == len(spans) || skip[j].Lo < spans[i].Lo) {
-				drop = append(drop, len(all.Spans))
-				all.Seqs, all.Spans = append(all.Seqs, nil), append(all.Spans, skip[j])
-				j++
-				continue
+		spans, from := merged(p.spans, p.skip)
+		all := &model.Batch{Partial: b.Partial, Stack: b.Stack, Spans: spans, Seqs: make([]*model.SeqState, len(spans))}
+		for k, i := range from {
+			if i >= 0 {
+				all.Seqs[k] = states[i]
 			}
-			all.Seqs, all.Spans = append(all.Seqs, states[i]), append(all.Spans, spans[i])
-			i++
 		}
-		for k := len(drop) - 1; k >= 0; k-- {
-			w.m.DropSeq(all, drop[k])
+		for k := len(from) - 1; k >= 0; k-- {
+			if from[k] < 0 {
+				w.m.DropSeq(all, k)
+			}
 		}
 		b = all
 	}
-	var keep []bool
 	if len(ss) > 0 {
 		timeAttention(b, phase)
-		keep, err = w.runLayers(b, ids(ss), phase)
+		keep, err := w.runLayers(b, ids(ss), phase)
 		if err != nil {
 			fail(err)
 			return
 		}
-	}
-	for i := len(ss) - 1; i >= 0; i-- {
-		if !keep[i] {
-			ss = slices.Delete(ss, i, i+1) // torn here: never stepped again, its Release follows
-		}
+		ss = kept(ss, keep) // torn here: never stepped again, its Release follows
 	}
 	w.addAttention(&tr, b, ss)
 	if len(ss) == 0 {
 		// Nothing is left to pass on: the head's step ends here, with no
 		// results (it ended the sequences as cancelled).
-		w.stepDone(st.ID, phase, 0, 0, time.Since(t1))
-		w.send(&mesh.Header{Kind: mesh.KindTokens, Epoch: w.epoch, Tokens: &mesh.Tokens{Step: st.ID, Trace: tr}}, nil)
+		w.stepDone(st.ID, phase, 0, 0, w.now().Sub(t1))
+		w.send(stepNext(view, w.epoch, st, tr, nil, 0, nil), nil)
 		return
 	}
 	b.Advance()
@@ -144,39 +101,42 @@ func (w *Worker) onStep(m *mesh.Msg) {
 	}
 	if w.last {
 		results := w.sample(ss, phase, b)
-		compute := time.Since(t1)
+		compute := w.now().Sub(t1)
 		tr.Compute[w.cfg.Rank] = int64(compute)
 		for _, r := range results {
-			if r.Done {
-				// A sequence that leaves a cache entry waits for the
-				// head's Release, as every other rank does, so that all
-				// keep it at the same point of the ring's order.
-				if s := w.seqs[r.Seq]; s != nil && (s.pend == nil || r.Reason == string(ReasonError)) {
-					w.free(s)
-				}
+			if s := w.seqs[r.Seq]; s != nil && freeOnLast(r, s.pend != nil) {
+				w.free(s)
 			}
 		}
-		w.stepDone(st.ID, phase, len(ss), rows, compute)
-		w.send(&mesh.Header{Kind: mesh.KindTokens, Epoch: w.epoch, Tokens: &mesh.Tokens{Step: st.ID, Results: results, Trace: tr}}, nil)
+		w.stepDone(st.ID, phase, len(ss), p.rows, compute)
+		w.send(stepNext(view, w.epoch, st, tr, ids(ss), len(b.Stack), results), nil)
 		return
 	}
-	compute := time.Since(t1)
+	compute := w.now().Sub(t1)
 	tr.Compute[w.cfg.Rank] = int64(compute)
-	w.stepDone(st.ID, phase, len(ss), rows, compute)
-	t2 := time.Now()
+	w.stepDone(st.ID, phase, len(ss), p.rows, compute)
+	t2 := w.now()
 	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
-	tr.Mesh[w.cfg.Rank] += int64(time.Since(t2))
-	next := *st
-	next.Stack, next.Trace = len(b.Stack), tr
-	if len(ss) < len(st.Seqs) {
-		next.Seqs, next.Pos, next.Rows = nil, nil, nil
-		for i, id := range st.Seqs {
-			if slices.ContainsFunc(ss, func(s *seq) bool { return s.id == id }) {
-				next.Seqs, next.Pos, next.Rows = append(next.Seqs, id), append(next.Pos, st.Pos[i]), append(next.Rows, st.Rows[i])
-			}
+	tr.Mesh[w.cfg.Rank] += int64(w.now().Sub(t2))
+	w.send(stepNext(view, w.epoch, st, tr, ids(ss), len(b.Stack), nil), payload)
+}
+
+// view is this rank's rankView.
+func (w *Worker) view() rankView {
+	return rankView{rank: w.cfg.Rank, lo: w.lo, cols: w.m.Cfg.HiddenSize, stack: w.m.Cfg.StackLenBefore(w.lo), last: w.last}
+}
+
+// stepSeqs is this rank's view of the sequences named ids.
+func (w *Worker) stepSeqs(ids []string) map[string]seqView {
+	out := make(map[string]seqView, len(ids))
+	for _, id := range ids {
+		v := seqView{cancelled: w.cancels.has(id)}
+		if s := w.seqs[id]; s != nil && s.e.State != nil {
+			v.held, v.tokens = true, s.e.State.Tokens
 		}
+		out[id] = v
 	}
-	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: &next}, payload)
+	return out
 }
 
 // sample applies the final mix, norm and lm_head after a decode step and
@@ -197,12 +157,12 @@ func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Res
 		}
 		var t0 time.Time
 		if s.matcher != nil {
-			t0 = time.Now()
+			t0 = w.now()
 		}
 		tok, ended, serr := s.draw(logits[i])
 		if s.matcher != nil {
 			w.grammarDraws.Add(1)
-			w.grammarNanos.Add(int64(time.Since(t0)))
+			w.grammarNanos.Add(int64(w.now().Sub(t0)))
 		}
 		if serr != nil {
 			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: %v", w.cfg.Rank, serr)
@@ -210,11 +170,8 @@ func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Res
 		}
 		s.generated++
 		r.Token = tok
-		switch {
-		case s.stop[tok] || ended:
-			r.Done, r.Reason = true, string(ReasonStop)
-		case s.generated >= s.admit.MaxTokens:
-			r.Done, r.Reason = true, string(ReasonLength)
+		if why := sampledEnd(s.stop[tok], ended, s.generated, s.admit.MaxTokens); why != "" {
+			r.Done, r.Reason = true, string(why)
 		}
 	}
 	return out

@@ -101,7 +101,7 @@ func (w *Worker) publish() {
 	w.snap = s
 	w.mu.Unlock()
 
-	if now := time.Now(); now.Sub(w.lastLog) >= 10*time.Second && c.steps != w.logged.steps {
+	if now := w.now(); now.Sub(w.lastLog) >= 10*time.Second && c.steps != w.logged.steps {
 		steps := c.steps - w.logged.steps
 		fields := []zap.Field{zap.Int64("steps", steps), zap.Int("sequences", s.Sequences),
 			zap.Duration("compute_per_step", (c.compute-w.logged.compute)/time.Duration(steps)),

@@ -112,6 +112,7 @@ type Worker struct {
 	last     bool
 	maxSteps int
 	log      *zap.Logger
+	now      func() time.Time // the clock: the loop's only one; the step core takes readings
 	ring     *mesh.Ring
 	dtype    model.DType
 	grammars *grammar.Cache // compiled once per distinct spec
@@ -209,15 +210,16 @@ func Start(cfg Config) (*Worker, error) {
 		dtype = model.BF16
 	}
 	w := &Worker{cfg: cfg, m: cfg.Model, n: len(l.Ranks), lo: spec.Lo, hi: spec.Hi, head: head, last: last,
-		maxSteps: cfg.MicroBatches, dtype: dtype,
+		maxSteps: cfg.MicroBatches, dtype: dtype, now: time.Now,
 		log:   cfg.Log.With(zap.String("group", l.Group), zap.Int("rank", cfg.Rank)),
 		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
 		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
-		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}), lastLog: time.Now(),
+		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}),
 		cancelEnded: map[string]struct{}{}, grammars: grammar.NewCache(16)}
 	if v := cfg.Vocabulary; v != nil && v.Size() != cfg.Model.Cfg.VocabSize {
 		return nil, fmt.Errorf("pipeline: the grammar vocabulary has %d ids, the model %d", v.Size(), cfg.Model.Cfg.VocabSize)
 	}
+	w.lastLog = w.now()
 	for range w.maxSteps {
 		w.slots = append(w.slots, &slot{})
 	}
