@@ -6,12 +6,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,12 +36,7 @@ import (
 const childEnv = "TANDEM_COORDINATOR_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		code := cli.Execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
-		stop()
-		os.Exit(code)
-	}
+	testkit.Child(childEnv, func(ctx context.Context, args []string) int { return cli.Execute(ctx, args, os.Stdout, os.Stderr) })
 	testkit.Main(m)
 }
 

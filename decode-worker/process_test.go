@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -30,16 +29,13 @@ import (
 const childEnv = "TANDEM_DECODE_WORKER_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-		stop()
-		if err != nil {
+	testkit.Child(childEnv, func(ctx context.Context, args []string) int {
+		if err := run(ctx, args, os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintf(os.Stderr, "decode-worker: %v\n", err)
-			os.Exit(1)
+			return 1
 		}
-		os.Exit(0)
-	}
+		return 0
+	})
 	goleak.VerifyTestMain(testkit.Isolated(m))
 }
 
@@ -213,18 +209,8 @@ func (c *cluster) send(ctx context.Context, st *model.SeqState, session string) 
 			place[L] = s.Endpoint
 		}
 	}
-	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: session, Secret: transferSecret, Placement: place,
-		Deadline: time.Now().Add(60 * time.Second)})
-	if err != nil {
-		return err
-	}
-	for _, ls := range st.Layers {
-		if err := snd.PutLayer(ctx, ls); err != nil {
-			snd.Abort(err)
-			return err
-		}
-	}
-	return snd.Close(ctx, st.Tokens)
+	return kvtransfer.SendState(ctx, kvtransfer.SenderConfig{Session: session, Secret: transferSecret, Placement: place,
+		Deadline: time.Now().Add(60 * time.Second)}, st)
 }
 
 func (c *cluster) remote(session string, tokens int) *pipeline.Remote {

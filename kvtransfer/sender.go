@@ -417,3 +417,20 @@ func fatal(err error) bool {
 	var re *remoteError
 	return errors.As(err, &re) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol)
 }
+
+// SendState ships a whole prefilled state under cfg: every layer to its
+// owner, then the commit of st.Tokens tokens. On an error the session is
+// aborted, so the receivers drop what they got.
+func SendState(ctx context.Context, cfg SenderConfig, st *model.SeqState) error {
+	snd, err := NewSender(cfg)
+	if err != nil {
+		return err
+	}
+	for _, ls := range st.Layers {
+		if err := snd.PutLayer(ctx, ls); err != nil {
+			snd.Abort(err)
+			return err
+		}
+	}
+	return snd.Close(ctx, st.Tokens)
+}

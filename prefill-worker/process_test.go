@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -35,16 +34,13 @@ import (
 const childEnv = "TANDEM_PREFILL_WORKER_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-		stop()
-		if err != nil {
+	testkit.Child(childEnv, func(ctx context.Context, args []string) int {
+		if err := run(ctx, args, os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintf(os.Stderr, "prefill-worker: %v\n", err)
-			os.Exit(1)
+			return 1
 		}
-		os.Exit(0)
-	}
+		return 0
+	})
 	testkit.Main(m)
 }
 

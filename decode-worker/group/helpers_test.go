@@ -68,18 +68,8 @@ func (g *Group) send(ctx context.Context, st *model.SeqState, session string) er
 			place[L] = g.Layout.Ranks[r].Endpoint
 		}
 	}
-	snd, err := kvtransfer.NewSender(kvtransfer.SenderConfig{Session: session, Secret: testSecret, Placement: place,
-		Deadline: time.Now().Add(20 * time.Second)})
-	if err != nil {
-		return err
-	}
-	for _, ls := range st.Layers {
-		if err := snd.PutLayer(ctx, ls); err != nil {
-			snd.Abort(err)
-			return err
-		}
-	}
-	return snd.Close(ctx, st.Tokens)
+	return kvtransfer.SendState(ctx, kvtransfer.SenderConfig{Session: session, Secret: testSecret, Placement: place,
+		Deadline: time.Now().Add(20 * time.Second)}, st)
 }
 
 // remote is a Request.Remote for a state of tokens tokens under one session.
