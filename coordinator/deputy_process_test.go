@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +33,7 @@ func TestClientCannotPurgeThroughTheCoordinator(t *testing.T) {
 	port := freePort(t)
 	creds, ids := credentials(t)
 	co := startCoordinator(t, "--model", dir, "--embedded-port", fmt.Sprint(port), "--embedded-data-dir", t.TempDir(),
-		"--embedded-credentials-dir", creds, "--max-running", "1")
+		"--embedded-credentials-dir", creds, "--max-running", "1", "--metrics-listen", "127.0.0.1:0")
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	c := startWorkers(t, dir, url, ids, 1, 3*time.Second)
 
@@ -70,12 +72,16 @@ func TestClientCannotPurgeThroughTheCoordinator(t *testing.T) {
 			sent++
 		}
 	}
-	// Settled: the coordinator logged each request it dropped.
-	const dropped = "client request dropped unanswered"
-	for deadline := time.Now().Add(30 * time.Second); strings.Count(co.log.String(), dropped) < sent; time.Sleep(10 * time.Millisecond) {
+	// Settled: the coordinator counted each request it dropped, and logged
+	// the first five (a flood does not fill its log).
+	base := co.metricsBase(t)
+	for deadline := time.Now().Add(30 * time.Second); droppedTotal(t, base) < sent; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the coordinator logged %d of %d dropped requests", strings.Count(co.log.String(), dropped), sent)
+			t.Fatalf("dropped_requests_total is %d, want %d", droppedTotal(t, base), sent)
 		}
+	}
+	if n := strings.Count(co.log.String(), "client request dropped unanswered"); n != 5 {
+		t.Fatalf("the coordinator logged %d of %d dropped requests, want the first 5", n, sent)
 	}
 	// The queue still holds the jobs not yet done.
 	obs, err := connectAs(ctx, url, ids, cp.PrincipalCoordinator, "observer")
@@ -103,4 +109,30 @@ func TestClientCannotPurgeThroughTheCoordinator(t *testing.T) {
 	}
 	settled(t, url, ids, c)
 	ranOnce(t, c, jobs)
+}
+
+// droppedTotal sums tandem_coordinator_dropped_requests_total over its
+// labels, from the coordinator's /metrics at base.
+func droppedTotal(t *testing.T, base string) int {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "tandem_coordinator_dropped_requests_total{"); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			n += int(v)
+		}
+	}
+	return n
 }
