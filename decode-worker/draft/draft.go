@@ -5,7 +5,10 @@
 // A Drafter guesses the next tokens of a sequence from its tokens so far
 // (prompt then output). A guess costs the model a verification row per
 // token, and sampling.Sampler.Verify keeps the output exactly as without
-// drafts, so a Drafter is free to be wrong: only its hit rate matters.
+// drafts, so a Drafter is free to be wrong: only its hit rate matters. A
+// draft must be a deterministic function of its inputs (a model drafter
+// drafts greedily): Verify's rule is exact for a draft distribution that
+// puts all its mass on the drafted token.
 // PromptLookup drafts from the sequence's own tokens, SessionIndex from
 // earlier turns' token chains, and First tries drafters in order.
 //
