@@ -145,6 +145,24 @@ func (s *Sampler) sample(logits []float32, mask []uint64) (int32, error) {
 		}
 		return int32(best), nil
 	}
+	cand, total, err := s.dist(logits, mask)
+	if err != nil {
+		return 0, err
+	}
+	u := s.rng.Float64() * total
+	acc := 0.0
+	for j, i := range cand {
+		acc += s.w[j]
+		if u < acc {
+			return i, nil
+		}
+	}
+	return cand[len(cand)-1], nil // u rounded up to total
+}
+
+// dist returns the random path's distribution: the candidate ids and their
+// total weight, with their weights in s.w (valid until the next call).
+func (s *Sampler) dist(logits []float32, mask []uint64) ([]int32, float64, error) {
 	bad := -1
 	if mask == nil {
 		for i, x := range logits {
@@ -161,11 +179,11 @@ func (s *Sampler) sample(logits []float32, mask []uint64) (int32, error) {
 		})
 	}
 	if bad >= 0 {
-		return 0, fmt.Errorf("sampling: logit %d is %v", bad, logits[bad])
+		return nil, 0, fmt.Errorf("sampling: logit %d is %v", bad, logits[bad])
 	}
 	cand := s.candidates(logits, mask)
 	if len(cand) == 0 {
-		return 0, fmt.Errorf("sampling: the mask allows no token")
+		return nil, 0, fmt.Errorf("sampling: the mask allows no token")
 	}
 	// Softmax weights relative to the largest candidate, in float64.
 	maxl := logits[cand[0]]
@@ -183,15 +201,7 @@ func (s *Sampler) sample(logits []float32, mask []uint64) (int32, error) {
 	if s.p.TopP > 0 && s.p.TopP < 1 {
 		cand, total = s.nucleus(cand, total)
 	}
-	u := s.rng.Float64() * total
-	acc := 0.0
-	for j, i := range cand {
-		acc += s.w[j]
-		if u < acc {
-			return i, nil
-		}
-	}
-	return cand[len(cand)-1], nil // u rounded up to total
+	return cand, total, nil
 }
 
 // candidates returns the token ids still in play (among those mask
