@@ -365,8 +365,9 @@ func TestPassFloorIsTheReadCostNotAComputeBoundPassWall(t *testing.T) {
 		t.Fatal(n, err)
 	}
 	// The page cache and the load of a shared machine move both by
-	// several times; a compute-bound wall is tens of times more.
-	if st.PassFloor > 20*raw+20*time.Millisecond {
+	// several times (at load 20-30 on 2 cores: 52 ms against 1.3 ms); a
+	// compute-bound wall is seconds here.
+	if st.PassFloor > 20*raw+100*time.Millisecond {
 		t.Fatalf("pass floor %v, a plain read of the same bytes %v", st.PassFloor, raw)
 	}
 	if st.ComputeSamples != 1 || !st.Compute.Known() {
