@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tandem-inference/tandem/kvtransfer"
@@ -185,7 +186,8 @@ func ChannelID(group string, a, b int) string {
 
 // Connect opens the links a group of cfg.Ranks needs (every pair up to
 // DirectMax ranks, the ring's neighbours above): of each pair, the lower
-// rank dials and the higher accepts. It returns them as Config.Links wants
+// rank dials (again while the higher is not yet accepting) and the higher
+// accepts. It returns them as Config.Links wants
 // them.
 func Connect(ctx context.Context, cfg ConnectConfig) ([]Link, error) {
 	n, r := cfg.Ranks, cfg.Rank
@@ -212,7 +214,7 @@ func Connect(ctx context.Context, cfg ConnectConfig) ([]Link, error) {
 			if p < r {
 				ch, err = cfg.Server.AcceptChannel(ctx, ChannelID(cfg.Group, p, r), cfg.Secret)
 			} else {
-				ch, err = kvtransfer.DialChannel(ctx, kvtransfer.ChannelConfig{
+				ch, err = dial(ctx, kvtransfer.ChannelConfig{
 					Transport: cfg.Transport, Addr: cfg.Addrs[p], ID: ChannelID(cfg.Group, r, p),
 					Secret: cfg.Secret, Timeouts: cfg.Timeouts,
 				})
@@ -239,6 +241,24 @@ func Connect(ctx context.Context, cfg ConnectConfig) ([]Link, error) {
 		return nil, first
 	}
 	return links, nil
+}
+
+// dial dials a channel, again while the peer is not yet accepting it or
+// not yet listening, until ctx ends.
+func dial(ctx context.Context, cfg kvtransfer.ChannelConfig) (*kvtransfer.Channel, error) {
+	wait := 5 * time.Millisecond
+	for {
+		ch, err := kvtransfer.DialChannel(ctx, cfg)
+		if err == nil || !errors.Is(err, kvtransfer.ErrUnknownSession) && !errors.Is(err, syscall.ECONNREFUSED) {
+			return ch, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
 }
 
 // hasLowerPeer says rank r has a peer of lower rank, which it accepts.
