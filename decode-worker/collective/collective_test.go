@@ -510,3 +510,24 @@ func TestConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadlineCleared: a call under a deadline, then one without, after
+// the deadline passed: the first's deadline must not linger on the links.
+func TestDeadlineCleared(t *testing.T) {
+	for _, n := range []int{2, 5} {
+		gs := groups(t, tcpLinks(t, n), 0)
+		in := make([][]float32, n)
+		for r := range in {
+			in[r] = make([]float32, 100)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second/10)
+		if _, errs := allReduce(ctx, gs, in); errors.Join(errs...) != nil {
+			t.Fatal(errs)
+		}
+		<-ctx.Done()
+		cancel()
+		if _, errs := allReduce(context.Background(), gs, in); errors.Join(errs...) != nil {
+			t.Fatalf("n=%d: %v", n, errs)
+		}
+	}
+}

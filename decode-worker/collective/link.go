@@ -44,6 +44,8 @@ type StreamLink struct {
 	smu sync.Mutex
 	rmu sync.Mutex
 	hd  [4]byte
+	rdl bool // a read deadline is set (under rmu)
+	wdl bool // a write deadline is set (under smu)
 }
 
 // NewStreamLink returns a StreamLink over c.
@@ -55,16 +57,26 @@ type deadliner interface {
 }
 
 // guard bounds the next I/O on the stream by ctx: its deadline, and a
-// deadline in the past once it ends. It returns the function that ends the
-// guard.
-func (l *StreamLink) guard(ctx context.Context, set func(time.Time) error) func() {
-	if set == nil {
+// deadline in the past once it ends. *armed says a deadline is set; with
+// neither a deadline nor a way to end, it costs nothing. It returns the
+// function that ends the guard.
+func (l *StreamLink) guard(ctx context.Context, set func(time.Time) error, armed *bool) func() {
+	dl, ok := ctx.Deadline()
+	if set == nil || !ok && ctx.Done() == nil {
+		if set != nil && *armed {
+			set(time.Time{})
+			*armed = false
+		}
 		return func() {}
 	}
-	dl, _ := ctx.Deadline()
 	set(dl)
+	*armed = ok
 	stop := context.AfterFunc(ctx, func() { set(time.Unix(1, 0)) })
-	return func() { stop() }
+	return func() {
+		if !stop() {
+			*armed = true // it fired
+		}
+	}
 }
 
 func (l *StreamLink) setters() (r, w func(time.Time) error) {
@@ -97,7 +109,7 @@ func (l *StreamLink) Send(ctx context.Context, frame []byte) error {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	_, set := l.setters()
-	defer l.guard(ctx, set)()
+	defer l.guard(ctx, set, &l.wdl)()
 	var hd [4]byte
 	binary.LittleEndian.PutUint32(hd[:], uint32(len(frame)))
 	bufs := net.Buffers{hd[:], frame}
@@ -115,7 +127,7 @@ func (l *StreamLink) Recv(ctx context.Context, buf []byte) ([]byte, error) {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	set, _ := l.setters()
-	defer l.guard(ctx, set)()
+	defer l.guard(ctx, set, &l.rdl)()
 	if _, err := io.ReadFull(l.c, l.hd[:]); err != nil {
 		return nil, ctxErr(ctx, err)
 	}
