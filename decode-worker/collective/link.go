@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -41,6 +42,7 @@ var ErrFrameTooLong = errors.New("collective: frame longer than expected")
 // blocked calls; other streams see ctx only between messages.
 type StreamLink struct {
 	c   io.ReadWriteCloser
+	br  *bufio.Reader // one read brings a small frame's length and bytes
 	smu sync.Mutex
 	rmu sync.Mutex
 	hd  [4]byte
@@ -49,7 +51,9 @@ type StreamLink struct {
 }
 
 // NewStreamLink returns a StreamLink over c.
-func NewStreamLink(c io.ReadWriteCloser) *StreamLink { return &StreamLink{c: c} }
+func NewStreamLink(c io.ReadWriteCloser) *StreamLink {
+	return &StreamLink{c: c, br: bufio.NewReaderSize(c, 64<<10)}
+}
 
 type deadliner interface {
 	SetReadDeadline(time.Time) error
@@ -128,7 +132,7 @@ func (l *StreamLink) Recv(ctx context.Context, buf []byte) ([]byte, error) {
 	defer l.rmu.Unlock()
 	set, _ := l.setters()
 	defer l.guard(ctx, set, &l.rdl)()
-	if _, err := io.ReadFull(l.c, l.hd[:]); err != nil {
+	if _, err := io.ReadFull(l.br, l.hd[:]); err != nil {
 		return nil, ctxErr(ctx, err)
 	}
 	n := binary.LittleEndian.Uint32(l.hd[:])
@@ -136,7 +140,7 @@ func (l *StreamLink) Recv(ctx context.Context, buf []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %d bytes, at most %d expected", ErrFrameTooLong, n, cap(buf))
 	}
 	buf = buf[:n]
-	if _, err := io.ReadFull(l.c, buf); err != nil {
+	if _, err := io.ReadFull(l.br, buf); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
