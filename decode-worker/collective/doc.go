@@ -58,11 +58,15 @@
 // length is not the expected one is an error, never summed. Receive buffers
 // are sized from the local buffer, never from what a peer announces.
 //
-// Any error (a peer's link closed or failing, a bad frame, ctx ending) ends
-// the call with an error that names the rank it concerns, and breaks the
+// Any error (a peer's link closed or failing, a bad frame, ctx ending while
+// a peer is awaited) ends the call with a *PeerError that names the peer it
+// concerns, and breaks the
 // Group: it closes its links, so that the peers' calls fail too instead of
-// waiting, and every later call returns the same error. A broken group is
-// rebuilt from new links.
+// waiting, and every later call fails with ErrBroken and that error. A
+// broken group is rebuilt from new links.
+//
+// Stats reports the calls' latencies (the last, the largest, the total), for
+// a caller that reports them per step.
 //
 // # Links
 //
