@@ -259,8 +259,7 @@ func (g *Group) direct(ctx context.Context, buf []float32) error {
 				fail(err)
 				return
 			}
-			g.val[p] = grow(g.val[p], n)
-			getF32(g.val[p], pl)
+			g.val[p] = viewF32(g.val[p], pl, n)
 		}()
 	}
 	wg.Wait()

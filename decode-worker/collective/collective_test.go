@@ -531,3 +531,18 @@ func TestDeadlineCleared(t *testing.T) {
 		}
 	}
 }
+
+// TestViewF32 covers both the in-place view and the copy of a misaligned
+// payload.
+func TestViewF32(t *testing.T) {
+	want := []float32{1.5, -2, float32(math.Inf(-1))}
+	raw := make([]byte, 1+4*len(want))
+	for _, off := range []int{0, 1} {
+		p := raw[off : off+4*len(want)]
+		putF32(p, want)
+		got := viewF32(nil, p, len(want))
+		if sameBits(got, want) >= 0 {
+			t.Errorf("offset %d: %v, want %v", off, got, want)
+		}
+	}
+}

@@ -148,3 +148,18 @@ func getF64(dst []float64, src []byte) {
 		dst[i] = math.Float64frombits(binary.LittleEndian.Uint64(src[8*i:]))
 	}
 }
+
+// viewF32 returns payload's n float32 values: payload itself where the host
+// is little-endian and payload is aligned for float32, else a copy in
+// scratch (grown to n).
+func viewF32(scratch []float32, payload []byte, n int) []float32 {
+	if n == 0 {
+		return scratch[:0]
+	}
+	if littleEndian && uintptr(unsafe.Pointer(&payload[0]))%unsafe.Alignof(float32(0)) == 0 {
+		return unsafe.Slice((*float32)(unsafe.Pointer(&payload[0])), n)
+	}
+	scratch = grow(scratch, n)
+	getF32(scratch, payload)
+	return scratch
+}
