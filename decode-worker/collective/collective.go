@@ -139,7 +139,8 @@ func (g *Group) Close() error {
 
 // AllReduce replaces buf with the element-wise sum of every rank's buf, in
 // the order the package documentation states. Every rank must call it with a
-// buffer of the same length.
+// buffer of the same length. A peer that stalls without closing its link
+// holds the call until ctx ends: give ctx a deadline to bound it.
 func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
