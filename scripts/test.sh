@@ -95,8 +95,8 @@ fi
 echo "== go test -race (concurrent packages)"
 go test -race -short -timeout 20m $(go list ./... | grep -E '/(kvtransfer|controlplane|prefill-worker|decode-worker|coordinator)(/|$)' || true)
 
-echo "== go test -race: kvtransfer's suites and the mesh over the RDMA link on fake verbs"
-KVTRANSFER_TRANSPORT=rdma-fake go test -race -short -timeout 20m ./kvtransfer/ ./decode-worker/mesh/
+echo "== go test -race: kvtransfer's suites, the mesh and the collective over the RDMA link on fake verbs"
+KVTRANSFER_TRANSPORT=rdma-fake go test -race -short -timeout 20m ./kvtransfer/ ./decode-worker/mesh/ ./decode-worker/collective/
 
 echo "== fuzz (every target, 3000 inputs each)"
 # A count, not a duration: with -fuzztime 2s, Go 1.26's fuzzing coordinator
