@@ -167,7 +167,12 @@ func slotsHeldDuringATransfer(t *testing.T, local string) {
 	attacked := transfer("attacked")
 	t.Logf("transfer on an idle server %v, while a peer on %s holds its handshake slots %v (%d of its connections closed unanswered)",
 		baseline, local, attacked, srv.Stats().HandshakesEvicted)
-	if attacked-baseline > time.Second {
+	// Not starved: the transfer completes well inside its deadline. A
+	// quiet machine adds tens of milliseconds; a loaded 2-core one, where
+	// the holder's churn outpaces the sender's answers and the sender
+	// redials, a few seconds (3.7 s at load 20); before the eviction rule
+	// the stall was 28.5 s.
+	if attacked-baseline > 10*time.Second {
 		t.Fatalf("a slot-holding peer delayed the transfer by %v (idle %v, attacked %v)", attacked-baseline, baseline, attacked)
 	}
 }
