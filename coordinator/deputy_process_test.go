@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -115,17 +113,9 @@ func TestClientCannotPurgeThroughTheCoordinator(t *testing.T) {
 // labels, from the coordinator's /metrics at base.
 func droppedTotal(t *testing.T, base string) int {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b := testkit.Get(t, base+"/metrics")
 	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(b, "\n") {
 		if rest, ok := strings.CutPrefix(line, "tandem_coordinator_dropped_requests_total{"); ok {
 			var v float64
 			if _, err := fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v); err != nil {

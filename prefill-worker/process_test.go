@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -95,28 +94,13 @@ func (c *child) metricsURL(t *testing.T) string {
 	}
 }
 
-// get fetches base+path and returns the status and body.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
 // waitReadyz polls /readyz until its status is want (and, for a 503, its
 // text has contains).
 func (c *child) waitReadyz(t *testing.T, base string, want int, contains string) {
 	t.Helper()
 	deadline := time.After(60 * time.Second)
 	for {
-		code, body := get(t, base+"/readyz")
+		code, body := testkit.Get(t, base+"/readyz")
 		if code == want && strings.Contains(body, contains) {
 			return
 		}
@@ -142,7 +126,7 @@ func TestShutdownAfterNATSDies(t *testing.T) {
 		"--registry-ttl", "2s", "--log-format", "json", "--metrics-listen", "127.0.0.1:0",
 		"--drain-grace", drainGrace.String(), "--shutdown-grace", shutdownGrace.String())
 	base := w.metricsURL(t)
-	if code, body := get(t, base+"/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
+	if code, body := testkit.Get(t, base+"/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
 	w.waitReadyz(t, base, http.StatusOK, "ready")

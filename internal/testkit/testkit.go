@@ -7,6 +7,8 @@ package testkit
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -60,4 +62,20 @@ func Start[T interface{ Close() error }](tb testing.TB, start func() (T, error))
 	}
 	tb.Cleanup(func() { _ = v.Close() })
 	return v
+}
+
+// Get fetches url and returns its status and body, failing the test when
+// the request cannot be made.
+func Get(tb testing.TB, url string) (int, string) {
+	tb.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }
