@@ -94,13 +94,17 @@ func TestCacheCommands(t *testing.T) {
 	// finish their part, which may come after the job's final event.
 	await := func(what string, cond func(map[string]*cp.CacheReply) bool) map[string]*cp.CacheReply {
 		t.Helper()
+		// Entries settle within milliseconds of a job's end: two minutes
+		// is a hang, reported with what the caches hold.
+		actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
 		for {
 			l := list()
 			if cond(l) {
 				return l
 			}
 			select {
-			case <-ctx.Done():
+			case <-actx.Done():
 				b, _ := json.MarshalIndent(l, "", "  ")
 				t.Fatalf("waiting for %s: the caches hold\n%s", what, b)
 			case <-time.After(50 * time.Millisecond):
