@@ -17,6 +17,9 @@ import (
 // (random weights, temperature 1), comes back as a reply that parses into
 // a call of the declared tool whose arguments validate.
 func TestControlPlaneGrammar(t *testing.T) {
+	if testing.Short() {
+		t.Skip("decode-worker processes over NATS; -short (TestGrammarToolCalls in decode-worker/group covers the group)")
+	}
 	dir := testmodel.Dir(t, "demo", 1, 2)
 	tok, err := tokenizer.Load(dir)
 	if err != nil {

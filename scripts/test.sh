@@ -73,7 +73,9 @@ echo "== go test for GOARCH=arm64 under qemu-user (the decode workers' architect
 # sparse layout (TestK3SparseIsTheRelease, ~3 min alone), the group's
 # batching test and kvtransfer's round trips, whose 10-20 s transfer
 # deadlines pass under emulation (TestBatchedSequences, TestRoundTrip, and
-# the append transfer's TestAppend), the group's prefix-cache tests
+# the append transfer's TestAppend), the group's grammar-held replies
+# (TestGrammarToolCalls: pure Go masks and the sampler, both tested here
+# in their own packages; 100 s emulated), the group's prefix-cache tests
 # (TestPrefixCache*, TestRemoteSuffix: their 60 s contexts ran out emulated
 # on the loaded machine; the cache's own package runs), and a
 # comparison of two timings (TestSlotHoldingPeerDoesNotStarveTransfers).
@@ -87,7 +89,7 @@ if [ "$(go env GOARCH)" != arm64 ] && command -v qemu-aarch64-static >/dev/null;
 	arm64_pkgs="$(go list ./internal/expmath ./mxfp ./kernels/cpu ./model/... ./tokenizer/... ./kvtransfer/... ./decode-worker/... |
 		grep -vE '/(kvtransfer/rdma|kvtransfer/rdma/sysverbs|decode-worker)$')"
 	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m \
-		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers)$' $arm64_pkgs
+		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers|TestGrammarToolCalls)$' $arm64_pkgs
 else
 	echo "skipped: qemu-aarch64-static not found (scripts/setup.sh installs Debian's qemu-user-static)" >&2
 fi

@@ -103,6 +103,9 @@ func TestSubmitChatFile(t *testing.T) {
 // (coordinator/openai/testdata/client/chat.mjs: thinking streamed as
 // reasoning_content, required calls and strict JSON valid on three seeds).
 func TestServeWithTheOpenAISDK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("node client; -short (the race run covers the same handlers with Go clients)")
+	}
 	sdkDir := filepath.Join("..", "openai", "testdata", "client")
 	node, err := exec.LookPath("node")
 	if _, serr := os.Stat(filepath.Join(sdkDir, "node_modules", "openai", "package.json")); err != nil || serr != nil {
