@@ -70,7 +70,10 @@ type simOutput struct {
 	// Agent is a session's next turn by setup, without and with the prefix
 	// caches (see agentTurn).
 	Agent map[string]simAgent `json:"agent_turn"`
-	Out   string              `json:"out,omitempty"`
+	// Speculative is one stream's decode on the decode group with drafts,
+	// by per-token acceptance rate (see speculate).
+	Speculative []simSpec `json:"speculative_decode"`
+	Out         string    `json:"out,omitempty"`
 }
 
 // simBreakdown splits an idle job's TTFT (seconds).
@@ -172,6 +175,7 @@ func runSim(ctx context.Context, f simConfig) error {
 		return err
 	}
 	r.agentTurns()
+	r.speculate()
 	if err := r.comparePolicies(ctx); err != nil {
 		return err
 	}
@@ -355,7 +359,8 @@ func (r *simRun) comparePolicies(ctx context.Context) error {
 func (r *simRun) write() error {
 	f := r.cfg
 	tables := simTables(&r.out, r.order, r.lengths, r.setups, r.policies)
-	tables = append(tables, agentTable(r.m.Name, f.agentHistory, f.agentNew, r.agentOrder(), r.out.Agent))
+	tables = append(tables, agentTable(r.m.Name, f.agentHistory, f.agentNew, r.agentOrder(), r.out.Agent),
+		specTable(r.m.Name, r.macs.Name, r.out.Speculative))
 	for _, t := range tables {
 		if err := t.Write(os.Stdout); err != nil {
 			return err

@@ -193,44 +193,14 @@ func (m *Model) FreeBatch(b *Batch) {
 // the last prompt token as a decode step (what the decode group does first)
 // and returns the state and that step's logits.
 func (m *Model) Start(ctx context.Context, prompt []int32) (*SeqState, []float32, error) {
-	if len(prompt) == 0 {
-		return nil, nil, fmt.Errorf("model: empty prompt")
-	}
-	s := m.NewState(0, m.Cfg.NumLayers)
-	if len(prompt) > 1 {
-		if err := m.PrefillState(ctx, []*SeqState{s}, [][]int32{prompt[:len(prompt)-1]}); err != nil {
-			return nil, nil, err
-		}
-	}
-	logits, err := m.Decode(ctx, []*SeqState{s}, prompt[len(prompt)-1:])
-	if err != nil {
-		return nil, nil, err
-	}
-	return s, logits[0], nil
+	return m.StartMedia(ctx, prompt, nil)
 }
 
 // Generate greedily generates n tokens after prompt, by Start and then one
 // decode step per token. The prefill worker + decode group must reproduce
 // it exactly.
 func (m *Model) Generate(ctx context.Context, prompt []int32, n int) ([]int32, error) {
-	s, logits, err := m.Start(ctx, prompt)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]int32, 0, n)
-	for len(out) < n {
-		next := int32(Argmax(logits))
-		out = append(out, next)
-		if len(out) == n {
-			break
-		}
-		l, err := m.Decode(ctx, []*SeqState{s}, []int32{next})
-		if err != nil {
-			return nil, err
-		}
-		logits = l[0]
-	}
-	return out, nil
+	return m.GenerateMedia(ctx, prompt, nil, n)
 }
 
 // Argmax returns the index of the largest value (the first on ties).

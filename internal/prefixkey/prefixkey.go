@@ -94,3 +94,34 @@ func Snapshots(from, end, stride int) []int {
 	}
 	return append(out, last)
 }
+
+// Image is an image's place in a prompt, for the keys: its pad run
+// [At, At+Len) and the hash of its preprocessed pixels.
+type Image struct {
+	At, Len int
+	Hash    [32]byte
+}
+
+// Fold returns the prompt as the cache keys see it: each image's pad run
+// replaced by words of the image's hash. Two images of one size have the
+// same pad ids, so without this a prompt about one image would resume from
+// the state of a prompt about another. The words have the sign bit set, so
+// they are never token ids (which are >= 0) and a folded prompt never
+// matches a plain one; position k of a run takes word k mod 8, so a run of
+// 8 rows or more carries the whole hash (31 bits of it a row). tokens is
+// not changed; with no images it is returned as is. Runs outside tokens
+// are cut to it.
+func Fold(tokens []int32, imgs []Image) []int32 {
+	if len(imgs) == 0 {
+		return tokens
+	}
+	out := make([]int32, len(tokens))
+	copy(out, tokens)
+	for _, im := range imgs {
+		for k := max(im.At, 0); k < min(im.At+im.Len, len(out)); k++ {
+			j := (k - im.At) % 8
+			out[k] = int32(binary.LittleEndian.Uint32(im.Hash[4*j:]) | 1<<31)
+		}
+	}
+	return out
+}

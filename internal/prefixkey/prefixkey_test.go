@@ -41,3 +41,44 @@ func TestLongest(t *testing.T) {
 		t.Errorf("a mislabelled link matched %d tokens", got)
 	}
 }
+
+// TestFoldKeysImagesByHash: two prompts that differ only in which image of
+// one size they hold get different links from the image's block on and the
+// same before it; the same image gets the same links; the prompt itself is
+// left alone.
+func TestFoldKeysImagesByHash(t *testing.T) {
+	salt := Salt("m", 2)
+	p := seq(300, 3)
+	for k := 100; k < 140; k++ {
+		p[k] = 21 // the pad run
+	}
+	a, b := Image{At: 100, Len: 40}, Image{At: 100, Len: 40}
+	a.Hash[0], b.Hash[0] = 1, 2
+	fa, fb, fa2 := Fold(p, []Image{a}), Fold(p, []Image{b}), Fold(p, []Image{a})
+	if p[100] != 21 {
+		t.Fatal("Fold changed its input")
+	}
+	ca, cb, ca2, plain := Chain(SHA256, salt, fa), Chain(SHA256, salt, fb), Chain(SHA256, salt, fa2), Chain(SHA256, salt, p)
+	if ca[0] != cb[0] || ca[0] != plain[0] {
+		t.Fatal("the block before the image differs")
+	}
+	for i := 1; i < len(ca); i++ {
+		if ca[i] == cb[i] {
+			t.Fatalf("link %d is the same for two different images", i)
+		}
+		if ca[i] == plain[i] {
+			t.Fatalf("link %d of the folded prompt is the plain prompt's", i)
+		}
+		if ca[i] != ca2[i] {
+			t.Fatalf("link %d differs for the same image", i)
+		}
+	}
+	for k := 100; k < 140; k++ {
+		if fa[k] >= 0 {
+			t.Fatalf("folded position %d is %d, a token id", k, fa[k])
+		}
+	}
+	if q := Fold(p, nil); &q[0] != &p[0] {
+		t.Fatal("a prompt without images was copied")
+	}
+}
