@@ -52,8 +52,17 @@ type Assignment struct {
 	// them, and says so in its reply); on the prefill assignment it is
 	// what the group took. A positive multiple of 64 below the remote
 	// part's length, or 0.
-	AppendTokens int      `msgpack:"append_tokens,omitempty" json:"append_tokens,omitempty"`
-	Sampling     Sampling `msgpack:"sampling" json:"sampling"`
+	AppendTokens int `msgpack:"append_tokens,omitempty" json:"append_tokens,omitempty"`
+	// Images are the job's images (the encoded files, as submitted), in
+	// prompt order: the i-th run of <|media_pad|> ids in the prompt this
+	// assignment shows (CachedTokenIDs then TokenIDs on a decode
+	// assignment, TokenIDs on a prefill one) is Images[i]; the worker that
+	// prefills a run replaces its rows' embeddings with that image's
+	// features. Sent to the prefill worker, and to the decode group's
+	// head when it sees the prompt (a local job, or cached_token_ids); the
+	// coordinator never leaves pad ids in a remote job's decode part.
+	Images   [][]byte `msgpack:"images,omitempty" json:"images,omitempty"`
+	Sampling Sampling `msgpack:"sampling" json:"sampling"`
 	// Placement lists the decode group's ranks in order; their layer ranges
 	// tile [0, layers) without gaps.
 	Placement []LayerPlacement `msgpack:"placement" json:"placement"`
@@ -125,6 +134,9 @@ func (a *Assignment) Validate() error {
 		}
 	}
 	if err := a.Sampling.validate(msg + ".sampling"); err != nil {
+		return err
+	}
+	if err := checkImages(msg, a.Images); err != nil {
 		return err
 	}
 	if len(a.Placement) == 0 {

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -169,7 +170,10 @@ func decodeJSON(data []byte, m Message, name string) error {
 func explainJSON(err error) string {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
+	var b64 base64.CorruptInputError
 	switch {
+	case errors.As(err, &b64):
+		return fmt.Sprintf("a binary field (images) is not valid base64: illegal data at its byte %d", int64(b64))
 	case errors.Is(err, io.EOF):
 		return "empty input, want a JSON object"
 	case errors.Is(err, io.ErrUnexpectedEOF):

@@ -49,7 +49,7 @@ func sampleMessages() []Message {
 			Placement: []LayerPlacement{
 				{Rank: 0, WorkerID: "mac-0", Layers: LayerRange{0, 30}, Transfer: "h0:1", SessionID: "s-0", Secret: make([]byte, SecretSize)},
 				{Rank: 1, WorkerID: "mac-1", Layers: LayerRange{30, 61}, Transfer: "h1:1", SessionID: "s-1", Secret: NewSecret()}},
-			Deadline: when},
+			Deadline: when, Images: [][]byte{{0x89, 'P', 'N', 'G'}}},
 		&AssignReply{JobID: "j-abc", WorkerID: "gpu-0", Accepted: true, ReservedBytes: 1 << 20},
 		&AssignReply{JobID: "j-abc", WorkerID: "mac-1", Error: "not enough memory: need 8 GiB, 2 GiB free", Code: CodeUnavailable},
 		&Progress{JobID: "j-abc", WorkerID: "gpu-0", Stage: StatePrefilling, Time: when, Layers: &LayerProgress{Done: 1, Total: 61}, Tokens: 300000, Bytes: 1 << 27,
@@ -70,6 +70,9 @@ func sampleMessages() []Message {
 		&SubmitRequest{Prompt: "Hello", Sampling: Sampling{Grammar: &grammar.Spec{Mode: grammar.ModeToolCall, Thinking: true, ThinkBudget: 64, Tool: "f",
 			Tools: []grammar.Tool{{Name: "f", Parameters: json.RawMessage(`{"type":"object"}`)}, {Name: "g"}}}}},
 		&SubmitRequest{Prompt: "Hello", Sampling: Sampling{Grammar: &grammar.Spec{Mode: grammar.ModeJSONSchema, Schema: json.RawMessage(`{"type":"array"}`)}}},
+		&SubmitRequest{Messages: []ChatMessage{{Role: "user", Parts: []ContentPart{{Type: PartText, Text: "what is this?"}, {Type: PartImage}}}},
+			Images: [][]byte{[]byte("\x89PNG\r\n\x1a\n...")}},
+		&SubmitRequest{TokenIDs: []int32{7, 9, 9, 9, 8}, Images: [][]byte{{0xff, 0xd8, 0xff}}},
 	}
 }
 
@@ -244,6 +247,18 @@ func TestMalformedSubmissions(t *testing.T) {
 		{"negative seed", MsgPack, mp(map[string]any{"prompt": "x", "seed": -1}), `"seed": integer -1 is out of range for uint64`},
 		{"max_tokens 2^63+5", MsgPack, mp(map[string]any{"prompt": "x", "max_tokens": uint64(1<<63 + 5)}), `"max_tokens": integer 9223372036854775813 is out of range for int`},
 		{"oversized", MsgPack, make([]byte, MaxMessageSize+1), "at most"},
+		{"images with a text prompt", JSON, []byte(`{"prompt":"x","images":["iVBORw0K"]}`), "images: are given with a text prompt"},
+		{"images not base64", JSON, []byte(`{"token_ids":[1],"images":["not base64!"]}`), "not valid base64"},
+		{"empty image", JSON, []byte(`{"token_ids":[1],"images":[""]}`), "images[0]: is empty"},
+		{"more images than parts", JSON, []byte(`{"messages":[{"role":"user","parts":[{"type":"image"}]}],"images":["AQ==","AQ=="]}`), "2 images for 1 image parts"},
+		{"image part without image", JSON, []byte(`{"messages":[{"role":"user","parts":[{"type":"text","text":"a"},{"type":"image"}]}]}`), "0 images for 1 image parts"},
+		{"parts and content", JSON, []byte(`{"messages":[{"role":"user","content":"x","parts":[{"type":"text","text":"a"}]}]}`), "messages[0].parts: are given with content"},
+		{"bad part type", JSON, []byte(`{"messages":[{"role":"user","parts":[{"type":"audio"}]}]}`), `messages[0].parts[0].type: is "audio"`},
+		{"text on an image part", JSON, []byte(`{"messages":[{"role":"user","parts":[{"type":"image","text":"x"}]}],"images":["AQ=="]}`), "parts[0].text: is given on an image part"},
+		{"too many images", MsgPack, mp(map[string]any{"token_ids": []int32{1}, "images": make([][]byte, MaxImages+1)}), "at most 64 allowed"},
+		{"image of wrong type msgpack", MsgPack, mp(map[string]any{"token_ids": []int32{1}, "images": []any{7}}), "images[0]"},
+		{"huge bin header", MsgPack, []byte("\x82\xa9token_ids\x91\x01\xa6images\x91\xc6\x7f\xff\xff\xff"), "SubmitRequest"},
+		{"huge image count", MsgPack, []byte("\x82\xa9token_ids\x91\x01\xa6images\xdd\x7f\xff\xff\xff\xc4\x01\x01"), "overruns"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r SubmitRequest

@@ -22,6 +22,11 @@ const (
 	MaxStopTextBytes     = 256
 	MaxIdempotencyKeyLen = 256
 	MaxTemperature       = 100
+	// MaxImages bounds the images of one submission or assignment; the
+	// coordinator's own limit (images.max_per_request) is usually lower.
+	MaxImages = 64
+	// MaxParts bounds the content parts of one chat turn.
+	MaxParts = 1024
 )
 
 // Policy says how the coordinator routes a job.
@@ -94,7 +99,11 @@ func (s *Sampling) validate(msg string) error {
 type ChatMessage struct {
 	Role    string `msgpack:"role" json:"role"`
 	Content string `msgpack:"content" json:"content"`
-	Name    string `msgpack:"name,omitempty" json:"name,omitempty"`
+	// Parts, instead of Content, give a turn of text and images in order
+	// (OpenAI's content parts): the i-th image part of the whole chat is
+	// the submission's Images[i].
+	Parts []ContentPart `msgpack:"parts,omitempty" json:"parts,omitempty"`
+	Name  string        `msgpack:"name,omitempty" json:"name,omitempty"`
 	// ReasoningContent is an assistant turn's thinking.
 	ReasoningContent string `msgpack:"reasoning_content,omitempty" json:"reasoning_content,omitempty"`
 	// ToolCalls are the calls an assistant turn made (after its content).
@@ -104,6 +113,19 @@ type ChatMessage struct {
 	ToolCallID string `msgpack:"tool_call_id,omitempty" json:"tool_call_id,omitempty"`
 	Tool       string `msgpack:"tool,omitempty" json:"tool,omitempty"`
 }
+
+// ContentPart is one part of a turn's content: {"type": "text", "text":
+// ...} or {"type": "image"} (the next of the submission's images).
+type ContentPart struct {
+	Type string `msgpack:"type" json:"type"`
+	Text string `msgpack:"text,omitempty" json:"text,omitempty"`
+}
+
+// Part types.
+const (
+	PartText  = "text"
+	PartImage = "image"
+)
 
 // ToolCall is one function call of an assistant turn: the call's id (the
 // tool turn that answers it names it), the function and its arguments as
@@ -144,7 +166,14 @@ type SubmitRequest struct {
 	ToolChoice      string `msgpack:"tool_choice,omitempty" json:"tool_choice,omitempty"`
 	ResponseFormat  string `msgpack:"response_format,omitempty" json:"response_format,omitempty"`
 	ThinkingBudget  int    `msgpack:"thinking_budget,omitempty" json:"thinking_budget,omitempty"`
-	Sampling        `msgpack:",inline"`
+	// Images are the prompt's images, the encoded files as the user sent
+	// them (PNG, JPEG, GIF or WebP; msgpack bin, base64 in JSON), in
+	// prompt order: with messages, the i-th image part is Images[i]; with
+	// token_ids, the i-th run of <|media_pad|> ids is (the coordinator
+	// checks that each run is as long as its image's feature rows). Not
+	// with a text prompt.
+	Images   [][]byte `msgpack:"images,omitempty" json:"images,omitempty"`
+	Sampling `msgpack:",inline"`
 	// IdempotencyKey makes a submission safe to retry: every submission
 	// with the same key within the queue's duplicate window runs once and
 	// is answered with the same job id.
@@ -185,6 +214,15 @@ func (r *SubmitRequest) Validate() error {
 	}
 	if err := validateChat(msg, r.Messages); err != nil {
 		return err
+	}
+	if err := checkImages(msg, r.Images); err != nil {
+		return err
+	}
+	if len(r.Images) > 0 && r.Prompt != "" {
+		return fieldErr(msg, "images", "are given with a text prompt: images go in messages (image parts) or with token_ids (one <|media_pad|> run each)")
+	}
+	if n := imageParts(r.Messages); len(r.Messages) > 0 && n != len(r.Images) {
+		return fieldErr(msg, "images", "has %d images for %d image parts in messages: give one image per part, in order", len(r.Images), n)
 	}
 	if r.Tools != "" {
 		if len(r.Messages) == 0 {
@@ -273,14 +311,72 @@ func validateChat(msg string, turns []ChatMessage) error {
 			}
 			total += len(c.Arguments)
 		}
-		total += len(m.Content) + len(m.ReasoningContent)
-		content = content || strings.TrimSpace(m.Content) != ""
+		n, err := checkParts(msg, field, &m)
+		if err != nil {
+			return err
+		}
+		total += len(m.Content) + len(m.ReasoningContent) + n
+		content = content || strings.TrimSpace(m.Content) != "" || len(m.Parts) > 0
 	}
 	if total > MaxPromptBytes {
 		return fieldErr(msg, "messages", "hold %d bytes of content, at most %d allowed", total, MaxPromptBytes)
 	}
 	if len(turns) > 0 && !content {
 		return fieldErr(msg, "messages", "empty prompt: every turn's content is empty")
+	}
+	return nil
+}
+
+// checkParts checks a turn's content parts and returns their text bytes.
+func checkParts(msg, field string, m *ChatMessage) (int, error) {
+	if len(m.Parts) == 0 {
+		return 0, nil
+	}
+	switch {
+	case m.Content != "":
+		return 0, fieldErr(msg, field+".parts", "are given with content: give one of them")
+	case len(m.Parts) > MaxParts:
+		return 0, fieldErr(msg, field+".parts", "has %d parts, at most %d allowed", len(m.Parts), MaxParts)
+	}
+	n := 0
+	for j, p := range m.Parts {
+		pf := fmt.Sprintf("%s.parts[%d]", field, j)
+		switch {
+		case p.Type == PartImage && p.Text != "":
+			return 0, fieldErr(msg, pf+".text", "is given on an image part")
+		case p.Type != PartText && p.Type != PartImage:
+			return 0, fieldErr(msg, pf+".type", "is %q, must be text or image", p.Type)
+		case !utf8.ValidString(p.Text):
+			return 0, fieldErr(msg, pf+".text", "is not valid UTF-8")
+		}
+		n += len(p.Text)
+	}
+	return n, nil
+}
+
+// imageParts counts the image parts of a chat.
+func imageParts(turns []ChatMessage) int {
+	n := 0
+	for _, m := range turns {
+		for _, p := range m.Parts {
+			if p.Type == PartImage {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// checkImages bounds a message's images: their number, and no empty one
+// (the message size bounds their bytes).
+func checkImages(msg string, images [][]byte) error {
+	if len(images) > MaxImages {
+		return fieldErr(msg, "images", "has %d images, at most %d allowed", len(images), MaxImages)
+	}
+	for i, im := range images {
+		if len(im) == 0 {
+			return fieldErr(msg, fmt.Sprintf("images[%d]", i), "is empty: want the encoded image file")
+		}
 	}
 	return nil
 }

@@ -90,9 +90,12 @@ func (m *Model) NewBatch(seqs []*SeqState, tokens [][]int32) (*Batch, error) {
 }
 
 // Advance records that every sequence consumed its rows (after the last
-// layer this holder runs).
+// layer this holder runs); a sequence with a verify step pending waits for
+// Model.Commit instead.
 func (b *Batch) Advance() {
 	for i, s := range b.Seqs {
-		s.Tokens += b.Spans[i].Len()
+		if s.verify == nil {
+			s.Tokens += b.Spans[i].Len()
+		}
 	}
 }

@@ -17,18 +17,9 @@ func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, ph
 	proj := func(w *kernels.Matrix) *kernels.Tensor { return m.linear(x, w) }
 	qp, kp, vp := proj(w.QProj), proj(w.KProj), proj(w.VProj)
 	q, k, v := be.NewTensor(T, P), be.NewTensor(T, P), be.NewTensor(T, P)
-	K1 := w.QConv.Cols - 1
+	pend := m.startVerify(L, b, phase)
 	for i, s := range b.Seqs {
-		ls := s.Layers[L]
-		for _, c := range []struct {
-			dst, src, w *kernels.Tensor
-			part        PartKind
-		}{{q, qp, w.QConv, PartConvQ}, {k, kp, w.KConv, PartConvK}, {v, vp, w.VConv, PartConvV}} {
-			host := ls.Part(c.part).F32()
-			tail := be.AttachState(host, P, K1)
-			be.ShortConvSiLU(c.dst, c.src, b.Spans[i], c.w, tail)
-			be.DetachState(tail, host)
-		}
+		m.kdaConvs(s.Layers[L], w, b.Spans[i], pend[i], [3]*kernels.Tensor{q, k, v}, [3]*kernels.Tensor{qp, kp, vp})
 	}
 	free(be, qp, kp, vp)
 
@@ -50,10 +41,22 @@ func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, ph
 		chunk = 0
 	}
 	for i, s := range b.Seqs {
-		host := s.Layers[L].Part(PartKDAState).F32()
+		sp, host := b.Spans[i], s.Layers[L].Part(PartKDAState).F32()
+		var sc *[]float32
+		if lp := pend[i]; lp != nil {
+			// A verify span: keep its delta-rule inputs for Commit and
+			// run on a copy of S.
+			n := sp.Len()
+			lp.k, lp.v, lp.g, lp.beta = m.keepRows(k, sp.Lo, n), m.keepRows(v, sp.Lo, n), m.keepRows(g, sp.Lo, n), m.keepRows(beta, sp.Lo, n)
+			sc = scratch(host)
+			host = *sc
+		}
 		S := be.AttachState(host, H*D, D)
-		be.KDA(o, q, k, v, g, beta, b.Spans[i], S, H, D, D, chunk)
+		be.KDA(o, q, k, v, g, beta, sp, S, H, D, D, chunk)
 		be.DetachState(S, host)
+		if sc != nil {
+			putScratch(sc)
+		}
 	}
 	free(be, q, k, v, g, beta)
 
@@ -66,6 +69,28 @@ func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, ph
 	be.MatMul(y, o, w.OProj)
 	be.Free(o)
 	return y
+}
+
+// kdaConvs runs the three short convs of one sequence's rows, continuing
+// from and updating its conv tails; a verify span (lp not nil) keeps its
+// pre-conv inputs for Commit and runs on copies of the tails.
+func (m *Model) kdaConvs(ls *LayerState, w *KDAWeights, span kernels.Span, lp *layerPending, dst, src [3]*kernels.Tensor) {
+	be, P, K1 := m.Backend, m.Cfg.KDAProjDim(), w.QConv.Cols-1
+	for j, cw := range []*kernels.Tensor{w.QConv, w.KConv, w.VConv} {
+		host := ls.Part(PartConvQ + PartKind(j)).F32()
+		var sc *[]float32
+		if lp != nil {
+			lp.conv[j] = m.keepRows(src[j], span.Lo, span.Len())
+			sc = scratch(host)
+			host = *sc
+		}
+		tail := be.AttachState(host, P, K1)
+		be.ShortConvSiLU(dst[j], src[j], span, cw, tail)
+		be.DetachState(tail, host)
+		if sc != nil {
+			putScratch(sc)
+		}
+	}
 }
 
 // free returns temporaries to the backend.

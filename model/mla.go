@@ -31,10 +31,14 @@ func (m *Model) mlaForward(L int, w *MLAWeights, x *kernels.Tensor, b *Batch, ph
 
 	o := be.NewTensor(T, H*c.VHeadDim)
 	scale := float32(1 / math.Sqrt(float64(c.QHeadDim())))
+	pend := m.startVerify(L, b, phase)
 	for i, s := range b.Seqs {
 		span := b.Spans[i]
 		part := s.Layers[L].Part(PartLatent)
 		old := part.Shape[0]
+		if lp := pend[i]; lp != nil {
+			lp.latent = old // Commit cuts the cache back to the accepted rows
+		}
 		growLatent(part, span.Len(), lat)
 		cache := &kernels.LatentCache{Rows: part.Shape[0], Cols: lat, F32: part.F32(), BF16: part.U16()}
 		be.AttachLatent(cache, old)

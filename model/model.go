@@ -46,6 +46,9 @@ func (m *Model) RunLayer(ctx context.Context, l *Layer, b *Batch, phase Phase) e
 	if want := m.Cfg.StackLenBefore(L); len(b.Stack) != want {
 		return fmt.Errorf("model: layer %d expects %d AttnRes blocks in the stack, batch has %d", L, want, len(b.Stack))
 	}
+	if err := checkVerify(L, b, phase); err != nil {
+		return err
+	}
 	m.forwardLayer(l, b, phase)
 	return nil
 }
@@ -67,6 +70,36 @@ func (m *Model) ForwardLayers(ctx context.Context, lo, hi int, b *Batch, phase P
 // Logits applies the final AttnRes mix, norm and lm_head to the last row of
 // each sequence in the batch (spec §3.7), after the last layer.
 func (m *Model) Logits(b *Batch) ([][]float32, error) {
+	rows := make([]int, len(b.Spans))
+	for i, sp := range b.Spans {
+		rows[i] = sp.Hi - 1
+	}
+	return m.logitsOf(b, rows)
+}
+
+// RowLogits is Logits for every row of every sequence: out[i][r] is row r
+// of sequence i (a verify span's rows, each as decoding it alone gives).
+func (m *Model) RowLogits(b *Batch) ([][][]float32, error) {
+	var rows []int
+	for _, sp := range b.Spans {
+		for r := sp.Lo; r < sp.Hi; r++ {
+			rows = append(rows, r)
+		}
+	}
+	flat, err := m.logitsOf(b, rows)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][][]float32, len(b.Spans))
+	for i, sp := range b.Spans {
+		out[i], flat = flat[:sp.Len():sp.Len()], flat[sp.Len():]
+	}
+	return out, nil
+}
+
+// logitsOf applies the final mix, norm and lm_head to the given rows of
+// the batch.
+func (m *Model) logitsOf(b *Batch, rows []int) ([][]float32, error) {
 	if m.Globals == nil || m.Globals.LMHead == nil {
 		return nil, fmt.Errorf("model: lm_head is not loaded on this holder")
 	}
@@ -74,19 +107,19 @@ func (m *Model) Logits(b *Batch) ([][]float32, error) {
 		return nil, fmt.Errorf("model: final mix expects %d AttnRes blocks, batch has %d (did every layer run?)", want, len(b.Stack))
 	}
 	be, d := m.Backend, m.Cfg.HiddenSize
-	n := len(b.Spans)
-	last := func(t *kernels.Tensor) *kernels.Tensor {
+	n := len(rows)
+	pick := func(t *kernels.Tensor) *kernels.Tensor {
 		out := be.NewTensor(n, d)
-		for i, sp := range b.Spans {
-			be.CopyBlock(out, i, 0, t, sp.Hi-1, 0, 1, d)
+		for i, r := range rows {
+			be.CopyBlock(out, i, 0, t, r, 0, 1, d)
 		}
 		return out
 	}
 	stack := make([]*kernels.Tensor, len(b.Stack))
 	for i, s := range b.Stack {
-		stack[i] = last(s)
+		stack[i] = pick(s)
 	}
-	p := last(b.Partial)
+	p := pick(b.Partial)
 	z := m.attnResMix(p, stack, m.Globals.outProj)
 	free(be, p)
 	free(be, stack...)

@@ -150,6 +150,10 @@ func (ls *LayerState) Bytes() int {
 type SeqState struct {
 	Tokens int
 	Layers []*LayerState
+
+	// verify is an uncommitted verify step (verify.go); it is never
+	// cloned, encoded or sent.
+	verify *verifyPending
 }
 
 // StateOptions choose the storage of the state.
@@ -310,6 +314,9 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // MarshalBinary encodes the state.
 func (s *SeqState) MarshalBinary() ([]byte, error) {
+	if s.verify != nil {
+		return nil, fmt.Errorf("model: state has an uncommitted verify step of %d rows (commit it first)", s.verify.rows)
+	}
 	held := 0
 	size := 4 + 2 + 4 + 8 + 4 + 4
 	for _, ls := range s.Layers {

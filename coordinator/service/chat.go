@@ -14,7 +14,7 @@ import (
 func ChatOf(req *cp.SubmitRequest) (*tokenizer.Chat, error) {
 	c := &tokenizer.Chat{ReasoningEffort: req.ReasoningEffort}
 	for _, m := range req.Messages {
-		content, err := json.Marshal(m.Content)
+		content, err := contentOf(&m)
 		if err != nil {
 			return nil, err
 		}
@@ -61,4 +61,24 @@ func ChatOf(req *cp.SubmitRequest) (*tokenizer.Chat, error) {
 		c.ResponseFormat = json.RawMessage(req.ResponseFormat)
 	}
 	return c, nil
+}
+
+// contentOf is a turn's content as OpenAI writes it: a string, or its
+// parts ({"type": "text", "text": ...} and {"type": "image"}).
+func contentOf(m *cp.ChatMessage) (json.RawMessage, error) {
+	if len(m.Parts) == 0 {
+		return json.Marshal(m.Content)
+	}
+	type part struct {
+		Type string  `json:"type"`
+		Text *string `json:"text,omitempty"`
+	}
+	parts := make([]part, len(m.Parts))
+	for i, p := range m.Parts {
+		parts[i].Type = p.Type
+		if p.Type == cp.PartText {
+			parts[i].Text = &m.Parts[i].Text
+		}
+	}
+	return json.Marshal(parts)
 }

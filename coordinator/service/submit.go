@@ -245,6 +245,9 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 	var chat *tokenizer.Chat
 	out.Prompt, out.Messages, out.Tools = "", nil, ""
 	out.ReasoningEffort, out.ToolChoice, out.ResponseFormat, out.ThinkingBudget = "", "", "", 0
+	if len(req.Images) > 0 {
+		return nil, refuse(cp.CodeBadRequest, "images: this coordinator does not take images yet")
+	}
 	switch {
 	case req.Prompt != "" || len(req.Messages) > 0:
 		if tok == nil {

@@ -32,6 +32,10 @@ type Seq struct {
 	State *model.SeqState
 	// Tokens are the piece's token ids.
 	Tokens []int32
+	// Media are the image feature rows that replace embedded rows of this
+	// piece (positions count from its first token): the piece's window of
+	// the job's images (model.MediaWindow).
+	Media []model.Media
 	// Final pieces end their prompt: each layer's state goes to Out as soon
 	// as the layer is done, and leaves State.
 	Final bool
@@ -153,6 +157,8 @@ func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 		case badToken(s.Tokens, cfg.VocabSize) >= 0:
 			i := badToken(s.Tokens, cfg.VocabSize)
 			s.Err = fmt.Errorf("job %s: token id %d at position %d is outside the vocabulary [0, %d)", s.ID, s.Tokens[i], i, cfg.VocabSize)
+		case e.Model.CheckMedia(s.Media, len(s.Tokens)) != nil:
+			s.Err = fmt.Errorf("job %s: %w", s.ID, e.Model.CheckMedia(s.Media, len(s.Tokens)))
 		default:
 			r.seqs = append(r.seqs, s)
 			ids = append(ids, s.Tokens...)
@@ -178,6 +184,9 @@ func (e *Executor) run(ctx context.Context, seqs []*Seq, opt Options) (Stats, er
 	r.b.Partial = be.NewTensor(len(ids), cfg.HiddenSize)
 	be.Embed(r.b.Partial, table, local)
 	be.Release(table)
+	for i, s := range r.seqs {
+		e.Model.OverrideRows(r.b.Partial, r.b.Spans[i].Lo, s.Media)
+	}
 	st.Embed = time.Since(t0)
 
 	lastLog := time.Now()

@@ -84,6 +84,7 @@ func reference(t *testing.T, dir string, latent model.DType, prompts [][]int32) 
 type job struct {
 	id     string
 	tokens []int32 // prompt[:-1]
+	media  []model.Media
 	done   int
 	state  *model.SeqState
 	mem    *sink.Memory
@@ -119,7 +120,7 @@ func runPasses(t *testing.T, e *executor.Executor, jobs []*job, chunk, depth, ti
 				hi = min(hi, j.done+chunk)
 			}
 			seqs = append(seqs, &executor.Seq{ID: j.id, Ctx: j.ctx, State: j.state, Tokens: j.tokens[j.done:hi],
-				Final: hi == len(j.tokens), Out: j.out})
+				Media: model.MediaWindow(j.media, j.done, hi, e.Model.Cfg.HiddenSize), Final: hi == len(j.tokens), Out: j.out})
 			who = append(who, j)
 		}
 		if len(seqs) == 0 {
@@ -513,4 +514,41 @@ func TestOtherPanicsAreNotCaught(t *testing.T) {
 		defer kernels.CatchDevice(&err)
 		panic("not a device error")
 	}()
+}
+
+// TestStreamedPrefillWithImages: prompts whose images' feature rows replace
+// their pad runs give, streamed, the model core's state with the features,
+// bit for bit, whole and in super-chunks whose boundaries cut a run (each
+// piece takes its window of the rows), in tiles, next to a text prompt.
+func TestStreamedPrefillWithImages(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
+	a, am := testmodel.ImagePrompt(cfg, []int{40, 30, 9}, []int{50, 20}, []uint64{1, 2})
+	b, bm := testmodel.ImagePrompt(cfg, []int{3, 100}, []int{70}, []uint64{3})
+	prompts := [][]int32{a, testkit.Prompt(90, cfg.VocabSize, 5), b}
+	media := [][]model.Media{am, nil, bm}
+
+	m, err := model.Load(dir, cpu.New(threads), model.LoadOptions{Embed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]byte, len(prompts))
+	for i, p := range prompts {
+		s := m.NewState(0, m.Cfg.NumLayers)
+		if err := m.PrefillStateMedia(context.Background(), s, p[:len(p)-1], media[i]); err != nil {
+			t.Fatal(err)
+		}
+		want[i], _ = s.MarshalBinary()
+	}
+	m.Close()
+
+	e := newExecutor(t, dir, 2, model.BF16)
+	for _, p := range []struct{ chunk, tile int }{{0, 0}, {64, 0}, {64, 32}} {
+		jobs := newJobs(e, prompts)
+		for i := range jobs {
+			jobs[i].media = media[i]
+		}
+		runPasses(t, e, jobs, p.chunk, 1, p.tile)
+		checkStates(t, fmt.Sprintf("images, chunk %d tile %d", p.chunk, p.tile), jobs, want)
+	}
 }

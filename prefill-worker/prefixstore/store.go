@@ -253,7 +253,8 @@ func (s *Store) readHeader(r io.Reader, size int64, path string) (*header, error
 	h := &header{tokens: make([]int32, n), crc: crc}
 	for i := range h.tokens {
 		t := int32(binary.LittleEndian.Uint32(buf[4*i:]))
-		if t < 0 || int(t) >= s.cfg.Model.VocabSize {
+		// A negative word is an image row's key (prefixkey.Fold).
+		if int(t) >= s.cfg.Model.VocabSize {
 			return nil, bad("token %d is %d, outside the vocabulary", i, t)
 		}
 		h.tokens[i] = t

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
 )
@@ -17,6 +18,12 @@ type Spec struct {
 	// (the decode side runs that one as its first step). Empty is allowed:
 	// the sink then gets every layer's empty state.
 	Tokens []int32
+	// Media are the feature rows of the images in Tokens (positions count
+	// from Tokens[0]); each pass takes its piece's window of them.
+	Media []model.Media
+	// Images are the images' pad runs in Tokens and their hashes: the
+	// prefix store keys an image's rows by its hash (prefixkey.Fold).
+	Images []prefixkey.Image
 	// Base, when set, is the state of the tokens before Tokens (a stored
 	// prefix, every layer, Base.Tokens a multiple of the KDA chunk): the
 	// job continues from it, and the sink gets the state of both.

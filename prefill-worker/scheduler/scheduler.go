@@ -140,6 +140,9 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 				return nil, fmt.Errorf("scheduler: job %s: token id %d at position %d is outside the vocabulary [0, %d)", spec.ID, id, i, c.VocabSize)
 			}
 		}
+		if err := s.cfg.Exec.Model.CheckMedia(spec.Media, len(spec.Tokens)); err != nil {
+			return nil, fmt.Errorf("scheduler: job %s: %w", spec.ID, err)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -413,7 +416,8 @@ func (s *Scheduler) runPass(ctx context.Context, pass int, plan planner.Plan, js
 		}
 		j.passes++
 		jobs[i] = j
-		seqs[i] = &executor.Seq{ID: j.spec.ID, Ctx: j.ctx, State: j.state, Tokens: j.spec.Tokens[pc.Lo:pc.Hi], Final: pc.Final, Out: j.out}
+		seqs[i] = &executor.Seq{ID: j.spec.ID, Ctx: j.ctx, State: j.state, Tokens: j.spec.Tokens[pc.Lo:pc.Hi],
+			Media: model.MediaWindow(j.spec.Media, pc.Lo, pc.Hi, c.HiddenSize), Final: pc.Final, Out: j.out}
 	}
 	s.stats.Queued, s.stats.InProgress = len(s.waiting), len(s.progress)
 	s.mu.Unlock()

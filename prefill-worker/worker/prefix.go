@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
 )
@@ -29,21 +30,23 @@ func (w *Worker) withStore(spec Spec) Spec {
 	}
 	n := len(spec.Tokens)
 	from := ""
+	// The store keys an image's rows by the image's hash.
+	key := prefixkey.Fold(spec.Tokens, spec.Images)
 	// Keep one token to prefill unless the whole prompt is stored (a
 	// retried job): the pass then has nothing to do and the sink gets the
 	// stored state.
-	hit, err := st.Lookup(spec.Tokens, n, n)
+	hit, err := st.Lookup(key, n, n)
 	if err != nil {
 		w.cfg.Log.Warn("prefix store: a stored prefix failed its checks and was removed; prefilling without it",
 			zap.String("job", spec.ID), zap.Error(err))
 	}
-	full := spec.Tokens
 	if hit != nil {
+		spec.Media = model.MediaWindow(spec.Media, hit.Tokens, n, w.model.HiddenSize)
 		spec.Base, spec.Tokens, from = hit.State, spec.Tokens[hit.Tokens:], hit.Key
 		w.cfg.Log.Info("prefix store hit", zap.String("job", spec.ID), zap.Int("cached", hit.Tokens), zap.Int("prefill", len(spec.Tokens)))
 	}
 	if n%prefixstore.Block == 0 && (hit == nil || hit.Tokens < n) {
-		wr, err := st.Create(full, from)
+		wr, err := st.Create(key, from)
 		if err != nil {
 			w.cfg.Log.Warn("prefix store: entry not started", zap.String("job", spec.ID), zap.Error(err))
 			return spec

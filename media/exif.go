@@ -1,0 +1,87 @@
+package media
+
+import "encoding/binary"
+
+// jpegOrientation returns the EXIF orientation (1..8) from a JPEG's APP1
+// segment, or 1 when there is none or it cannot be read. It walks the
+// markers before the image data; each step advances at least two bytes and
+// every read is bounds-checked, so hostile input can neither loop nor panic.
+func jpegOrientation(data []byte) int {
+	for off := 2; off+4 <= len(data); {
+		if data[off] != 0xff {
+			return 1
+		}
+		marker := data[off+1]
+		switch {
+		case marker == 0xff: // fill byte
+			off++
+			continue
+		case marker == 0xd8 || marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7):
+			off += 2 // markers without a length
+			continue
+		case marker == 0xda || marker == 0xd9: // image data or end: no EXIF after
+			return 1
+		}
+		n := int(binary.BigEndian.Uint16(data[off+2:]))
+		if n < 2 || off+2+n > len(data) {
+			return 1
+		}
+		seg := data[off+4 : off+2+n]
+		if marker == 0xe1 && len(seg) >= 6 && string(seg[:6]) == "Exif\x00\x00" {
+			if o := tiffOrientation(seg[6:]); o != 0 {
+				return o
+			}
+		}
+		off += 2 + n
+	}
+	return 1
+}
+
+// tiffOrientation reads tag 0x0112 (Orientation, one SHORT) from the first
+// IFD of a TIFF structure; 0 when absent or not in 1..8. Only IFD0 is read:
+// no offsets are followed beyond it, so there is nothing to cycle through.
+func tiffOrientation(t []byte) int {
+	if len(t) < 8 {
+		return 0
+	}
+	var bo binary.ByteOrder
+	switch string(t[:2]) {
+	case "II":
+		bo = binary.LittleEndian
+	case "MM":
+		bo = binary.BigEndian
+	default:
+		return 0
+	}
+	if bo.Uint16(t[2:]) != 42 {
+		return 0
+	}
+	ifd := int64(bo.Uint32(t[4:]))
+	if ifd < 8 || ifd+2 > int64(len(t)) {
+		return 0
+	}
+	count := int64(bo.Uint16(t[ifd:]))
+	for i := int64(0); i < count; i++ {
+		e := ifd + 2 + 12*i
+		if e+12 > int64(len(t)) {
+			return 0
+		}
+		if bo.Uint16(t[e:]) != 0x0112 {
+			continue
+		}
+		var o int
+		switch typ, n := bo.Uint16(t[e+2:]), bo.Uint32(t[e+4:]); {
+		case n < 1:
+			return 0
+		case typ == 3: // SHORT, the type the standard gives the tag
+			o = int(bo.Uint16(t[e+8:]))
+		case typ == 4: // LONG, which Pillow also reads
+			o = int(bo.Uint32(t[e+8:]))
+		}
+		if o >= 1 && o <= 8 {
+			return o
+		}
+		return 0
+	}
+	return 0
+}
