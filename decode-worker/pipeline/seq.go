@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"context"
+
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
@@ -36,10 +38,11 @@ type seq struct {
 	failure   error      // a rank refused the state during the admission
 	ready     []bool     // ranks whose state is in place (remote)
 	nready    int
-	slot      int     // its decode micro-batch, or -1
-	pending   []int32 // prompt tokens still to prefill
-	next      int32   // the next decode step's input
-	inflight  bool    // a decode step for it is in flight
+	slot      int                // its decode micro-batch, or -1
+	encoding  context.CancelFunc // its images' Encode is running
+	pending   []int32            // prompt tokens still to prefill
+	next      int32              // the next decode step's input
+	inflight  bool               // a decode step for it is in flight
 	emitted   int
 	timing    Timing
 }
