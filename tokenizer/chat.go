@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +29,27 @@ type Chat struct {
 	// NoGenerationPrompt leaves the prompt without the open assistant turn
 	// (a history rendered for its own sake).
 	NoGenerationPrompt bool `json:"-"`
+	// Images, when set, are the sizes of the chat's images, one per image
+	// part in order: each part renders K3's media marker (MediaMarker),
+	// and encoding expands its pad to the image's feature rows. Nil
+	// renders each image part as ImagePlaceholder, as the released
+	// renderer does without image prompts.
+	Images []ChatImage `json:"-"`
+}
+
+// ChatImage is what the prompt needs of an image: its size as the marker
+// writes it and its number of feature rows.
+type ChatImage struct {
+	Width, Height int
+	Rows          int
+}
+
+// MediaMarker is the text an image of w x h pixels renders in a prompt, as
+// the released processor writes it (make_image_prompt): the media
+// specials around "image WxH" and one pad, which encoding expands to the
+// image's feature rows.
+func MediaMarker(w, h int) string {
+	return MediaBegin + "image " + strconv.Itoa(w) + "x" + strconv.Itoa(h) + MediaContent + MediaPad + MediaEnd
 }
 
 // ChatMessage is one OpenAI chat message.
@@ -76,6 +98,9 @@ type ChatFunctionCall struct {
 type Segment struct {
 	Text    string `json:"text"`
 	Special bool   `json:"special"`
+	// Rows, on an image's marker, is the number of pad ids its one pad
+	// becomes (the image's feature rows).
+	Rows int `json:"rows,omitempty"`
 }
 
 // ErrChat reports a conversation that cannot be rendered.
@@ -189,7 +214,7 @@ func RenderChat(c *Chat) ([]Segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &renderer{thinking: thinking}
+	r := &renderer{thinking: thinking, images: c.Images}
 	msgs := sortToolResults(c.Messages)
 	if len(c.Tools) > 0 {
 		tools, err := rawList(c.Tools)
@@ -227,6 +252,9 @@ func RenderChat(c *Chat) ([]Segment, error) {
 		r.system("response-format", "The system is invoked with `response_format=json_schema`.\n"+raw+
 			"\nThe JSON data must match the following schema:\n```json\n"+schema.sorted().dump(dumpCompact)+"\n```")
 	}
+	if r.images != nil && r.image != len(r.images) {
+		return nil, fmt.Errorf("%w: %d images for %d image parts", ErrChat, len(r.images), r.image)
+	}
 	if !c.NoGenerationPrompt {
 		r.open("message", "role", "assistant")
 		if thinking {
@@ -251,9 +279,33 @@ func (t *Tokenizer) EncodeSegments(segs []Segment) ([]int, error) {
 		if err != nil {
 			return nil, err
 		}
+		if s.Rows > 0 {
+			if more, err = t.expandPad(more, s.Rows); err != nil {
+				return nil, err
+			}
+		}
 		ids = append(ids, more...)
 	}
 	return ids, nil
+}
+
+// expandPad replaces the one MediaPad id of an image's marker with rows
+// of them: one prompt position per feature row.
+func (t *Tokenizer) expandPad(ids []int, rows int) ([]int, error) {
+	pad, ok := t.SpecialID(MediaPad)
+	if !ok {
+		return nil, fmt.Errorf("%w: the tokenizer lacks %s, so it cannot hold images", ErrChat, MediaPad)
+	}
+	at := slices.Index(ids, pad)
+	if at < 0 || slices.Index(ids[at+1:], pad) >= 0 {
+		return nil, fmt.Errorf("%w: an image marker must hold one %s", ErrChat, MediaPad)
+	}
+	out := make([]int, 0, len(ids)-1+rows)
+	out = append(out, ids[:at]...)
+	for range rows {
+		out = append(out, pad)
+	}
+	return append(out, ids[at+1:]...), nil
 }
 
 // EncodeChat renders c (RenderChat) and encodes it (EncodeSegments).
@@ -340,6 +392,8 @@ func sortToolResults(msgs []ChatMessage) []indexed {
 type renderer struct {
 	out      []Segment
 	thinking bool
+	images   []ChatImage    // nil: image parts render ImagePlaceholder
+	image    int            // image parts rendered
 	calls    []ChatToolCall // the latest assistant message's
 	results  int            // tool messages since it
 }
@@ -351,6 +405,36 @@ func (r *renderer) text(s string) {
 }
 
 func (r *renderer) control(s string) { r.out = append(r.out, Segment{Text: s, Special: true}) }
+
+// userText writes text of a message, a reasoning or a call: with images,
+// the released renderer reads ImagePlaceholder in such text as an image
+// of its own, which tandem's images (one per image part) then lack; it
+// is refused here with the reason.
+func (r *renderer) userText(s string) error {
+	if r.images != nil && strings.Contains(s, ImagePlaceholder) {
+		return fmt.Errorf("holds %s, which K3's renderer reads as an image; send images as image parts", ImagePlaceholder)
+	}
+	r.text(s)
+	return nil
+}
+
+// imagePart writes an image part: its marker, or the placeholder.
+func (r *renderer) imagePart() error {
+	if r.images == nil {
+		r.control(ImagePlaceholder)
+		return nil
+	}
+	if r.image >= len(r.images) {
+		return fmt.Errorf("image part #%d has no image (%d given)", r.image+1, len(r.images))
+	}
+	im := r.images[r.image]
+	if im.Width <= 0 || im.Height <= 0 || im.Rows <= 0 {
+		return fmt.Errorf("image #%d is %dx%d with %d feature rows: want positive sizes", r.image+1, im.Width, im.Height, im.Rows)
+	}
+	r.image++
+	r.out = append(r.out, Segment{Text: MediaMarker(im.Width, im.Height), Special: true, Rows: im.Rows})
+	return nil
+}
 
 var attrEscaper = strings.NewReplacer("&", "&amp;", `"`, "&quot;")
 
@@ -460,8 +544,7 @@ func (r *renderer) content(raw json.RawMessage) error {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return fmt.Errorf("content: %v", err)
 		}
-		r.text(s)
-		return nil
+		return r.userText(s)
 	}
 	var parts []struct {
 		Type string  `json:"type"`
@@ -473,11 +556,15 @@ func (r *renderer) content(raw json.RawMessage) error {
 	for j, p := range parts {
 		switch {
 		case p.Type == "image" || p.Type == "image_url":
-			r.control(ImagePlaceholder)
+			if err := r.imagePart(); err != nil {
+				return fmt.Errorf("content[%d]: %v", j, err)
+			}
 		case p.Text == nil:
 			return fmt.Errorf("content[%d] of type %q has no text", j, p.Type)
 		default:
-			r.text(*p.Text)
+			if err := r.userText(*p.Text); err != nil {
+				return fmt.Errorf("content[%d]: %v", j, err)
+			}
 		}
 	}
 	return nil
@@ -491,7 +578,9 @@ func (r *renderer) assistant(m *indexed) error {
 		}
 		r.open("think")
 		if pyStrip(reasoning) != "" {
-			r.text(reasoning)
+			if err := r.userText(reasoning); err != nil {
+				return fmt.Errorf("reasoning_content: %v", err)
+			}
 		}
 		r.close("think")
 	}
@@ -512,16 +601,20 @@ func (r *renderer) assistant(m *indexed) error {
 		}
 		if block != "" {
 			r.open("json", "type", "object")
-			r.text(block)
+			if err := r.userText(block); err != nil {
+				return fmt.Errorf("tool_calls[%d].function.arguments: %v", j, err)
+			}
 			r.close("json")
 		}
 		for k, key := range args.keys {
 			v := args.vals[k]
 			r.open("argument", "key", key, "type", xtmlType(v))
+			val := v.dump(dumpDefault)
 			if v.kind == pyString {
-				r.text(v.str)
-			} else {
-				r.text(v.dump(dumpDefault))
+				val = v.str
+			}
+			if err := r.userText(val); err != nil {
+				return fmt.Errorf("tool_calls[%d].function.arguments[%q]: %v", j, key, err)
 			}
 			r.close("argument")
 		}
