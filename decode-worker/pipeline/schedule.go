@@ -176,7 +176,11 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		w.slots[k].inflight = true
 	}
 	t0 := w.now()
-	b, err := w.m.NewBatch(states, toks)
+	var media [][]model.Media
+	if phase == model.PhasePrefill {
+		media = stepMedia(ss, pos, rows, w.m.Cfg.HiddenSize)
+	}
+	b, err := w.m.NewBatchMedia(states, toks, media)
 	var keep []bool
 	if err == nil {
 		timeAttention(b, phase)

@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"context"
+
 	"github.com/tandem-inference/tandem/decode-worker/draft"
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
@@ -37,10 +39,11 @@ type seq struct {
 	failure   error      // a rank refused the state during the admission
 	ready     []bool     // ranks whose state is in place (remote)
 	nready    int
-	slot      int     // its decode micro-batch, or -1
-	pending   []int32 // prompt tokens still to prefill
-	next      int32   // the next decode step's input
-	inflight  bool    // a decode step for it is in flight
+	slot      int                // its decode micro-batch, or -1
+	encoding  context.CancelFunc // its images' Encode is running
+	pending   []int32            // prompt tokens still to prefill
+	next      int32              // the next decode step's input
+	inflight  bool               // a decode step for it is in flight
 	// Speculative decoding (speculate.go): its prompt and output so far
 	// (nil when it does not draft), its drafts in flight, its k, and its
 	// drafted and accepted tokens and decode steps.
