@@ -325,6 +325,9 @@ func (w *Worker) start(s *seq) {
 	}
 	t := s.req.Tokens[s.from:]
 	s.pending, s.next = t[:len(t)-1], t[len(t)-1]
+	if w.drafting(s) {
+		s.hist = slices.Clone(s.prompt())
+	}
 	w.ready(s)
 }
 
@@ -332,6 +335,9 @@ func (w *Worker) start(s *seq) {
 // that ended well leaves its planned prefix-cache entry on every rank.
 func (w *Worker) end(s *seq, r Result) {
 	keep := r.Reason != ReasonError
+	if keep {
+		w.remember(s)
+	}
 	w.retire(s, keep)
 	w.release(s.id, keep)
 	w.counters.finished++
@@ -344,6 +350,7 @@ func (w *Worker) end(s *seq, r Result) {
 // finish tells the sink.
 func (w *Worker) finish(s *seq, r Result) {
 	r.Tokens, r.Cached = s.emitted, s.from
+	r.Steps, r.Drafted, r.Accepted = s.steps, s.drafted, s.accepted
 	s.timing.Ended = w.now()
 	r.Timing = s.timing
 	fields := []zap.Field{zap.String("seq", s.id), zap.String("reason", string(r.Reason)), zap.Int("tokens", s.emitted)}
@@ -391,12 +398,20 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 		c.decodeRows += int64(len(f.seqs))
 		c.largest = max(c.largest, len(f.seqs))
 		c.stepTime += w.now().Sub(f.launched)
+		var cost time.Duration
 		for _, v := range tr.Compute {
 			c.stepCompute += time.Duration(v)
+			cost += time.Duration(v)
 		}
 		for _, v := range tr.Mesh {
 			c.stepMesh += time.Duration(v)
+			cost += time.Duration(v)
 		}
+		rows := 0
+		for _, n := range f.rows {
+			rows += n
+		}
+		w.curve.observe(rows, cost)
 	}
 	if f.slot >= 0 {
 		w.slots[f.slot].inflight = false
@@ -420,12 +435,19 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 			continue
 		}
 		s.inflight = false
+		run, err := w.verified(s, r)
+		if err != nil {
+			w.end(s, Result{Reason: ReasonError, Err: err})
+			continue
+		}
 		if s.emitted == 0 {
 			s.timing.FirstToken = w.now()
 		}
-		s.emitted++
-		w.counters.tokens++
-		s.req.Sink.Token(s.id, s.emitted-1, r.Token)
+		for _, t := range run {
+			s.emitted++
+			w.counters.tokens++
+			s.req.Sink.Token(s.id, s.emitted-1, t)
+		}
 		if act == resultEnd {
 			w.end(s, Result{Reason: Reason(r.Reason)})
 			continue

@@ -34,6 +34,9 @@ type Request struct {
 	// <|end_of_msg|> that closes the reply. The last rank needs
 	// Config.Vocabulary.
 	Grammar *grammar.Spec
+	// NoDraft turns speculative decoding off for this sequence (it is on
+	// where the group drafts).
+	NoDraft bool
 	// Sink receives the tokens and the end. Required.
 	Sink Sink
 	// Images are the prompt's images in order (see Image).
@@ -115,7 +118,11 @@ type Result struct {
 	// Cached is how many prompt tokens came from the group's prefix cache
 	// (not prefilled again).
 	Cached int
-	Timing Timing
+	// Steps is the decode steps that emitted its tokens; Drafted and
+	// Accepted the tokens drafted for it and accepted (speculative
+	// decoding: Tokens/Steps tokens per step).
+	Steps, Drafted, Accepted int
+	Timing                   Timing
 }
 
 // Timing marks a sequence's life on the head.
