@@ -562,10 +562,9 @@ func (a *Adapter) images(as *cp.Assignment, req *pipeline.Request) error {
 	if err != nil {
 		return fmt.Errorf("job %s: %w", as.JobID, err)
 	}
-	for i, k := range j.Keys(0) {
-		if k.At < as.CachedTokens && k.At+k.Len > as.CachedTokens {
-			return fmt.Errorf("job %s: image %d's pad run [%d, %d) straddles the remote part's end %d", as.JobID, i+1, k.At, k.At+k.Len, as.CachedTokens)
-		}
+	// A run may straddle the remote part's end: the group then prefills
+	// the rest of it with its window of the rows.
+	for _, k := range j.Keys(0) {
 		req.Images = append(req.Images, pipeline.Image{At: k.At, Len: k.Len, Hash: k.Hash})
 	}
 	if !j.Needs(as.CachedTokens) {

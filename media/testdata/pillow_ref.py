@@ -189,16 +189,20 @@ def make_cases(outdir):
     add("gif_7400x50.gif", content(7400, 50, 17).quantize(32), "GIF", transparency=5)
     p = content(7300, 30, 18).quantize(16)
     add("p_trns_7300x30.png", p, "PNG", transparency=bytes([0, 128, 255, 64] * 4))
-    # JPEG with EXIF orientation 6 and 3 (4:4:4, so only the IDCT and colour
-    # conversion differ between decoders), and a default 4:2:0 one.
+    # JPEG with EXIF orientation 6 and 3 (4:4:4), 4:2:0, 4:2:2 and CMYK.
     add("jpeg_o6_333x517.jpg", content(333, 517, 19), "JPEG", dec=True, quality=95, subsampling=0, exif=exif_bytes(6))
     add("jpeg_o3_7300x200.jpg", content(7300, 200, 20), "JPEG", dec=True, quality=95, subsampling=0, exif=exif_bytes(3))
-    add("jpeg_420_640x480.jpg", content(640, 480, 21), "JPEG", dec=True, quality=90)
-    # WebP: lossless with alpha (exact), lossy (decoder differences).
+    add("jpeg_420_641x479.jpg", content(641, 479, 21), "JPEG", dec=True, quality=90)
+    add("jpeg_422_301x199.jpg", content(301, 199, 25), "JPEG", dec=True, quality=90, subsampling=1)
+    add("jpeg_cmyk_120x90.jpg", content(120, 90, 26).convert("CMYK"), "JPEG", dec=True, quality=95)
+    # WebP: lossless with alpha, lossy with and without alpha.
     wp = content(7300, 40, 22).convert("RGBA")
     wp.putalpha(alpha_channel(7300, 40, 23))
     add("webp_ll_7300x40.webp", wp, "WEBP", lossless=True)
-    add("webp_lossy_640x480.webp", content(640, 480, 24), "WEBP", dec=True, quality=90)
+    add("webp_lossy_641x479.webp", content(641, 479, 24), "WEBP", dec=True, quality=90)
+    wp = content(7301, 41, 27).convert("RGBA")
+    wp.putalpha(alpha_channel(7301, 41, 28))
+    add("webp_lossy_alpha_7301x41.webp", wp, "WEBP", quality=90)
     return cases
 
 
