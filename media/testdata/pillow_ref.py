@@ -178,6 +178,9 @@ def make_cases(outdir):
     la = content(7300, 30, 11).convert("L").convert("LA")
     la.putalpha(alpha_channel(7300, 30, 12))
     add("la_7300x30.png", la, "PNG")
+    # EXIF orientation in PNG's eXIf and WebP's EXIF chunks (Pillow reads both).
+    add("png_o8_57x101.png", content(57, 101, 29), "PNG", small=True, exif=exif_bytes(8))
+    add("webp_o5_7300x30.webp", content(7300, 30, 30), "WEBP", lossless=True, exif=exif_bytes(5))
     # Greyscale 8-bit, 1-bit and 16-bit (Pillow's "I": clipped to 0..255).
     add("gray_7300x64.png", content(7300, 64, 13).convert("L"), "PNG")
     add("bilevel_7300x40.png", content(7300, 40, 14).convert("1"), "PNG")
