@@ -52,8 +52,9 @@ func TestBackendMetalElsewhere(t *testing.T) {
 	t.Logf("refused in %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(msg))
 }
 
-// TestResidentBytes: a rank holds its layers' tensors, the embedding on
-// rank 0 and the other model-level tensors on the last rank, so the ranks
+// TestResidentBytes: a rank holds its layers' tensors, the embedding and
+// the vision tower on rank 0 and the other model-level tensors on the last
+// rank, so the ranks
 // together hold the whole checkpoint once.
 func TestResidentBytes(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
@@ -80,13 +81,13 @@ func TestResidentBytes(t *testing.T) {
 	}
 	var text int64
 	for _, name := range ck.Names() {
-		if strings.HasPrefix(name, "language_model.") {
+		if strings.HasPrefix(name, "language_model.") || isVision(name) {
 			ti, _ := ck.Tensor(name)
 			text += ti.Size
 		}
 	}
 	if sum != text {
-		t.Errorf("the ranks hold %d bytes together, the checkpoint's text model %d", sum, text)
+		t.Errorf("the ranks hold %d bytes together, the checkpoint's text model and vision tower %d", sum, text)
 	}
 }
 

@@ -78,9 +78,20 @@ func toRaster(img image.Image, h header) (*raster, error) {
 	case *image.RGBA64:
 		r.kind, r.pix = kindRGB, dropAlpha(high8(m.Pix, m.Stride, w, ht, 4))
 	case *image.YCbCr:
-		r.kind, r.pix = kindRGB, ycbcrToRGB(m)
+		r.kind = kindRGB
+		switch {
+		case h.Format == "jpeg":
+			r.pix = jpegYCbCrToRGB(m)
+		case h.Format == "webp" && m.SubsampleRatio == image.YCbCrSubsampleRatio420:
+			r.pix = webpYCbCrToRGB(m, nil, 0, 3)
+		default:
+			r.pix = ycbcrToRGB(m)
+		}
 	case *image.NYCbCrA:
 		r.kind, r.pix = kindRGBA, nycbcraToRGBA(m)
+		if h.Format == "webp" && m.SubsampleRatio == image.YCbCrSubsampleRatio420 {
+			r.pix = webpYCbCrToRGB(&m.YCbCr, m.A, m.AStride, 4)
+		}
 	case *image.CMYK:
 		r.kind, r.pix = kindCMYK, copyPlane(m.Pix, m.Stride, w, ht, 4)
 	default:

@@ -248,3 +248,26 @@ func toF64(v []float32) []float64 {
 	}
 	return out
 }
+
+// TestExpNonPositive: the softmax's exp is within 1e-8 of math.Exp over the
+// range it takes (x <= 0), and 0 below e^-708.
+func TestExpNonPositive(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	for i := 0; i < 200000; i++ {
+		x := -r.Float64() * 40
+		if i%10 == 0 {
+			x = -r.Float64() * 708
+		}
+		if got, want := expNonPositive(x), math.Exp(x); math.Abs(got-want) > 1e-8*want {
+			t.Fatalf("exp(%v) = %v, want %v", x, got, want)
+		}
+	}
+	for _, x := range []float64{0, -1e-300, -0.5 * math.Ln2, 0.5 * math.Ln2 * -1.0000001} {
+		if got, want := expNonPositive(x), math.Exp(x); math.Abs(got-want) > 1e-8*want {
+			t.Fatalf("exp(%v) = %v, want %v", x, got, want)
+		}
+	}
+	if expNonPositive(-800) != 0 || expNonPositive(math.Inf(-1)) != 0 {
+		t.Fatal("no underflow to 0")
+	}
+}
