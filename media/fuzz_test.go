@@ -15,6 +15,28 @@ import (
 // 1.2.4): red, green, blue / (10,20,30), transparent, (1,2,3) at alpha 128.
 var webpLossless3x2, _ = hex.DecodeString("5249464646000000574542505650384c390000002f024000102f40906db30de1feaed72093b609fde65ff00804288a19feef44206963f3f1e40f00ffc9a3ba6d4141da062cee9e9245f43fae1500")
 
+// webpEXIF6 and pngEXIF6 are 3x2 images in (9, 99, 199) written by Pillow 9.4
+// with EXIF orientation 6 in WebP's EXIF chunk and PNG's eXIf chunk.
+var (
+	webpEXIF6, _ = hex.DecodeString("524946465200000057454250565038580a000000080000000200000100005650384c110000002f0240000007d0b126f4b8ff8188e87f0000455849461a0000004d4d002a00000008000101120003000000010006000000000000")
+	pngEXIF6, _  = hex.DecodeString("89504e470d0a1a0a0000000d49484452000000030000000208020000001216f14d0000001a655849664d4d002a00000008000101120003000000010006000000000000d6674b690000001549444154789c63e44c3ecec0c0c0c0c0c0c400030015140137d150c0000000000049454e44ae426082")
+)
+
+func TestOrientationInPNGAndWebP(t *testing.T) {
+	for name, data := range map[string][]byte{"webp": webpEXIF6, "png": pngEXIF6} {
+		im, err := Decode(data, DefaultLimits())
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if im.Width != 2 || im.Height != 3 {
+			t.Errorf("%s: %dx%d, want 2x3 (orientation 6 applied)", name, im.Width, im.Height)
+		}
+		if got := at(im, 2, 1, 2); got != norm(199) {
+			t.Errorf("%s: blue at (1, 2) = %v, want %v", name, got, norm(199))
+		}
+	}
+}
+
 func TestWebPLossless(t *testing.T) {
 	im, err := Decode(webpLossless3x2, DefaultLimits())
 	if err != nil {
@@ -59,7 +81,7 @@ func fuzzSeeds(t testing.TB) [][]byte {
 		t.Fatal(err)
 	}
 	exif := withAPP1(j.Bytes(), exifAPP1(binary.LittleEndian, [][4]uint32{{0x0112, 3, 1, 6}}))
-	return [][]byte{encodePNG(t, rgba), j.Bytes(), exif, g.Bytes(), webpLossless3x2, pngWithHeader(100000, 100000), pngWithHeader(3, 0)}
+	return [][]byte{encodePNG(t, rgba), j.Bytes(), exif, g.Bytes(), webpLossless3x2, webpEXIF6, pngEXIF6, pngWithHeader(100000, 100000), pngWithHeader(3, 0)}
 }
 
 // FuzzDecode feeds mutated images to Decode: it must return an image that

@@ -165,6 +165,9 @@ type StateOptions struct {
 	// LatentCapacity preallocates room for this many cached tokens per MLA
 	// layer; appends beyond it grow the buffer.
 	LatentCapacity int
+	// Shard holds, for a tensor-parallel rank, only its KDA heads' state
+	// and conv tails (the zero Shard: every head).
+	Shard Shard
 }
 
 // NewSeqState allocates an empty state for layers [lo, hi).
@@ -191,7 +194,8 @@ func (c *Config) NewLayerState(L int, opt StateOptions) *LayerState {
 		ls.Parts = []Part{{Kind: PartLatent, DType: opt.LatentDType, Shape: []int{0, w},
 			Data: make([]byte, 0, opt.LatentCapacity*w*opt.LatentDType.Size())}}
 	case KDA:
-		H, D, P, K1 := c.KDAHeads, c.KDAHeadDim, c.KDAProjDim(), c.ConvKernel-1
+		H, D, K1 := c.KDAHeads/max(opt.Shard.Ranks, 1), c.KDAHeadDim, c.ConvKernel-1
+		P := H * D
 		ls.Parts = []Part{
 			{Kind: PartKDAState, DType: F32, Shape: []int{H, D, D}, Data: make([]byte, H*D*D*4)},
 			{Kind: PartConvQ, DType: F32, Shape: []int{P, K1}, Data: make([]byte, P*K1*4)},
