@@ -173,7 +173,12 @@ func nrgbaPalette(p color.Palette) []color.NRGBA {
 	return out
 }
 
+// copyPlane returns the w*h*ch bytes of a strided plane, the plane itself
+// when it has no padding (the decoded image is Decode's own to reuse).
 func copyPlane(src []uint8, stride, w, h, ch int) []uint8 {
+	if stride == w*ch {
+		return src[:w*h*ch]
+	}
 	out := make([]uint8, w*h*ch)
 	for y := range h {
 		copy(out[y*w*ch:(y+1)*w*ch], src[y*stride:y*stride+w*ch])

@@ -157,6 +157,8 @@ def make_cases(outdir):
 
     def add(name, im, fmt, small=False, dec=False, **save):
         path = f"{outdir}/{name}"
+        if fmt == "PNG":
+            save.setdefault("compress_level", 1)  # fast: the files are temporary
         im.save(path, fmt, **save)
         cases.append((name, small, dec))
 
@@ -184,7 +186,8 @@ def make_cases(outdir):
     # Greyscale 8-bit, 1-bit and 16-bit (Pillow's "I": clipped to 0..255).
     add("gray_7300x64.png", content(7300, 64, 13).convert("L"), "PNG")
     add("bilevel_7300x40.png", content(7300, 40, 14).convert("1"), "PNG")
-    g16 = Image.frombytes("I;16", (7300, 20), bytes(random.Random(15).randrange(256) if i % 2 else random.Random(i).randrange(2) for i in range(2 * 7300 * 20)))
+    rnd = random.Random(15)  # little-endian 16-bit samples 0..511: most clip to 255
+    g16 = Image.frombytes("I;16", (7300, 20), bytes(rnd.randrange(256) if i % 2 == 0 else rnd.randrange(2) for i in range(2 * 7300 * 20)))
     add("gray16_7300x20.png", g16, "PNG")
     # Palette: GIF kept and downscaled (nearest), with a transparent index;
     # a palette PNG with per-entry alpha (tRNS).
