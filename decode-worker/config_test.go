@@ -87,11 +87,12 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Rank != 0 || cfg.MaxBatch != 64 || cfg.PrefillChunk != 512 || cfg.CacheDType != model.BF16 ||
-		cfg.Idle != 3*time.Second || cfg.Heartbeat != 500*time.Millisecond || !cfg.Frontdoor || cfg.LogLevel != "info" || cfg.Backend != "cpu" {
+		cfg.Idle != 3*time.Second || cfg.Heartbeat != 500*time.Millisecond || !cfg.Frontdoor || cfg.LogLevel != "info" || cfg.Backend != "cpu" ||
+		!cfg.Draft || cfg.DraftMax != 4 {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	// File < environment < flags.
-	file := writeFile(t, t.TempDir(), "worker.yaml", "max_batch: 8\nprefill_chunk: 128\nmesh:\n  idle: 7s\nmemory_budget: 1GiB\nrank: 1\n")
+	file := writeFile(t, t.TempDir(), "worker.yaml", "max_batch: 8\nprefill_chunk: 128\nmesh:\n  idle: 7s\nmemory_budget: 1GiB\nrank: 1\ndraft:\n  mode: off\n  max: 2\n")
 	t.Setenv("TANDEM_DECODE_WORKER_PREFILL_CHUNK", "256")
 	t.Setenv("TANDEM_DECODE_WORKER_MESH_HEARTBEAT", "250ms")
 	cfg, err = loadConfig([]string{"--group-config", "g.yaml", "--model", "m", "--config", file, "--rank", "2", "--cache-dtype", "f32"})
@@ -99,7 +100,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Rank != 2 || cfg.MaxBatch != 8 || cfg.PrefillChunk != 256 || cfg.Idle != 7*time.Second ||
-		cfg.Heartbeat != 250*time.Millisecond || cfg.MemoryBudget != 1<<30 || cfg.CacheDType != model.F32 {
+		cfg.Heartbeat != 250*time.Millisecond || cfg.MemoryBudget != 1<<30 || cfg.CacheDType != model.F32 || cfg.Draft || cfg.DraftMax != 2 {
 		t.Fatalf("layered config: %+v", cfg)
 	}
 	for _, args := range [][]string{
@@ -109,6 +110,9 @@ func TestLoadConfig(t *testing.T) {
 		{"--group-config", "g.yaml", "--model", "m", "--cache-dtype", "fp8"},
 		{"--group-config", "g.yaml", "--model", "m", "--memory-budget", "-3"},
 		{"--group-config", "g.yaml", "--model", "m", "--backend", "cuda"},
+		{"--group-config", "g.yaml", "--model", "m", "--draft-mode", "eagle"},
+		{"--group-config", "g.yaml", "--model", "m", "--draft-max", "0"},
+		{"--group-config", "g.yaml", "--model", "m", "--draft-max", "17"},
 		{"--group-config", "g.yaml", "--model", "m", "--config", "/nonexistent/w.yaml"},
 		{"--no-such-flag"},
 	} {

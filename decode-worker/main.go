@@ -158,7 +158,8 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret, Vocabulary: vocab,
 		Transport: tr, Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
 		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout,
-		PrefixCache: pipeline.PrefixCacheConfig{Off: !cfg.PrefixCache, Stride: cfg.PrefixStride, ModelID: modelID}, Log: base})
+		PrefixCache: pipeline.PrefixCacheConfig{Off: !cfg.PrefixCache, Stride: cfg.PrefixStride, ModelID: modelID},
+		Draft:       pipeline.DraftConfig{Off: !cfg.Draft, KMax: cfg.DraftMax}, Log: base})
 	if err != nil {
 		return err
 	}

@@ -441,7 +441,7 @@ func (a *Adapter) request(as *cp.Assignment) (*pipeline.Request, error) {
 	}
 	s := as.Sampling
 	req := &pipeline.Request{ID: as.JobID, Tokens: as.TokenIDs, MaxTokens: s.MaxTokens, Stop: s.Stop.TokenIDs,
-		Sampling: sampling.Params{Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, Seed: s.Seed}, Grammar: s.Grammar}
+		Sampling: sampling.Params{Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, Seed: s.Seed}, Grammar: s.Grammar, NoDraft: s.NoDraft}
 	if err := a.images(as, req); err != nil {
 		return nil, err
 	}
