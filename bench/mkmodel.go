@@ -39,15 +39,18 @@ func parseMkmodelFlags(args []string) (mkmodelConfig, error) {
 	fs.StringVar(&f.config, "config", "", "use this config.json (released nested shape) instead of a preset")
 	fs.Uint64Var(&f.seed, "seed", 1, "random seed; the same seed gives the same weights")
 	fs.StringVar(&f.out, "out", "", "output directory (required)")
-	fs.IntVar(&f.shards, "shards", 0, "number of safetensors shards (0: one per layer plus one for the embedding and head, as released)")
+	fs.IntVar(&f.shards, "shards", 0, "number of safetensors shards (0: as released: one per layer, one for the embedding and head, the vision projector's and tower's)")
 	fs.BoolVar(&f.force, "force", false, "overwrite a non-empty output directory")
-	fs.BoolVar(&f.sparse, "sparse", false, "leave every tensor's data as a hole that reads as zeros: full-size files that take no disk (with the released layout, also the vision tower's two shards)")
+	fs.BoolVar(&f.sparse, "sparse", false, "leave every tensor's data as a hole that reads as zeros: full-size files that take no disk")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: bench mkmodel --preset tiny|small|medium|k3 --seed N --out DIR [--shards N] [--force] [--sparse]
 
 Writes a synthetic Kimi K3 checkpoint: config.json in the released nested shape,
 released tensor names and dtypes (BF16 trunk, F32 small tensors, MXFP4 routed
-experts), safetensors shards and model.safetensors.index.json. Presets: tiny is
+experts), safetensors shards and model.safetensors.index.json, and the vision
+tower and projector of the config's vision_config under the released names in
+the last two shards (tiny, small and demo have a small tower of K3's structure:
+width 64, 2 blocks of 2 heads of 32; medium and k3 have K3's). Presets: tiny is
 K3-SPEC 2.2 (1 MB), small has every structural feature (about 1.4 GB), medium is
 larger than 24 GiB of RAM (streaming benchmarks only), k3 is Kimi K3 at its
 released size (1.56 TB: use it with --sparse, which writes the released 96
@@ -95,16 +98,23 @@ func runMkmodel(ctx context.Context, f mkmodelConfig) error {
 	if err != nil {
 		return err
 	}
-	var total int64
+	var total, visionBytes int64
 	for _, t := range synth.Plan(cfg).All() {
 		total += t.Bytes()
+	}
+	projector, tower, err := synth.VisionPlan(cfg)
+	if err != nil {
+		return err
+	}
+	for _, t := range append(projector, tower...) {
+		visionBytes += t.Bytes()
 	}
 	kind := ""
 	if f.sparse {
 		kind = " (sparse: zero weights in holes)"
 	}
-	fmt.Fprintf(os.Stderr, "mkmodel: %d layers, hidden %d, %d experts, %s of text tensors%s -> %s\n",
-		cfg.NumLayers, cfg.HiddenSize, cfg.NumExperts, progress.HumanBytes(total), kind, f.out)
+	fmt.Fprintf(os.Stderr, "mkmodel: %d layers, hidden %d, %d experts, %s of text tensors, %s of vision tower and projector%s -> %s\n",
+		cfg.NumLayers, cfg.HiddenSize, cfg.NumExperts, progress.HumanBytes(total), progress.HumanBytes(visionBytes), kind, f.out)
 	p := progress.NewBytes(os.Stderr, "mkmodel")
 	start := time.Now()
 	if err := synth.Write(ctx, cfgJSON, f.out, synth.Options{Seed: f.seed, Shards: f.shards, Force: f.force, Sparse: f.sparse, Progress: p.Update}); err != nil {

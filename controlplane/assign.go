@@ -279,6 +279,25 @@ type Progress struct {
 	// Output: the decode group's final report carries everything the job
 	// generated.
 	Output *Output `msgpack:"output,omitempty" json:"output,omitempty"`
+	// Speculation: the decode group's final report's account of its
+	// speculative decoding.
+	Speculation *Speculation `msgpack:"speculation,omitempty" json:"speculation,omitempty"`
+}
+
+// Speculation is how a job's tokens were decoded: in Steps decode steps,
+// of which some verified drafted tokens: Drafted were drafted and Accepted
+// of them accepted (each emitted without a step of its own).
+type Speculation struct {
+	Steps    int `msgpack:"steps" json:"steps"`
+	Drafted  int `msgpack:"drafted,omitempty" json:"drafted,omitempty"`
+	Accepted int `msgpack:"accepted,omitempty" json:"accepted,omitempty"`
+}
+
+func (s *Speculation) validate(msg, field string) error {
+	if s.Steps < 0 || s.Drafted < 0 || s.Accepted < 0 || s.Accepted > s.Drafted {
+		return fieldErr(msg, field, "is %d steps, %d drafted, %d accepted: want counts >= 0 and accepted <= drafted", s.Steps, s.Drafted, s.Accepted)
+	}
+	return nil
 }
 
 // Validate checks the report and that a failure says why.
@@ -314,6 +333,11 @@ func (p *Progress) Validate() error {
 	}
 	if p.Measured != nil {
 		if err := p.Measured.validate(msg, "measured"); err != nil {
+			return err
+		}
+	}
+	if p.Speculation != nil {
+		if err := p.Speculation.validate(msg, "speculation"); err != nil {
 			return err
 		}
 	}

@@ -133,6 +133,9 @@ type Timing struct {
 	CachedOn     string `msgpack:"cached_on,omitempty" json:"cached_on,omitempty"`
 	// DecodeTokensPerSec is (output tokens - 1) / Decode.
 	DecodeTokensPerSec float64 `msgpack:"decode_tok_s" json:"decode_tok_s"`
+	// Speculation is the decode group's account of its speculative
+	// decoding (nil: none reported).
+	Speculation *Speculation `msgpack:"speculation,omitempty" json:"speculation,omitempty"`
 }
 
 func (t *Timing) validate(msg string) error {
@@ -156,6 +159,9 @@ func (t *Timing) validate(msg string) error {
 	}
 	if err := checkRate(msg, "timing.decode_tok_s", t.DecodeTokensPerSec); err != nil {
 		return err
+	}
+	if t.Speculation != nil {
+		return t.Speculation.validate(msg, "timing.speculation")
 	}
 	return nil
 }

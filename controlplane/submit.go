@@ -62,6 +62,9 @@ type Sampling struct {
 	// named, response_format json): the decode group draws each token
 	// within it and ends the reply when it is complete.
 	Grammar *grammar.Spec `msgpack:"grammar,omitempty" json:"grammar,omitempty"`
+	// NoDraft turns speculative decoding off for the job (the tokens are
+	// the same either way; only their pace differs).
+	NoDraft bool `msgpack:"no_draft,omitempty" json:"no_draft,omitempty"`
 }
 
 // ChatReply says how a chat job's reply opens: in the think channel when

@@ -20,6 +20,9 @@ type Model struct {
 	// The same per layer: what a pipeline stage holding some layers does.
 	layerToken []FLOPs
 	layerPair  []float64
+
+	// Vision is the vision tower's sizes; nil when the model has none.
+	Vision *Vision
 }
 
 // Shape is what a sequence's state costs to move: per cached token (MLA
@@ -38,6 +41,9 @@ type Shape struct {
 // state contract).
 func New(c *modelconfig.Config, latentBytes int) *Model {
 	m := &Model{Layers: c.NumLayers, layerToken: make([]FLOPs, c.NumLayers), layerPair: make([]float64, c.NumLayers)}
+	if v, ok := VisionOf(c); ok {
+		m.Vision = &v
+	}
 	for L := 0; L < c.NumLayers; L++ {
 		f := LayerFLOPs(c, L, 0, 1)
 		f.Attn = 0

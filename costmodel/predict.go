@@ -18,6 +18,10 @@ type Rates struct {
 	// LinkBytesPerS and LinkRTT describe the data plane between the boxes.
 	LinkBytesPerS float64
 	LinkRTT       time.Duration
+	// PrefillVision and LocalVision are the vision tower's rates on each
+	// path in GFLOP/s over Vision.Work (0: the path's dense rate stands
+	// in).
+	PrefillVision, LocalVision float64
 	// DecodeStep is one decode step of the group (the first token after
 	// either prefill is one step).
 	DecodeStep time.Duration
@@ -71,6 +75,9 @@ type Load struct {
 	// computes only the rest of its part. RemoteAppend is how many the group
 	// holds rows of, so that the transfer carries only the rows after them.
 	RemoteSplit, RemoteCached, RemoteAppend int
+	// Images are the new prompt's images: the path that prefills an image
+	// (past its cached prefix) first runs the vision tower over them.
+	Images []Image
 	// Threshold is the prompt length above which the router's Threshold
 	// policy goes remote; it is not a cost.
 	Threshold int
@@ -83,8 +90,10 @@ type Prediction struct {
 	// weight pass that carries the prompt and TransferTail for the state
 	// still in flight after the pass; a local one has QueueWait and
 	// Prefill. Both have FirstStep and Overhead, the control plane's own
-	// latency on the path.
-	QueueWait, Pass, Prefill, TransferTail, FirstStep, Overhead time.Duration
+	// latency on the path, and Vision, the tower's run over the prompt's
+	// images before it joins a pass or the group's chunks (the queue in
+	// front moves meanwhile: QueueWait is what is left of it after).
+	QueueWait, Pass, Prefill, TransferTail, FirstStep, Overhead, Vision time.Duration
 }
 
 // PredictRemote is the remote TTFT of a prompt of prompt tokens, whose
@@ -108,6 +117,8 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 		tokens = min(l.RemoteSplit, end)
 	}
 	from := min(max(l.RemoteCached, 0), tokens)
+	p.Vision = visionTime(m, r.PrefillVision, r.Prefill, l.Images, from)
+	p.QueueWait = max(p.QueueWait-p.Vision, 0)
 	work := m.Work(from, tokens)
 	for _, q := range l.NextPass {
 		work = work.Add(m.Work(0, q))
@@ -127,7 +138,7 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	}
 	p.FirstStep = r.DecodeStep
 	p.Overhead = r.RemoteOverhead
-	p.Total = sum(p.QueueWait, p.Pass, p.TransferTail, p.Prefill, p.FirstStep, p.Overhead)
+	p.Total = sum(p.QueueWait, p.Vision, p.Pass, p.TransferTail, p.Prefill, p.FirstStep, p.Overhead)
 	return p
 }
 
@@ -146,10 +157,14 @@ func PredictLocal(m *Model, r Rates, l Load, prompt int) Prediction {
 	// Queued chunks share the group's steps with this prompt's: their
 	// fixed costs are this prompt's own.
 	p.QueueWait = r.Local.Time(ahead, 0)
+	p.Vision = visionTime(m, r.LocalVision, r.Local, l.Images, from)
+	if p.QueueWait < Unknown {
+		p.QueueWait = max(p.QueueWait-p.Vision, 0)
+	}
 	p.Prefill = localPrefill(m, r.Local, l, from, tokens)
 	p.FirstStep = r.DecodeStep
 	p.Overhead = r.LocalOverhead
-	p.Total = sum(p.QueueWait, p.Prefill, p.FirstStep, p.Overhead)
+	p.Total = sum(p.QueueWait, p.Vision, p.Prefill, p.FirstStep, p.Overhead)
 	return p
 }
 

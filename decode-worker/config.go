@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/internal/health"
@@ -49,6 +50,9 @@ var settings = []config.Setting{
 	// budget for prompts that start the same (every rank of a group alike).
 	{Key: "prefix_cache.enabled", Default: true, Help: "keep finished prompts' states for prompts that start the same (every rank of a group alike)"},
 	{Key: "prefix_cache.stride", Default: 0, Help: "also snapshot the KDA states every this many prefilled tokens (a multiple of 64; 0: at prompt ends only)"},
+	// Speculative decoding: rank 0 drafts, every rank verifies.
+	{Key: "draft.mode", Default: "lookup", Help: "speculative decoding on rank 0: lookup (draft from each sequence's prompt and output and from earlier sequences, where the measured step cost says it pays; exact either way) or off"},
+	{Key: "draft.max", Default: 4, Help: "most tokens drafted for a sequence per step (1 to 16)"},
 	{Key: "latent_norm_eps", Default: 0.0, Help: "override the MLA latent norm eps (0: the config's)"},
 	{Key: "step_timeout", Default: 5 * time.Minute, Help: "a step not back by then resets the group"},
 	{Key: "mesh.heartbeat", Default: 500 * time.Millisecond, Help: "mesh keep-alive period"},
@@ -87,6 +91,12 @@ Every rank of a group reads the same group file (group.example.yaml): the
 group's name, its mesh secret (secret, or secret_file relative to the file,
 or $TANDEM_GROUP_SECRET), and its ranks, each with endpoint, and optionally
 layers [lo, hi) (on every rank or none) and memory_budget (a byte size).
+The layout is pipeline stages x tensor ranks per stage (key tensor, default
+1): the ranks are listed stage-major (rank = stage*tensor + t), a stage's
+ranks share its layers and split each of them by heads and experts, and
+tensor must divide the model's attention heads. This build's pipeline runs
+tensor 1 only; bench generate and bench decodegroup run tensor-parallel
+stages in process.
 
 ` + config.Help(process)
 
@@ -105,6 +115,8 @@ type workerConfig struct {
 	CacheDType   model.DType
 	PrefixCache  bool
 	PrefixStride int
+	Draft        bool // draft.mode is lookup
+	DraftMax     int
 	LatentEps    float64
 	StepTimeout  time.Duration
 	Heartbeat    time.Duration
@@ -172,7 +184,7 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 		Listen: v.GetString("listen"), Threads: v.GetInt("threads"), Backend: v.GetString("backend"), MicroBatches: v.GetInt("micro_batches"),
 		MaxBatch: v.GetInt("max_batch"), PrefillChunk: v.GetInt("prefill_chunk"), LatentEps: v.GetFloat64("latent_norm_eps"),
 		PrefixCache: v.GetBool("prefix_cache.enabled"), PrefixStride: v.GetInt("prefix_cache.stride"),
-		StepTimeout: v.GetDuration("step_timeout"), Heartbeat: v.GetDuration("mesh.heartbeat"), Idle: v.GetDuration("mesh.idle"),
+		DraftMax: v.GetInt("draft.max"), StepTimeout: v.GetDuration("step_timeout"), Heartbeat: v.GetDuration("mesh.heartbeat"), Idle: v.GetDuration("mesh.idle"),
 		Handshake: v.GetDuration("transfer.handshake"), IO: v.GetDuration("transfer.io"),
 		TransferIdle: v.GetDuration("transfer.idle"), KeepAlive: v.GetDuration("transfer.keep_alive"),
 		Frontdoor: v.GetBool("frontdoor"), Transport: v.GetString("transport"),
@@ -210,6 +222,15 @@ func resolveConfig(fs *pflag.FlagSet, args []string) (*workerConfig, error) {
 	default:
 		return nil, fmt.Errorf("transport %q: want tcp, rdma or auto", c.Transport)
 	}
+	switch mode := v.GetString("draft.mode"); mode {
+	case "lookup", "off":
+		c.Draft = mode == "lookup"
+	default:
+		return nil, fmt.Errorf("draft.mode %q: want lookup or off", mode)
+	}
+	if c.DraftMax < 1 || c.DraftMax > pipeline.MaxDraft {
+		return nil, fmt.Errorf("draft.max %d: want 1 to %d", c.DraftMax, pipeline.MaxDraft)
+	}
 	switch {
 	case c.GroupConfig == "":
 		return nil, errors.New("--group-config is required")
@@ -231,11 +252,12 @@ type groupFile struct {
 	Secret     string     `mapstructure:"secret"`
 	SecretFile string     `mapstructure:"secret_file"`
 	Ranks      []rankFile `mapstructure:"ranks"`
+	Tensor     int        `mapstructure:"tensor"`
 }
 
 // groupKeys and rankKeys are the group file's keys: any other is refused.
 var (
-	groupKeys = []string{"group", "secret", "secret_file", "ranks"}
+	groupKeys = []string{"group", "secret", "secret_file", "ranks", "tensor"}
 	rankKeys  = []string{"endpoint", "layers", "memory_budget"}
 )
 
@@ -302,7 +324,10 @@ func loadGroup(path string, numLayers int) (*rank.Layout, []byte, error) {
 			listed++
 		}
 	}
-	l, err := rank.Even(gf.Group, numLayers, eps)
+	if gf.Tensor < 0 {
+		return nil, nil, fmt.Errorf("group config %s: tensor %d: want 1 or more ranks per stage", path, gf.Tensor)
+	}
+	l, err := rank.EvenTensor(gf.Group, numLayers, eps, max(gf.Tensor, 1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("group config %s: %w", path, err)
 	}

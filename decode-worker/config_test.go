@@ -56,6 +56,17 @@ ranks:
 		t.Fatalf("secret from the environment: %q", secret)
 	}
 	t.Setenv("TANDEM_GROUP_SECRET", "")
+	tensor := writeFile(t, dir, "tensor.yaml", `group: g
+secret: 0123456789abcdef0123
+tensor: 2
+ranks: [{endpoint: "a:1"}, {endpoint: "b:1"}, {endpoint: "c:1"}, {endpoint: "d:1"}]
+`)
+	if l, _, err = loadGroup(tensor, 9); err != nil {
+		t.Fatal(err)
+	}
+	if l.Stages() != 2 || l.Ranks[1].Lo != 0 || l.Ranks[1].Hi != 5 || l.Ranks[3].Lo != 5 || l.Sampler() != 2 {
+		t.Fatalf("2 x 2 layout: %+v", l)
+	}
 
 	for name, tc := range map[string]struct{ text, want string }{
 		"short secret": {"secret: short\nranks: [{endpoint: \"a:1\"}]\n", "at least 16"},
@@ -66,6 +77,8 @@ ranks:
 		"bad budget":   {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"a:1\", memory_budget: lots}]\n", "memory_budget"},
 		"bad endpoint": {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"nohost\"}]\n", "endpoint"},
 		"too many":     {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"a:1\"}, {endpoint: \"b:1\"}]\n", "cannot split"},
+		"part stage":   {"secret: 0123456789abcdef0123\ntensor: 2\nranks: [{endpoint: \"a:1\"}, {endpoint: \"b:1\"}, {endpoint: \"c:1\"}]\n", "whole stages"},
+		"stage layers": {"secret: 0123456789abcdef0123\ntensor: 2\nranks: [{endpoint: \"a:1\", layers: [0, 9]}, {endpoint: \"b:1\", layers: [0, 8]}]\n", "share its layers"},
 	} {
 		p := writeFile(t, dir, strings.ReplaceAll(name, " ", "_")+".yaml", tc.text)
 		n := 9
@@ -87,11 +100,12 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Rank != 0 || cfg.MaxBatch != 64 || cfg.PrefillChunk != 512 || cfg.CacheDType != model.BF16 ||
-		cfg.Idle != 3*time.Second || cfg.Heartbeat != 500*time.Millisecond || !cfg.Frontdoor || cfg.LogLevel != "info" || cfg.Backend != "cpu" {
+		cfg.Idle != 3*time.Second || cfg.Heartbeat != 500*time.Millisecond || !cfg.Frontdoor || cfg.LogLevel != "info" || cfg.Backend != "cpu" ||
+		!cfg.Draft || cfg.DraftMax != 4 {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	// File < environment < flags.
-	file := writeFile(t, t.TempDir(), "worker.yaml", "max_batch: 8\nprefill_chunk: 128\nmesh:\n  idle: 7s\nmemory_budget: 1GiB\nrank: 1\n")
+	file := writeFile(t, t.TempDir(), "worker.yaml", "max_batch: 8\nprefill_chunk: 128\nmesh:\n  idle: 7s\nmemory_budget: 1GiB\nrank: 1\ndraft:\n  mode: off\n  max: 2\n")
 	t.Setenv("TANDEM_DECODE_WORKER_PREFILL_CHUNK", "256")
 	t.Setenv("TANDEM_DECODE_WORKER_MESH_HEARTBEAT", "250ms")
 	cfg, err = loadConfig([]string{"--group-config", "g.yaml", "--model", "m", "--config", file, "--rank", "2", "--cache-dtype", "f32"})
@@ -99,7 +113,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Rank != 2 || cfg.MaxBatch != 8 || cfg.PrefillChunk != 256 || cfg.Idle != 7*time.Second ||
-		cfg.Heartbeat != 250*time.Millisecond || cfg.MemoryBudget != 1<<30 || cfg.CacheDType != model.F32 {
+		cfg.Heartbeat != 250*time.Millisecond || cfg.MemoryBudget != 1<<30 || cfg.CacheDType != model.F32 || cfg.Draft || cfg.DraftMax != 2 {
 		t.Fatalf("layered config: %+v", cfg)
 	}
 	for _, args := range [][]string{
@@ -109,6 +123,9 @@ func TestLoadConfig(t *testing.T) {
 		{"--group-config", "g.yaml", "--model", "m", "--cache-dtype", "fp8"},
 		{"--group-config", "g.yaml", "--model", "m", "--memory-budget", "-3"},
 		{"--group-config", "g.yaml", "--model", "m", "--backend", "cuda"},
+		{"--group-config", "g.yaml", "--model", "m", "--draft-mode", "eagle"},
+		{"--group-config", "g.yaml", "--model", "m", "--draft-max", "0"},
+		{"--group-config", "g.yaml", "--model", "m", "--draft-max", "17"},
 		{"--group-config", "g.yaml", "--model", "m", "--config", "/nonexistent/w.yaml"},
 		{"--no-such-flag"},
 	} {

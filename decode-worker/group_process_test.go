@@ -341,6 +341,10 @@ func TestProcessMetrics(t *testing.T) {
 			if f.Value("tandem_decode_decode_steps_total") <= 0 {
 				t.Error("rank 0: no decode step counted")
 			}
+			drafted, accepted, rejected := f.Value("tandem_decode_draft_drafted_tokens_total"), f.Value("tandem_decode_draft_accepted_tokens_total"), f.Value("tandem_decode_draft_rejected_tokens_total")
+			if !f.Exports("tandem_decode_draft_drafted_tokens_total") || !f.Exports("tandem_decode_draft_accepted_length") || accepted+rejected != drafted {
+				t.Errorf("rank 0: speculative decoding's series: drafted %v, accepted %v, rejected %v", drafted, accepted, rejected)
+			}
 		}
 	}
 	missing, err := all.DashboardsMissing("tandem_decode_", "go_", "process_")

@@ -51,6 +51,7 @@ import (
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/sysverbs"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/imagejob"
 	"github.com/tandem-inference/tandem/model/safetensors"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
@@ -96,6 +97,12 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := layout.CheckModel(mcfg); err != nil {
+		return fmt.Errorf("group config %s: %w", cfg.GroupConfig, err)
+	}
+	if layout.TensorRanks() > 1 {
+		return fmt.Errorf("group config %s: tensor %d: this build's decode pipeline runs one rank per stage (tensor 1); tensor-parallel stages run in process with bench generate/decodegroup --tensor", cfg.GroupConfig, layout.TensorRanks())
+	}
 	if cfg.Rank > layout.Last() {
 		return fmt.Errorf("--rank %d: group %q has ranks 0..%d", cfg.Rank, layout.Group, layout.Last())
 	}
@@ -108,7 +115,7 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		need := residentBytes(ck, layout, cfg.Rank)
+		need := residentBytes(ck, mcfg, layout, cfg.Rank)
 		ck.Close()
 		_, total := dm.DeviceMemory()
 		if err := checkFits(need, total, cfg.Rank, spec.Lo, spec.Hi); err != nil {
@@ -148,11 +155,17 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	images, closeTower, err := rankImages(ctx, cfg, layout, mcfg, be, log)
+	if err != nil {
+		return err
+	}
+	defer closeTower()
 	vocab := grammarVocabulary(cfg, layout, m.Model.Cfg.VocabSize, log)
 	w, err := pipeline.Start(pipeline.Config{Rank: cfg.Rank, Layout: layout, Model: m.Model, Server: srv, Secret: secret, Vocabulary: vocab,
 		Transport: tr, Timeouts: to, MemoryBudget: cfg.MemoryBudget, MicroBatches: cfg.MicroBatches, MaxBatch: cfg.MaxBatch,
 		PrefillChunk: cfg.PrefillChunk, Heartbeat: cfg.Heartbeat, Idle: cfg.Idle, StepTimeout: cfg.StepTimeout,
-		PrefixCache: pipeline.PrefixCacheConfig{Off: !cfg.PrefixCache, Stride: cfg.PrefixStride, ModelID: modelID}, Log: base})
+		PrefixCache: pipeline.PrefixCacheConfig{Off: !cfg.PrefixCache, Stride: cfg.PrefixStride, ModelID: modelID},
+		Draft:       pipeline.DraftConfig{Off: !cfg.Draft, KMax: cfg.DraftMax}, Log: base})
 	if err != nil {
 		return err
 	}
@@ -200,7 +213,7 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	// Control-plane mode: the registry, and a bounded way out (drain,
 	// then leave).
 	hs.Ready("worker", func() error { return errors.New("starting: joining the control plane") })
-	adapter, nc, err := startAdapter(ctx, cfg, layout, w, metrics, metricsAddr, base)
+	adapter, nc, err := startAdapter(ctx, cfg, layout, w, images, metrics, metricsAddr, base)
 	if err != nil {
 		return err
 	}
@@ -247,7 +260,7 @@ func grammarVocabulary(cfg *workerConfig, layout *rank.Layout, vocabSize int, lo
 
 // startAdapter joins the control plane: the rank registers in the worker
 // registry and, on rank 0, takes the coordinator's jobs.
-func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w *pipeline.Worker, m *cpadapter.Metrics, metricsAddr string,
+func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w *pipeline.Worker, images *imagejob.Encoder, m *cpadapter.Metrics, metricsAddr string,
 	log *zap.Logger) (*cpadapter.Adapter, *nats.Conn, error) {
 	id := cfg.WorkerID
 	if id == "" {
@@ -284,7 +297,7 @@ func startAdapter(ctx context.Context, cfg *workerConfig, layout *rank.Layout, w
 		return nil, nil, fmt.Errorf("control plane: %w", err)
 	}
 	a, err := cpadapter.Start(ctx, cpadapter.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: w, Layout: layout, Rank: cfg.Rank,
-		Model: mcfg, ModelID: modelID, LatentDType: cfg.CacheDType, Tokenizer: tok, Advertise: cfg.Advertise,
+		Model: mcfg, ModelID: modelID, LatentDType: cfg.CacheDType, Tokenizer: tok, Images: images, Advertise: cfg.Advertise,
 		Backend: cfg.Backend, Heartbeat: cfg.Beat, Metrics: m, MetricsAddr: metricsAddr, Log: log})
 	if err != nil {
 		nc.Close()

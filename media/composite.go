@@ -37,18 +37,17 @@ func composite(rgba []uint8, w, h int) []uint8 {
 }
 
 // premultiply and unpremultiply are Pillow's RGBA <-> RGBa conversions, which
-// Image.resize wraps around resampling an image with alpha.
+// Image.resize wraps around resampling an image with alpha. Both work in
+// place.
 func premultiply(rgba []uint8) []uint8 {
-	out := make([]uint8, len(rgba))
 	for i := 0; i < len(rgba); i += 4 {
 		a := uint32(rgba[i+3])
 		for c := range 3 {
 			t := uint32(rgba[i+c])*a + 128
-			out[i+c] = uint8(((t >> 8) + t) >> 8)
+			rgba[i+c] = uint8(((t >> 8) + t) >> 8)
 		}
-		out[i+3] = rgba[i+3]
 	}
-	return out
+	return rgba
 }
 
 func unpremultiply(rgba []uint8) {

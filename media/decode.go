@@ -76,6 +76,7 @@ func preprocess(r *raster) (*Image, error) {
 
 // resizeToRGB resizes r to rw x rh as Pillow's Image.resize(BICUBIC) treats
 // its mode, then converts to RGB as the processor does (compositing alpha).
+// It may reuse and overwrite r's pixels.
 func resizeToRGB(r *raster, rw, rh int) []uint8 {
 	same := r.w == rw && r.h == rh
 	switch r.kind {

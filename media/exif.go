@@ -28,9 +28,7 @@ func jpegOrientation(data []byte) int {
 		}
 		seg := data[off+4 : off+2+n]
 		if marker == 0xe1 && len(seg) >= 6 && string(seg[:6]) == "Exif\x00\x00" {
-			if o := tiffOrientation(seg[6:]); o != 0 {
-				return o
-			}
+			return max(tiffOrientation(seg[6:]), 1)
 		}
 		off += 2 + n
 	}
@@ -84,4 +82,32 @@ func tiffOrientation(t []byte) int {
 		return 0
 	}
 	return 0
+}
+
+// exifOrientation reads an EXIF payload that may or may not carry the
+// "Exif\0\0" prefix (PNG's eXIf and WebP's EXIF chunks are seen both ways);
+// 0 when there is no orientation.
+func exifOrientation(b []byte) int {
+	if len(b) >= 6 && string(b[:6]) == "Exif\x00\x00" {
+		b = b[6:]
+	}
+	return tiffOrientation(b)
+}
+
+// webpOrientation reads the EXIF chunk of an extended (VP8X) WebP; 1 when
+// there is none. Chunks are walked by their declared sizes, each step at
+// least 8 bytes, within data.
+func webpOrientation(data []byte) int {
+	for off := 12; off+8 <= len(data); {
+		n := int64(binary.LittleEndian.Uint32(data[off+4:]))
+		end := int64(off) + 8 + n
+		if end > int64(len(data)) {
+			return 1
+		}
+		if string(data[off:off+4]) == "EXIF" {
+			return max(exifOrientation(data[off+8:end]), 1)
+		}
+		off = int(end + n%2) // chunks are padded to an even size
+	}
+	return 1
 }

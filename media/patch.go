@@ -18,26 +18,39 @@ var normLUT = func() (lut [256]float32) {
 
 // patchify pads rgb (w x h, 3 bytes a pixel) with black (0, which normalises
 // to -1) on the right and bottom to gridW x gridH patches and writes the
-// normalised patches in row-major patch order, each [3][14][14].
+// normalised patches in row-major patch order, each [3][14][14]. It works a
+// pixel row at a time: each channel's normalised row is built once, then cut
+// into the 14-value rows of its patches.
 func patchify(rgb []uint8, w, h, gridW, gridH int) []float32 {
 	const p = PatchSize
+	padW := gridW * p
 	out := make([]float32, gridW*gridH*3*p*p)
-	for py := range gridH {
-		for px := range gridW {
-			patch := out[(py*gridW+px)*3*p*p:][:3*p*p]
-			for dy := range p {
-				y := py*p + dy
-				for dx := range p {
-					x := px*p + dx
-					var r, g, b uint8
-					if x < w && y < h {
-						i := 3 * (y*w + x)
-						r, g, b = rgb[i], rgb[i+1], rgb[i+2]
-					}
-					patch[0*p*p+dy*p+dx] = normLUT[r]
-					patch[1*p*p+dy*p+dx] = normLUT[g]
-					patch[2*p*p+dy*p+dx] = normLUT[b]
+	var rows [3][]float32
+	for c := range rows {
+		rows[c] = make([]float32, padW)
+	}
+	for y := range gridH * p {
+		for c := range rows {
+			row := rows[c]
+			if y >= h {
+				row = row[:0]
+			} else {
+				src := rgb[3*y*w : 3*(y+1)*w]
+				for x := range w {
+					row[x] = normLUT[src[3*x+c]]
 				}
+				row = row[:w]
+			}
+			for x := len(row); x < padW; x++ {
+				rows[c][x] = normLUT[0]
+			}
+		}
+		py, dy := y/p, y%p
+		for px := range gridW {
+			base := ((py*gridW+px)*3)*p*p + dy*p
+			for c := range rows {
+				// Array assignment, not copy: a 14-value move inline, no memmove call.
+				*(*[p]float32)(out[base+c*p*p:]) = [p]float32(rows[c][px*p:])
 			}
 		}
 	}

@@ -34,6 +34,7 @@ type pngHeader struct {
 	bitDepth, colorType byte
 	hasTRNS             bool
 	trnsGray            uint16 // the greyscale key, for colour type 0
+	orientation         int    // from an eXIf chunk; 0 when none
 }
 
 // Probe reads only the header (the format's DecodeConfig and, for JPEG, the
@@ -70,6 +71,12 @@ func probe(data []byte, lim Limits) (header, error) {
 		h.orientation = jpegOrientation(data)
 	case "png":
 		h.png = readPNGHeader(data)
+		h.orientation = max(h.png.orientation, 1)
+	case "webp":
+		if err := checkWebP(data, h.rawW, h.rawH); err != nil {
+			return h, err
+		}
+		h.orientation = webpOrientation(data)
 	}
 	h.Width, h.Height = h.rawW, h.rawH
 	if h.orientation >= 5 { // the transposing orientations swap the sides
@@ -104,8 +111,9 @@ func eofError(err error) error {
 	return err
 }
 
-// readPNGHeader reads IHDR's bit depth and colour type and whether a tRNS
-// chunk comes before the image data. The walk advances at least 12 bytes a
+// readPNGHeader reads IHDR's bit depth and colour type, whether a tRNS
+// chunk comes before the image data, and the orientation in an eXIf chunk
+// (which Pillow reads wherever it is). The walk advances at least 12 bytes a
 // chunk and stops at the end of data, so hostile lengths cannot loop.
 func readPNGHeader(data []byte) pngHeader {
 	var p pngHeader
@@ -113,17 +121,24 @@ func readPNGHeader(data []byte) pngHeader {
 		return p
 	}
 	p.bitDepth, p.colorType = data[24], data[25]
+	idat := false
 	for off := 8; off+8 <= len(data); {
 		n := int64(binary.BigEndian.Uint32(data[off:]))
 		typ := string(data[off+4 : off+8])
-		if typ == "IDAT" || typ == "IEND" {
+		if typ == "IEND" {
 			break
 		}
 		next := int64(off) + 12 + n
 		if next > int64(len(data)) {
 			break
 		}
-		if typ == "tRNS" {
+		if typ == "IDAT" {
+			idat = true
+		}
+		if typ == "eXIf" && p.orientation == 0 {
+			p.orientation = exifOrientation(data[off+8 : off+8+int(n)])
+		}
+		if typ == "tRNS" && !idat {
 			p.hasTRNS = true
 			if n >= 2 {
 				p.trnsGray = binary.BigEndian.Uint16(data[off+8:])

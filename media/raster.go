@@ -78,9 +78,20 @@ func toRaster(img image.Image, h header) (*raster, error) {
 	case *image.RGBA64:
 		r.kind, r.pix = kindRGB, dropAlpha(high8(m.Pix, m.Stride, w, ht, 4))
 	case *image.YCbCr:
-		r.kind, r.pix = kindRGB, ycbcrToRGB(m)
+		r.kind = kindRGB
+		switch {
+		case h.Format == "jpeg":
+			r.pix = jpegYCbCrToRGB(m)
+		case h.Format == "webp" && m.SubsampleRatio == image.YCbCrSubsampleRatio420:
+			r.pix = webpYCbCrToRGB(m, nil, 0, 3)
+		default:
+			r.pix = ycbcrToRGB(m)
+		}
 	case *image.NYCbCrA:
 		r.kind, r.pix = kindRGBA, nycbcraToRGBA(m)
+		if h.Format == "webp" && m.SubsampleRatio == image.YCbCrSubsampleRatio420 {
+			r.pix = webpYCbCrToRGB(&m.YCbCr, m.A, m.AStride, 4)
+		}
 	case *image.CMYK:
 		r.kind, r.pix = kindCMYK, copyPlane(m.Pix, m.Stride, w, ht, 4)
 	default:
@@ -152,17 +163,25 @@ func greyRamp(p color.Palette) bool {
 	return true
 }
 
+// nrgbaPalette pads the palette to 256 entries with opaque black, which is
+// what Pillow reads for an index past the palette.
 func nrgbaPalette(p color.Palette) []color.NRGBA {
-	out := make([]color.NRGBA, 256) // indices past the palette read as black
-	for i, c := range p {
-		if i < len(out) {
-			out[i] = color.NRGBAModel.Convert(c).(color.NRGBA)
+	out := make([]color.NRGBA, 256)
+	for i := range out {
+		out[i] = color.NRGBA{A: 255}
+		if i < len(p) {
+			out[i] = color.NRGBAModel.Convert(p[i]).(color.NRGBA)
 		}
 	}
 	return out
 }
 
+// copyPlane returns the w*h*ch bytes of a strided plane, the plane itself
+// when it has no padding (the decoded image is Decode's own to reuse).
 func copyPlane(src []uint8, stride, w, h, ch int) []uint8 {
+	if stride == w*ch {
+		return src[:w*h*ch]
+	}
 	out := make([]uint8, w*h*ch)
 	for y := range h {
 		copy(out[y*w*ch:(y+1)*w*ch], src[y*stride:y*stride+w*ch])

@@ -31,6 +31,22 @@ func LayerPrefix(L int) string { return fmt.Sprintf("language_model.model.layers
 // BindLayer binds layer L's weights from src and checks every shape against
 // the config. A missing or malformed tensor is reported by its name.
 func BindLayer(c *Config, L int, src TensorSource) (*Layer, error) {
+	return bindLayer(c, L, src, 0, c.NumExperts)
+}
+
+// BindLayerShard binds tensor rank s's slices of layer L (shard.go): the
+// routed experts of other ranks are not even looked at.
+func BindLayerShard(c *Config, L int, src TensorSource, s Shard) (*Layer, error) {
+	e0, e1 := s.Range(c.NumExperts)
+	l, err := bindLayer(c, L, src, e0, e1)
+	if err != nil {
+		return nil, err
+	}
+	return ShardLayer(c, l, s)
+}
+
+// bindLayer binds layer L with routed experts [e0, e1).
+func bindLayer(c *Config, L int, src TensorSource, e0, e1 int) (*Layer, error) {
 	l := &Layer{Index: L, Kind: c.LayerKind(L)}
 	b := binder{src: src}
 	prefix := LayerPrefix(L)
@@ -55,10 +71,10 @@ func BindLayer(c *Config, L int, src TensorSource) (*Layer, error) {
 		} else {
 			b.bindFields(l.MoE.Shared, p+"shared_experts.")
 		}
-		l.MoE.Experts = make([]kernels.Expert, c.NumExperts)
-		for e := range l.MoE.Experts {
-			ep := fmt.Sprintf("%sexperts.%d.", p, e)
-			l.MoE.Experts[e] = kernels.Expert{W1: b.matrix(ep + "w1"), W3: b.matrix(ep + "w3"), W2: b.matrix(ep + "w2")}
+		l.MoE.Experts, l.MoE.ExpertBase = make([]kernels.Expert, e1-e0), e0
+		for i := range l.MoE.Experts {
+			ep := fmt.Sprintf("%sexperts.%d.", p, e0+i)
+			l.MoE.Experts[i] = kernels.Expert{W1: b.matrix(ep + "w1"), W3: b.matrix(ep + "w3"), W2: b.matrix(ep + "w2")}
 			if b.err != nil {
 				break
 			}

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -325,7 +326,9 @@ func TestFixtureDecoderLayers(t *testing.T) {
 		}
 		// The fixture's stack depth is its own (not the model's), so call the
 		// layer directly rather than through RunLayer's depth check.
-		m.forwardLayer(l, batch, PhasePrefill)
+		if err := m.forwardLayer(context.Background(), l, batch, PhasePrefill); err != nil {
+			t.Fatal(err)
+		}
 		expectClose(t, name+" out", batch.Partial.Data, fixTensor(t, f, "out").Data)
 		stackOut := fixTensor(t, f, "block_residual_out")
 		no := stackOut.Shape[1]

@@ -12,7 +12,8 @@ import (
 // the output projection. Each sequence continues from and updates its state.
 func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, phase Phase) *kernels.Tensor {
 	be, c := m.Backend, m.Cfg
-	T, P, H, D := x.Rows, c.KDAProjDim(), c.KDAHeads, c.KDAHeadDim
+	T, H, D := x.Rows, w.BProj.Rows, c.KDAHeadDim // H: this holder's heads (all, or a tensor rank's)
+	P := H * D
 
 	proj := func(w *kernels.Matrix) *kernels.Tensor { return m.linear(x, w) }
 	qp, kp, vp := proj(w.QProj), proj(w.KProj), proj(w.VProj)
@@ -75,7 +76,7 @@ func (m *Model) kdaForward(L int, w *KDAWeights, x *kernels.Tensor, b *Batch, ph
 // from and updating its conv tails; a verify span (lp not nil) keeps its
 // pre-conv inputs for Commit and runs on copies of the tails.
 func (m *Model) kdaConvs(ls *LayerState, w *KDAWeights, span kernels.Span, lp *layerPending, dst, src [3]*kernels.Tensor) {
-	be, P, K1 := m.Backend, m.Cfg.KDAProjDim(), w.QConv.Cols-1
+	be, P, K1 := m.Backend, w.QConv.Rows, w.QConv.Cols-1
 	for j, cw := range []*kernels.Tensor{w.QConv, w.KConv, w.VConv} {
 		host := ls.Part(PartConvQ + PartKind(j)).F32()
 		var sc *[]float32

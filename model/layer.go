@@ -1,11 +1,17 @@
 package model
 
-import "github.com/tandem-inference/tandem/kernels"
+import (
+	"context"
+
+	"github.com/tandem-inference/tandem/kernels"
+)
 
 // forward runs decoder layer l over the batch (spec §3.2): AttnRes mix into
 // the attention, a block push at block starts, KDA or MLA, AttnRes mix into
-// the FFN (dense or LatentMoE), each added to the block's partial sum.
-func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
+// the FFN (dense or LatentMoE), each added to the block's partial sum. A
+// tensor rank (shard.go) sums the attention's and the FFN's partial outputs
+// over its stage: the only errors are the reductions'.
+func (m *Model) forwardLayer(ctx context.Context, l *Layer, b *Batch, phase Phase) error {
 	be, c := m.Backend, m.Cfg
 	L := l.Index
 	inAttn := b.Partial
@@ -32,6 +38,12 @@ func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
 		a = m.mlaForward(L, l.MLA, x, b, phase)
 	}
 	be.Free(x)
+	if m.split() {
+		if err := m.reduce(ctx, a); err != nil {
+			be.Free(a)
+			return err
+		}
+	}
 	if partial == nil {
 		partial = a
 	} else {
@@ -42,13 +54,23 @@ func (m *Model) forwardLayer(l *Layer, b *Batch, phase Phase) {
 	inMLP := m.attnResMix(partial, b.Stack, l.mlpProj)
 	be.RMSNorm(inMLP, inMLP, l.PostAttnNorm, 0, float32(c.RMSNormEps))
 	var f *kernels.Tensor
-	if l.Dense != nil {
+	var err error
+	switch {
+	case l.Dense != nil && m.split():
 		f = m.ffnForward(l.Dense, inMLP)
-	} else {
+		err = m.reduce(ctx, f)
+	case l.Dense != nil:
+		f = m.ffnForward(l.Dense, inMLP)
+	case m.split():
+		f, err = m.moeShardForward(ctx, l.MoE, inMLP)
+	default:
 		f = m.moeForward(l.MoE, inMLP)
 	}
 	be.Free(inMLP)
-	be.Add(partial, partial, f)
-	be.Free(f)
+	if f != nil {
+		be.Add(partial, partial, f)
+		be.Free(f)
+	}
 	b.Partial = partial
+	return err
 }

@@ -35,6 +35,9 @@ type LoadOptions struct {
 	// Pin keeps the bound weights in memory (safetensors.Checkpoint.Pin):
 	// a server's, whose requests must not wait for the disk.
 	Pin bool
+	// Shard binds only a tensor rank's slices (shard.go); the zero Shard
+	// binds every weight.
+	Shard Shard
 }
 
 // Loaded is a model bound to an open checkpoint; Close releases the
@@ -72,9 +75,14 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 	m := New(cfg, be)
 	var src TensorSource = CheckpointSource{ck}
 	var views [][]byte
-	if opt.Pin {
+	if opt.Pin && !opt.Shard.Split() {
 		src = viewsOf{src, &views}
 	}
+	if err := cfg.CheckShard(max(opt.Shard.Ranks, 1)); err != nil {
+		ck.Close()
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	m.Shard, m.State.Shard = opt.Shard, opt.Shard
 	fail := func(err error) (*Loaded, error) {
 		ck.Close()
 		return nil, fmt.Errorf("%s: %w", dir, err)
@@ -84,10 +92,10 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 		if err != nil {
 			return fail(err)
 		}
-		m.Globals = g
+		m.Globals = ShardGlobals(cfg, g, opt.Shard)
 	}
 	for L := opt.Lo; L < opt.Hi; L++ {
-		l, err := BindLayer(cfg, L, src)
+		l, err := BindLayerShard(cfg, L, src, opt.Shard)
 		if err != nil {
 			return fail(err)
 		}
@@ -104,12 +112,36 @@ func Load(dir string, be kernels.Backend, opt LoadOptions) (*Loaded, error) {
 		}
 	}
 	ld := &Loaded{Model: m, Checkpoint: ck}
+	if opt.Pin && opt.Shard.Split() {
+		views = shardViews(m)
+	}
 	for _, v := range views {
 		if err := ck.Pin(v); err != nil && ld.PinErr == nil {
 			ld.PinErr = fmt.Errorf("%s: weights not locked in memory: %w", dir, err)
 		}
 	}
 	return ld, nil
+}
+
+// shardViews lists the bytes a tensor rank's weights use: its slices, not
+// the whole tensors they were cut from.
+func shardViews(m *Model) [][]byte {
+	var ws []*kernels.Matrix
+	for _, l := range m.Layers {
+		if l != nil {
+			ws = append(ws, l.Matrices()...)
+		}
+	}
+	if g := m.Globals; g != nil {
+		ws = append(ws, g.Embed, g.LMHead)
+	}
+	var out [][]byte
+	for _, w := range ws {
+		if w != nil {
+			out = append(out, w.Data, w.Scales)
+		}
+	}
+	return out
 }
 
 // viewsOf records the tensor bytes a source hands out, to pin them.

@@ -13,7 +13,7 @@ import (
 // rows: prefill and decode see exactly the same cache.
 func (m *Model) mlaForward(L int, w *MLAWeights, x *kernels.Tensor, b *Batch, phase Phase) *kernels.Tensor {
 	be, c := m.Backend, m.Cfg
-	T, H := x.Rows, c.MLAHeads
+	T, H := x.Rows, w.QBProj.Rows/c.QHeadDim() // H: this holder's heads (all, or a tensor rank's)
 	lat := c.LatentWidth()
 	eps := float32(c.LatentNormEps)
 

@@ -20,6 +20,11 @@ type Model struct {
 	Layers []*Layer
 	// State chooses how new sequence states are stored.
 	State StateOptions
+	// Shard is the tensor-parallel rank this holder is of its stage (the
+	// zero Shard: the unsplit model); its layers hold that rank's slices
+	// (shard.go), and Reduce sums the partial outputs over the stage.
+	Shard  Shard
+	Reduce Reducer
 }
 
 // New returns a model holder with no weights bound.
@@ -49,8 +54,7 @@ func (m *Model) RunLayer(ctx context.Context, l *Layer, b *Batch, phase Phase) e
 	if err := checkVerify(L, b, phase); err != nil {
 		return err
 	}
-	m.forwardLayer(l, b, phase)
-	return nil
+	return m.forwardLayer(ctx, l, b, phase)
 }
 
 // ForwardLayers runs resident layers [lo, hi) over the batch.
@@ -128,7 +132,13 @@ func (m *Model) logitsOf(b *Batch, rows []int) ([][]float32, error) {
 	be.Free(z)
 	v := m.Cfg.VocabSize
 	flat := make([]float32, n*v)
-	be.Download(flat, logits)
+	if m.split() {
+		if err := m.gatherLogits(flat, logits); err != nil {
+			return nil, err
+		}
+	} else {
+		be.Download(flat, logits)
+	}
 	be.Free(logits)
 	out := make([][]float32, n)
 	for i := range out {

@@ -180,7 +180,8 @@ func (m *Model) rollKDA(L int, ls *LayerState, lp *layerPending, n int) error {
 		return fmt.Errorf("model: commit needs KDA layer %d's weights on this holder", L)
 	}
 	be, c, w := m.Backend, m.Cfg, l.KDA
-	P, H, D, K1 := c.KDAProjDim(), c.KDAHeads, c.KDAHeadDim, w.QConv.Cols-1
+	H, D, K1 := w.BProj.Rows, c.KDAHeadDim, w.QConv.Cols-1 // this holder's heads
+	P := H * D
 	span := kernels.Span{Lo: 0, Hi: n}
 	out := be.NewTensor(n, P)
 	defer be.Free(out)

@@ -20,6 +20,9 @@ type Globals struct {
 	OutResNorm  []float32       `k3:"language_model.model.output_attn_res_norm.weight"`
 	OutResProjW []float32       `k3:"language_model.model.output_attn_res_proj.weight,row"`
 	LMHead      *kernels.Matrix `k3:"language_model.lm_head"`
+	// VocabBase is the first token id of LMHead's rows: 0, or a tensor
+	// rank's vocabulary range (ShardGlobals).
+	VocabBase int
 
 	outProj []float32 // OutResNorm ⊙ OutResProjW (spec §3.2 fold)
 }
@@ -93,6 +96,9 @@ type MoEWeights struct {
 	LatentNorm []float32        `k3:"routed_expert_norm.weight"`
 	Shared     *FFNWeights      `k3:"shared_experts."`
 	Experts    []kernels.Expert // experts.E.w1 / w3 / w2, bound by index
+	// ExpertBase is the id of Experts[0]: 0, or the first of a tensor
+	// rank's experts (ShardLayer).
+	ExpertBase int
 }
 
 // fold precomputes the AttnRes score vectors (norm weight ⊙ projection).

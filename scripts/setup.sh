@@ -53,3 +53,16 @@ if ! clang-19 --version 2>/dev/null | grep -q 'clang version 19\.1\.7'; then
 		echo "setup: clang-19 ($clang_pin) not found and apt-get is unavailable (or not root): the committed PTX cannot be checked against its sources" >&2
 	fi
 fi
+# media's comparison with Pillow (TestAgainstPillow) runs Debian's python3
+# with its python3-pil, the Pillow the reference preprocessing is pinned to.
+pil_pin="9.4.0-1.1+deb12u1"
+if ! /usr/bin/python3 -c 'import PIL, sys; sys.exit(PIL.__version__ != "9.4.0")' 2>/dev/null; then
+	if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+		echo "setup: installing python3-pil $pil_pin (media's comparison with Pillow)" >&2
+		if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "python3-pil=$pil_pin" >/dev/null; }; then
+			echo "setup: python3-pil $pil_pin not installable here; media's comparison with Pillow will be skipped" >&2
+		fi
+	else
+		echo "setup: Pillow 9.4.0 (python3-pil $pil_pin) not found and apt-get is unavailable (or not root): media's comparison with Pillow will be skipped" >&2
+	fi
+fi

@@ -572,6 +572,10 @@ func (m *Machine) onDecode(p *cp.Progress, at time.Time) {
 	case cp.StateDone:
 		m.decodeOpen = false
 		mk.LastToken, mk.OutputTokens, mk.Decode = at, p.Tokens, p.Elapsed
+		if sp := p.Speculation; sp != nil {
+			c := *sp
+			mk.Speculation = &c
+		}
 		if p.Cached > 0 && p.Cached < m.prompt {
 			mk.CachedTokens, mk.CachedOn = p.Cached, p.WorkerID
 		}

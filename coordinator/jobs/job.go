@@ -35,6 +35,9 @@ type Marks struct {
 	// CachedOn.
 	CachedTokens int
 	CachedOn     string
+	// Speculation is the decode group's account of its speculative
+	// decoding, when it gave one.
+	Speculation *cp.Speculation
 }
 
 // Job is one job's lifecycle. It is owned by one goroutine (the job's
@@ -163,7 +166,7 @@ func (j *Job) Timing(end time.Time) cp.Timing {
 	routed := j.entered[cp.StateRouted]
 	t := cp.Timing{Queue: since(j.Submitted, routed), FirstToken: since(j.Submitted, m.FirstToken),
 		Total: since(j.Submitted, end), PromptTokens: j.PromptTokens, OutputTokens: m.OutputTokens,
-		CachedTokens: m.CachedTokens, CachedOn: m.CachedOn}
+		CachedTokens: m.CachedTokens, CachedOn: m.CachedOn, Speculation: m.Speculation}
 	if j.route != nil && j.route.Target == cp.TargetRemote {
 		t.PassWait = since(routed, m.PassStarted)
 		t.Prefill = since(m.PassStarted, m.PrefillDone)

@@ -127,6 +127,7 @@ func (p *planner) chat(req *chatRequest, imgs [][]byte) (*plan, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	s.NoDraft = req.Draft != nil && !*req.Draft
 	if len(req.Messages) == 0 {
 		return nil, badRequest("messages", "messages is empty")
 	}
@@ -441,6 +442,7 @@ func (p *planner) completion(req *completionRequest) (*plan, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	s.NoDraft = req.Draft != nil && !*req.Draft
 	ids, aerr := p.promptIDs(req.Prompt)
 	if aerr != nil {
 		return nil, aerr

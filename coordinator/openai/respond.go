@@ -393,6 +393,10 @@ func (r *response) finish(res *client.Result, err error, reason string) {
 			"Transfer-Tail": t.TransferTailMs, "Decode": t.DecodeMs, "Total": t.TotalMs} {
 			h.Set("X-Tandem-"+name+"-Ms", strconv.FormatFloat(v, 'f', 3, 64))
 		}
+		if t.DecodeSteps > 0 {
+			h.Set("X-Tandem-Decode-Steps", strconv.Itoa(t.DecodeSteps))
+			h.Set("X-Tandem-Accepted-Per-Step", strconv.FormatFloat(t.AcceptedPerStep, 'f', 3, 64))
+		}
 	}
 	if !r.pl.chat {
 		writeJSON(r.w, http.StatusOK, textCompletion{ID: r.id, Object: "text_completion", Created: r.create, Model: r.model,
@@ -446,6 +450,11 @@ func (r *response) info(res *client.Result) *tandemInfo {
 		in.Timing = &timingInfo{QueueMs: msf(t.Queue), PassWaitMs: msf(t.PassWait), PrefillMs: msf(t.Prefill),
 			TransferTailMs: msf(t.TransferTail), FirstTokenMs: msf(t.FirstToken), DecodeMs: msf(t.Decode), TotalMs: msf(t.Total),
 			DecodeTokPerS: t.DecodeTokensPerSec}
+		if sp := t.Speculation; sp != nil && sp.Steps > 0 {
+			ti := in.Timing
+			ti.DecodeSteps, ti.DraftedTokens, ti.AcceptedTokens = sp.Steps, sp.Drafted, sp.Accepted
+			ti.AcceptedPerStep = float64(sp.Accepted) / float64(sp.Steps)
+		}
 	}
 	return in
 }

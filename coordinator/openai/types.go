@@ -35,6 +35,9 @@ type chatRequest struct {
 	// ThinkingBudget (tandem's) bounds the think channel of a reply held
 	// to a grammar, in tokens.
 	ThinkingBudget *int `json:"thinking_budget"`
+	// Draft (tandem's) false turns speculative decoding off for the
+	// request (the tokens are the same either way).
+	Draft *bool `json:"draft"`
 }
 
 type completionRequest struct {
@@ -53,6 +56,7 @@ type completionRequest struct {
 	Suffix        *string         `json:"suffix"`
 	Logprobs      *int            `json:"logprobs"`
 	BestOf        *int            `json:"best_of"`
+	Draft         *bool           `json:"draft"` // tandem's: false turns speculative decoding off
 }
 
 type streamOptions struct {
@@ -203,6 +207,12 @@ type timingInfo struct {
 	DecodeMs       float64 `json:"decode_ms"`
 	TotalMs        float64 `json:"total_ms"`
 	DecodeTokPerS  float64 `json:"decode_tok_s"`
+	// Speculative decoding: the decode steps that emitted the tokens, the
+	// tokens drafted and accepted, and the accepted ones per step.
+	DecodeSteps     int     `json:"decode_steps,omitempty"`
+	DraftedTokens   int     `json:"drafted_tokens,omitempty"`
+	AcceptedTokens  int     `json:"accepted_tokens,omitempty"`
+	AcceptedPerStep float64 `json:"accepted_per_step,omitempty"`
 }
 
 type modelList struct {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/decode-worker/sampling"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/imagejob"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -52,6 +54,10 @@ type Config struct {
 	// Tokenizer detokenizes the tokens rank 0 publishes and finds stop
 	// texts; nil publishes token ids only and refuses stop texts.
 	Tokenizer *tokenizer.Tokenizer
+	// Images decodes rank 0's jobs' images and runs its vision tower (an
+	// encoder without a tower refuses jobs whose images the group would
+	// prefill); nil refuses every job with images.
+	Images *imagejob.Encoder
 	// Backend names the compute backend; default "cpu".
 	Backend string
 	Version string
@@ -280,6 +286,9 @@ func (a *Adapter) info() cp.WorkerInfo {
 	if a.cfg.Rank == 0 {
 		c, n, worst := a.fit.Compute()
 		w.Rates.Compute = cp.TermsOf(c, n, worst)
+		if a.cfg.Images != nil {
+			w.Rates.VisionGFLOPS = a.cfg.Images.Rate()
+		}
 	}
 	w.PrefixCache = cacheInfo(&st)
 	return w
@@ -435,7 +444,10 @@ func (a *Adapter) request(as *cp.Assignment) (*pipeline.Request, error) {
 	}
 	s := as.Sampling
 	req := &pipeline.Request{ID: as.JobID, Tokens: as.TokenIDs, MaxTokens: s.MaxTokens, Stop: s.Stop.TokenIDs,
-		Sampling: sampling.Params{Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, Seed: s.Seed}, Grammar: s.Grammar}
+		Sampling: sampling.Params{Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, Seed: s.Seed}, Grammar: s.Grammar, NoDraft: s.NoDraft}
+	if err := a.images(as, req); err != nil {
+		return nil, err
+	}
 	if as.CachedTokens == 0 {
 		return req, nil
 	}
@@ -530,4 +542,48 @@ func cancelRefused(job string, code cp.ErrorCode, msg string) *cp.CancelReply {
 	rep := &cp.CancelReply{JobID: job}
 	rep.SetError(code, msg)
 	return rep
+}
+
+// images decodes the assignment's images, places them on the pad runs of
+// the prompt rank 0 sees (the remote part, when sent, then its own) and
+// gives the request their runs and hashes, and the tower's run when the
+// group prefills any of them. The tower runs after admission, off the
+// assignment's reply.
+func (a *Adapter) images(as *cp.Assignment, req *pipeline.Request) error {
+	if len(as.Images) == 0 {
+		return nil
+	}
+	enc := a.cfg.Images
+	if enc == nil {
+		return fmt.Errorf("job %s has %d images and this decode group takes none", as.JobID, len(as.Images))
+	}
+	prompt := as.TokenIDs
+	if as.CachedTokenIDs != nil {
+		prompt = append(slices.Clone(as.CachedTokenIDs), as.TokenIDs...)
+	}
+	j, err := enc.Prepare(prompt, as.Images)
+	if err != nil {
+		return fmt.Errorf("job %s: %w", as.JobID, err)
+	}
+	// A run may straddle the remote part's end: the group then prefills
+	// the rest of it with its window of the rows.
+	for _, k := range j.Keys(0) {
+		req.Images = append(req.Images, pipeline.Image{At: k.At, Len: k.Len, Hash: k.Hash})
+	}
+	if !j.Needs(as.CachedTokens) {
+		return nil
+	}
+	if err := enc.CheckTower(j); err != nil {
+		return fmt.Errorf("job %s: %w", as.JobID, err)
+	}
+	req.Encode = func(ctx context.Context) ([][]float32, error) {
+		t0 := time.Now()
+		feats, err := enc.Features(ctx, j)
+		if err == nil {
+			a.log.Info("image features ready", zap.String("job", as.JobID), zap.Int("images", len(feats)),
+				zap.Duration("decode", j.Decode.Round(time.Millisecond)), zap.Duration("tower", time.Since(t0).Round(time.Millisecond)))
+		}
+		return feats, err
+	}
+	return nil
 }

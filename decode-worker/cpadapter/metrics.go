@@ -74,10 +74,15 @@ var (
 	descSessions  = prometheus.NewDesc(ns+"_transfer_sessions_total", "kvtransfer sessions by outcome: committed or failed.", []string{"outcome"}, nil)
 	descTErrors   = prometheus.NewDesc(ns+"_transfer_errors_total", "kvtransfer errors by kind: auth (refused proofs), protocol, checksum, connection.", []string{"kind"}, nil)
 	descTHeld     = prometheus.NewDesc(ns+"_transfer_held_bytes", "State buffers kvtransfer allocated and has not yet handed over or freed.", nil, nil)
+	descDrafted   = prometheus.NewDesc(ns+"_draft_drafted_tokens_total", "Rank 0: tokens drafted for speculative decoding (verified by the group).", nil, nil)
+	descAccepted  = prometheus.NewDesc(ns+"_draft_accepted_tokens_total", "Rank 0: drafted tokens the verification accepted (each emitted without a step of its own).", nil, nil)
+	descRejected  = prometheus.NewDesc(ns+"_draft_rejected_tokens_total", "Rank 0: drafted tokens the verification rejected (their rows were computed for nothing).", nil, nil)
+	descAccLen    = prometheus.NewDesc(ns+"_draft_accepted_length", "Rank 0: drafted tokens accepted per verification (a sequence's step that carried drafts).", nil, nil)
 )
 
 var descs = []*prometheus.Desc{descFormed, descSeqs, descReserved, descBudget, descCache, descSteps, descCompute, descSeqTotal,
-	descTokens, descQueued, descDSteps, descStepTime, descRecvBytes, descSessions, descTErrors, descTHeld}
+	descTokens, descQueued, descDSteps, descStepTime, descRecvBytes, descSessions, descTErrors, descTHeld,
+	descDrafted, descAccepted, descRejected, descAccLen}
 
 // collect reads the pipeline's and the kvtransfer server's counters.
 func collect(s health.Sink, w *pipeline.Worker, srv *kvtransfer.Server) {
@@ -103,6 +108,11 @@ func collect(s health.Sink, w *pipeline.Worker, srv *kvtransfer.Server) {
 	for part, d := range map[string]time.Duration{"round_trip": st.StepTime, "compute": st.StepComputeTime, "mesh": st.StepMeshTime} {
 		counter(descStepTime, d.Seconds(), part)
 	}
+	counter(descDrafted, float64(st.DraftedTokens))
+	counter(descAccepted, float64(st.AcceptedTokens))
+	counter(descRejected, float64(st.DraftedTokens-st.AcceptedTokens))
+	count, sum, buckets := acceptedHistogram(st.AcceptedRuns)
+	s.Histogram(descAccLen, count, sum, buckets)
 	ts := srv.Stats()
 	counter(descRecvBytes, float64(ts.BytesVerified))
 	counter(descSessions, float64(ts.Committed), "committed")
@@ -111,4 +121,18 @@ func collect(s health.Sink, w *pipeline.Worker, srv *kvtransfer.Server) {
 		counter(descTErrors, float64(v), kind)
 	}
 	gauge(descTHeld, float64(ts.HeldBytes))
+}
+
+// acceptedHistogram turns runs[a], the verifications that accepted a
+// drafts, into a histogram with a bucket per count up to MaxDraft.
+func acceptedHistogram(runs []int64) (count uint64, sum float64, buckets map[float64]uint64) {
+	buckets = make(map[float64]uint64, pipeline.MaxDraft+1)
+	for a := 0; a <= pipeline.MaxDraft; a++ {
+		if a < len(runs) {
+			count += uint64(runs[a])
+			sum += float64(a) * float64(runs[a])
+		}
+		buckets[float64(a)] = count
+	}
+	return count, sum, buckets
 }

@@ -266,6 +266,9 @@ func (s *stream) end(r pipeline.Result) {
 	reason := cp.FinishReason(r.Reason)
 	stage := cp.StateDone
 	p := &cp.Progress{JobID: s.id, WorkerID: s.a.cfg.WorkerID, Time: time.Now(), Tokens: s.count, Cached: r.Cached}
+	if r.Steps > 0 {
+		p.Speculation = &cp.Speculation{Steps: r.Steps, Drafted: r.Drafted, Accepted: r.Accepted}
+	}
 	switch {
 	case s.stopped:
 		reason = cp.FinishStop

@@ -45,6 +45,8 @@ type Options struct {
 	Timeouts                             kvtransfer.Timeouts
 	// PrefixCache configures every rank's prefix-state cache.
 	PrefixCache pipeline.PrefixCacheConfig
+	// Draft sets up speculative decoding (pipeline.DraftConfig).
+	Draft pipeline.DraftConfig
 	// Secret of the mesh (default: random).
 	Secret []byte
 	Log    *zap.Logger
@@ -162,7 +164,7 @@ func (g *Group) startRank(r int, change func(*pipeline.Config)) error {
 	}
 	cfg := pipeline.Config{Rank: r, Layout: g.Layout, Model: mb.m.Model, Server: mb.srv, Secret: g.opt.Secret,
 		Timeouts: g.opt.Timeouts, MemoryBudget: g.opt.MemoryBudget, MicroBatches: g.opt.MicroBatches, MaxBatch: g.opt.MaxBatch,
-		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Log: g.opt.Log,
+		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Draft: g.opt.Draft, Log: g.opt.Log,
 		Transport: g.transport(r)}
 	if r == g.Layout.Last() {
 		cfg.Vocabulary = g.vocab

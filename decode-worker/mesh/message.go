@@ -154,6 +154,10 @@ type Step struct {
 	Rows  []int32  `msgpack:"rows"` // each sequence's rows
 	Cols  int      `msgpack:"cols"`
 	Stack int      `msgpack:"stack"` // completed blocks after the partial sum
+	// Draft, in a decode step, holds the drafted tokens of every sequence
+	// back to back: sequence i's last token is followed by Rows[i]-1 drafts,
+	// which the last rank verifies (speculative decoding).
+	Draft []int32 `msgpack:"draft,omitempty"`
 	Trace
 }
 
@@ -165,13 +169,16 @@ type Tokens struct {
 	Trace
 }
 
-// Result is one sequence's sampled token, and its end when Done.
+// Result is one sequence's sampled token, and its end when Done. After a
+// verify step, Accepted holds the drafted tokens the last rank accepted,
+// which come before Token: the step emits Accepted then Token.
 type Result struct {
-	Seq    string `msgpack:"s"`
-	Token  int32  `msgpack:"t"`
-	Done   bool   `msgpack:"d,omitempty"`
-	Reason string `msgpack:"why,omitempty"` // "stop", "length" or "error"
-	Err    string `msgpack:"err,omitempty"`
+	Seq      string  `msgpack:"s"`
+	Token    int32   `msgpack:"t"`
+	Accepted []int32 `msgpack:"acc,omitempty"`
+	Done     bool    `msgpack:"d,omitempty"`
+	Reason   string  `msgpack:"why,omitempty"` // "stop", "length" or "error"
+	Err      string  `msgpack:"err,omitempty"`
 }
 
 // Trace accumulates a step's timing as it goes around the ring: each rank's

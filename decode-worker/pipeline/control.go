@@ -366,6 +366,10 @@ func (w *Worker) verdict(err error) mesh.Verdict {
 // free drops a sequence's state, reservation and pending transfer; a
 // planned cache entry is given up.
 func (w *Worker) free(s *seq) {
+	if s.encoding != nil {
+		s.encoding()
+		s.encoding = nil
+	}
 	if s.in != nil {
 		s.in.Cancel()
 		s.in = nil

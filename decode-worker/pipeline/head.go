@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
+	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -24,7 +25,7 @@ func (w *Worker) Submit(ctx context.Context, req Request) error {
 	if !w.head {
 		return fmt.Errorf("decode group: submit to rank 0 (the head); this is rank %d", w.cfg.Rank)
 	}
-	if err := req.validate(w.m.Cfg.VocabSize, w.n); err != nil {
+	if err := req.validate(w.m.Cfg.VocabSize, w.n, w.m.Cfg.HiddenSize); err != nil {
 		return err
 	}
 	if req.Grammar != nil {
@@ -36,6 +37,7 @@ func (w *Worker) Submit(ctx context.Context, req Request) error {
 	}
 	req.Tokens = slices.Clone(req.Tokens)
 	req.Stop = slices.Clone(req.Stop)
+	req.Images = slices.Clone(req.Images)
 	if req.Remote != nil {
 		rm := *req.Remote
 		rm.Sessions = slices.Clone(rm.Sessions)
@@ -130,10 +132,10 @@ func (w *Worker) admitAs(req *Request, reply chan error, useCache bool, evicted 
 			a.Sessions = append(a.Sessions, mesh.Session{ID: s.ID, Secret: s.Secret})
 		}
 		if w.cache != nil && !w.cacheOff {
-			a.Prefix = w.planRemote(rm, useCache)
+			a.Prefix = w.planRemote(rm, req.Images, useCache)
 		}
 	} else if w.cache != nil && !w.cacheOff {
-		a.Prefix = w.plan(req.Tokens, useCache)
+		a.Prefix = w.plan(prefixkey.Fold(req.Tokens, keyImages(req.Images)), useCache)
 		if a.Prefix != nil {
 			a.Tokens -= a.Prefix.At
 		}
@@ -186,13 +188,14 @@ func (w *Worker) plan(prompt []int32, lookup bool) *mesh.Prefix {
 // base its transfer appends to (the proposed one, if an entry holds its
 // rows and lookup is allowed), and an entry kept of the state when it lies
 // on the grid. nil: neither.
-func (w *Worker) planRemote(rm *Remote, lookup bool) *mesh.Prefix {
+func (w *Worker) planRemote(rm *Remote, imgs []Image, lookup bool) *mesh.Prefix {
 	if rm.Prompt == nil {
 		return nil
 	}
 	p := &mesh.Prefix{}
 	if lookup && rm.Append > 0 {
-		if id, link := w.cache.Holding(rm.Prompt[:rm.Append]); id != 0 {
+		key := prefixkey.Fold(rm.Prompt, keyImages(imgs))[:rm.Append]
+		if id, link := w.cache.Holding(key); id != 0 {
 			p.Hit, p.At, p.Link = id, rm.Append, uint64(link)
 		}
 	}
@@ -205,12 +208,26 @@ func (w *Worker) planRemote(rm *Remote, lookup bool) *mesh.Prefix {
 	return p
 }
 
-// prompt is the sequence's whole prompt, as far as the head knows it.
+// prompt is the sequence's whole prompt, as far as the head knows it, as
+// the prefix cache keys it (each image's run folded with its hash).
 func (s *seq) prompt() []int32 {
+	p := s.req.Tokens
 	if rm := s.req.Remote; rm != nil && rm.Prompt != nil {
-		return append(slices.Clone(rm.Prompt), s.req.Tokens...)
+		p = append(slices.Clone(rm.Prompt), s.req.Tokens...)
 	}
-	return s.req.Tokens
+	return prefixkey.Fold(p, keyImages(s.req.Images))
+}
+
+// keyImages are the images as the prefix cache's keys see them.
+func keyImages(imgs []Image) []prefixkey.Image {
+	if len(imgs) == 0 {
+		return nil
+	}
+	out := make([]prefixkey.Image, len(imgs))
+	for i, im := range imgs {
+		out[i] = prefixkey.Image{At: im.At, Len: im.Len, Hash: im.Hash}
+	}
+	return out
 }
 
 // onAdmitted: the Admit came back around the ring.
@@ -300,9 +317,17 @@ func (w *Worker) stateFailed(s *seq, r int, reason string) {
 
 // start schedules a sequence whose state is in place on every rank.
 func (w *Worker) start(s *seq) {
-	s.timing.Ready = w.now()
+	if s.timing.Ready.IsZero() {
+		s.timing.Ready = w.now()
+	}
+	if w.encodeFirst(s) {
+		return
+	}
 	t := s.req.Tokens[s.from:]
 	s.pending, s.next = t[:len(t)-1], t[len(t)-1]
+	if w.drafting(s) {
+		s.hist = slices.Clone(s.prompt())
+	}
 	w.ready(s)
 }
 
@@ -310,6 +335,9 @@ func (w *Worker) start(s *seq) {
 // that ended well leaves its planned prefix-cache entry on every rank.
 func (w *Worker) end(s *seq, r Result) {
 	keep := r.Reason != ReasonError
+	if keep {
+		w.remember(s)
+	}
 	w.retire(s, keep)
 	w.release(s.id, keep)
 	w.counters.finished++
@@ -322,6 +350,7 @@ func (w *Worker) end(s *seq, r Result) {
 // finish tells the sink.
 func (w *Worker) finish(s *seq, r Result) {
 	r.Tokens, r.Cached = s.emitted, s.from
+	r.Steps, r.Drafted, r.Accepted = s.steps, s.drafted, s.accepted
 	s.timing.Ended = w.now()
 	r.Timing = s.timing
 	fields := []zap.Field{zap.String("seq", s.id), zap.String("reason", string(r.Reason)), zap.Int("tokens", s.emitted)}
@@ -369,12 +398,20 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 		c.decodeRows += int64(len(f.seqs))
 		c.largest = max(c.largest, len(f.seqs))
 		c.stepTime += w.now().Sub(f.launched)
+		var cost time.Duration
 		for _, v := range tr.Compute {
 			c.stepCompute += time.Duration(v)
+			cost += time.Duration(v)
 		}
 		for _, v := range tr.Mesh {
 			c.stepMesh += time.Duration(v)
+			cost += time.Duration(v)
 		}
+		rows := 0
+		for _, n := range f.rows {
+			rows += n
+		}
+		w.curve.observe(rows, cost)
 	}
 	if f.slot >= 0 {
 		w.slots[f.slot].inflight = false
@@ -398,12 +435,19 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 			continue
 		}
 		s.inflight = false
+		run, err := w.verified(s, r)
+		if err != nil {
+			w.end(s, Result{Reason: ReasonError, Err: err})
+			continue
+		}
 		if s.emitted == 0 {
 			s.timing.FirstToken = w.now()
 		}
-		s.emitted++
-		w.counters.tokens++
-		s.req.Sink.Token(s.id, s.emitted-1, r.Token)
+		for _, t := range run {
+			s.emitted++
+			w.counters.tokens++
+			s.req.Sink.Token(s.id, s.emitted-1, t)
+		}
 		if act == resultEnd {
 			w.end(s, Result{Reason: Reason(r.Reason)})
 			continue

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -33,8 +34,31 @@ type Request struct {
 	// <|end_of_msg|> that closes the reply. The last rank needs
 	// Config.Vocabulary.
 	Grammar *grammar.Spec
+	// NoDraft turns speculative decoding off for this sequence (it is on
+	// where the group drafts).
+	NoDraft bool
 	// Sink receives the tokens and the end. Required.
 	Sink Sink
+	// Images are the prompt's images in order (see Image).
+	Images []Image
+	// Encode, when set, computes the images' feature rows (runs the vision
+	// tower): the head calls it once, off its loop, when the sequence is
+	// admitted and some image the group prefills itself has no Rows (a
+	// prefix-cache hit that covers every image needs none). Its result is
+	// one row set per image, in order; an error ends the sequence with it.
+	// Cancelling the sequence cancels its context.
+	Encode func(ctx context.Context) ([][]float32, error)
+}
+
+// Image is one image of a prompt: its pad run, positions [At, At+Len) of
+// the whole prompt (a remotely prefilled part included), the hash of its
+// pixels, by which the prefix cache keys the run, and its feature rows
+// [Len, hidden], which replace the run's embedded rows where the group
+// prefills them (from Encode when nil).
+type Image struct {
+	At, Len int
+	Hash    [32]byte
+	Rows    []float32
 }
 
 // Remote describes a remotely prefilled state.
@@ -94,7 +118,11 @@ type Result struct {
 	// Cached is how many prompt tokens came from the group's prefix cache
 	// (not prefilled again).
 	Cached int
-	Timing Timing
+	// Steps is the decode steps that emitted its tokens; Drafted and
+	// Accepted the tokens drafted for it and accepted (speculative
+	// decoding: Tokens/Steps tokens per step).
+	Steps, Drafted, Accepted int
+	Timing                   Timing
 }
 
 // Timing marks a sequence's life on the head.
@@ -135,7 +163,7 @@ func (e *RefusedError) Error() string {
 func (e *RefusedError) Unwrap() error { return ErrRefused }
 
 // validate checks the request against the model and the group.
-func (r *Request) validate(vocab, ranks int) error {
+func (r *Request) validate(vocab, ranks, hidden int) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("decode group: sequence %q: %s", r.ID, fmt.Sprintf(format, args...))
 	}
@@ -167,6 +195,9 @@ func (r *Request) validate(vocab, ranks int) error {
 			return bad("%v", err)
 		}
 	}
+	if err := r.validateImages(hidden); err != nil {
+		return bad("%v", err)
+	}
 	if rm := r.Remote; rm != nil {
 		switch {
 		case rm.Tokens < 0:
@@ -192,6 +223,29 @@ func (r *Request) validate(vocab, ranks int) error {
 				return bad("rank %d's transfer session needs an id and a secret of 16 bytes at least", i)
 			}
 		}
+	}
+	return nil
+}
+
+// validateImages checks that the images' runs are in order, inside the
+// prompt before its last token (which runs as a decode step from its own
+// embedding), and that given rows fill their runs.
+func (r *Request) validateImages(hidden int) error {
+	prompt := len(r.Tokens)
+	if r.Remote != nil {
+		prompt += r.Remote.Tokens
+	}
+	end := 0
+	for i, im := range r.Images {
+		switch {
+		case im.Len <= 0 || im.At < end:
+			return fmt.Errorf("image %d: pad run [%d, %d) is empty or overlaps the previous image's", i, im.At, im.At+im.Len)
+		case im.At+im.Len > prompt-1:
+			return fmt.Errorf("image %d: pad run [%d, %d) reaches the prompt's last token (%d tokens): a prompt must end with text", i, im.At, im.At+im.Len, prompt)
+		case im.Rows != nil && len(im.Rows) != im.Len*hidden:
+			return fmt.Errorf("image %d: %d feature values for a run of %d rows of %d", i, len(im.Rows), im.Len, hidden)
+		}
+		end = im.At + im.Len
 	}
 	return nil
 }

@@ -156,6 +156,10 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	}
 	id := w.nextStep
 	w.nextStep++
+	var drafts [][]int32
+	if phase == model.PhaseDecode {
+		drafts = w.planDrafts(ss)
+	}
 	states := make([]*model.SeqState, len(ss))
 	toks := make([][]int32, len(ss))
 	pos := make([]int32, len(ss))
@@ -164,7 +168,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		if phase == model.PhasePrefill {
 			toks[i] = s.pending[:rows[i]]
 		} else {
-			toks[i], rows[i] = []int32{s.next}, 1
+			toks[i], rows[i] = append([]int32{s.next}, drafts[i]...), 1+len(drafts[i])
 			s.inflight = true
 		}
 	}
@@ -172,7 +176,11 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		w.slots[k].inflight = true
 	}
 	t0 := w.now()
-	b, err := w.m.NewBatch(states, toks)
+	var media [][]model.Media
+	if phase == model.PhasePrefill {
+		media = stepMedia(ss, pos, rows, w.m.Cfg.HiddenSize)
+	}
+	b, err := w.m.NewBatchMedia(states, toks, media)
 	var keep []bool
 	if err == nil {
 		timeAttention(b, phase)
@@ -195,6 +203,9 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		if !keep[i] {
 			w.endDropped(ss[i])
 			ss, rows, pos = slices.Delete(ss, i, i+1), slices.Delete(rows, i, i+1), slices.Delete(pos, i, i+1)
+			if drafts != nil {
+				drafts = slices.Delete(drafts, i, i+1)
+			}
 		}
 	}
 	if len(ss) == 0 {
@@ -219,7 +230,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
 	w.addAttention(&tr, b, ss)
 	if w.last { // a group of one
-		results := w.sample(ss, phase, b)
+		results := w.sample(ss, phase, b, drafts)
 		compute := w.now().Sub(t0)
 		tr.Compute[0] = int64(compute)
 		w.stepDone(id, phase, len(ss), b.Rows(), compute)
@@ -234,7 +245,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	tr.Mesh[0] = int64(w.now().Sub(t1))
 	w.flights[id] = f
 	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
-		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Trace: tr}
+		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Draft: slices.Concat(drafts...), Trace: tr}
 	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: st}, payload)
 }
 

@@ -1,6 +1,9 @@
 package pipeline
 
 import (
+	"context"
+
+	"github.com/tandem-inference/tandem/decode-worker/draft"
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
@@ -36,10 +39,18 @@ type seq struct {
 	failure   error      // a rank refused the state during the admission
 	ready     []bool     // ranks whose state is in place (remote)
 	nready    int
-	slot      int     // its decode micro-batch, or -1
-	pending   []int32 // prompt tokens still to prefill
-	next      int32   // the next decode step's input
-	inflight  bool    // a decode step for it is in flight
-	emitted   int
-	timing    Timing
+	slot      int                // its decode micro-batch, or -1
+	encoding  context.CancelFunc // its images' Encode is running
+	pending   []int32            // prompt tokens still to prefill
+	next      int32              // the next decode step's input
+	inflight  bool               // a decode step for it is in flight
+	// Speculative decoding (speculate.go): its prompt and output so far
+	// (nil when it does not draft), its drafts in flight, its k, and its
+	// drafted and accepted tokens and decode steps.
+	hist                     []int32
+	draft                    []int32
+	adapt                    *draft.Adaptive
+	drafted, accepted, steps int
+	emitted                  int
+	timing                   Timing
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -47,7 +48,15 @@ func (w *Worker) onStep(m *mesh.Msg) {
 	for k, i := range p.run {
 		ss[k] = w.seqs[st.Seqs[i]]
 		states[k] = ss[k].e.State
+		if n := p.commit[k]; n > 0 {
+			// The head kept n rows of the sequence's last (verify) step.
+			if err := w.m.Commit(states[k], n); err != nil {
+				fail(err)
+				return
+			}
+		}
 	}
+	drafts := p.drafts
 	t0 := w.now()
 	ts, err := mesh.DecodeTensors(w.m.Backend, m.Payload, 1+st.Stack, p.rows, st.Cols)
 	if err != nil {
@@ -81,7 +90,7 @@ func (w *Worker) onStep(m *mesh.Msg) {
 			fail(err)
 			return
 		}
-		ss = kept(ss, keep) // torn here: never stepped again, its Release follows
+		ss, drafts = kept(ss, keep), kept(drafts, keep) // torn here: never stepped again, its Release follows
 	}
 	w.addAttention(&tr, b, ss)
 	if len(ss) == 0 {
@@ -100,7 +109,7 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		}
 	}
 	if w.last {
-		results := w.sample(ss, phase, b)
+		results := w.sample(ss, phase, b, drafts)
 		compute := w.now().Sub(t1)
 		tr.Compute[w.cfg.Rank] = int64(compute)
 		for _, r := range results {
@@ -132,7 +141,7 @@ func (w *Worker) stepSeqs(ids []string) map[string]seqView {
 	for _, id := range ids {
 		v := seqView{cancelled: w.cancels.has(id)}
 		if s := w.seqs[id]; s != nil && s.e.State != nil {
-			v.held, v.tokens = true, s.e.State.Tokens
+			v.held, v.tokens, v.pending = true, s.e.State.Tokens, s.e.State.Pending()
 		}
 		out[id] = v
 	}
@@ -141,13 +150,21 @@ func (w *Worker) stepSeqs(ids []string) map[string]seqView {
 
 // sample applies the final mix, norm and lm_head after a decode step and
 // draws each sequence's next token, ending it on a stop token or at its
-// token limit.
-func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Result {
+// token limit; a sequence with drafts (drafts[i], drafts may be nil) has
+// them verified instead (verifyDraw).
+func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch, drafts [][]int32) []mesh.Result {
 	if phase != model.PhaseDecode {
 		return nil
 	}
 	out := make([]mesh.Result, len(ss))
-	logits, err := w.m.Logits(b)
+	var rows [][][]float32
+	var logits [][]float32
+	var err error
+	if slices.ContainsFunc(drafts, func(d []int32) bool { return len(d) > 0 }) {
+		rows, err = w.m.RowLogits(b)
+	} else {
+		logits, err = w.m.Logits(b)
+	}
 	for i, s := range ss {
 		r := &out[i]
 		r.Seq = s.id
@@ -155,11 +172,21 @@ func (w *Worker) sample(ss []*seq, phase model.Phase, b *model.Batch) []mesh.Res
 			r.Done, r.Reason, r.Err = true, string(ReasonError), fmt.Sprintf("decode rank %d: logits: %v", w.cfg.Rank, err)
 			continue
 		}
+		if rows != nil && len(drafts[i]) > 0 {
+			w.verifyDraw(s, r, rows[i], drafts[i])
+			continue
+		}
+		var l []float32
+		if rows != nil {
+			l = rows[i][0]
+		} else {
+			l = logits[i]
+		}
 		var t0 time.Time
 		if s.matcher != nil {
 			t0 = w.now()
 		}
-		tok, ended, serr := s.draw(logits[i])
+		tok, ended, serr := s.draw(l)
 		if s.matcher != nil {
 			w.grammarDraws.Add(1)
 			w.grammarNanos.Add(int64(w.now().Sub(t0)))

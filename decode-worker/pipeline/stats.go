@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"slices"
 	"time"
 
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
@@ -54,6 +55,11 @@ type Stats struct {
 	DecodeRows                              int64 // sequences in them
 	LargestDecodeStep                       int   // the most sequences in one decode step
 	StepTime, StepComputeTime, StepMeshTime time.Duration
+	// Speculative decoding: the tokens drafted and accepted, the
+	// sequence steps that verified drafts, and AcceptedRuns[a] those that
+	// accepted a drafts.
+	DraftedTokens, AcceptedTokens, VerifiedSteps int64
+	AcceptedRuns                                 []int64
 }
 
 // MaxAdvertised bounds the cached prefixes a head advertises.
@@ -68,6 +74,8 @@ type counters struct {
 	largest                             int
 	stepTime, stepCompute, stepMesh     time.Duration
 	prefillAttention                    time.Duration
+	drafted, accepted, verifies         int64
+	acceptedRuns                        []int64
 }
 
 // Stats returns the latest snapshot (taken after each event of the loop).
@@ -87,7 +95,8 @@ func (w *Worker) publish() {
 		Queued: len(w.queue) + len(w.overflow), InFlight: len(w.flights), Tokens: c.tokens,
 		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows, LargestDecodeStep: c.largest,
 		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh,
-		GrammarDraws: w.grammarDraws.Load(), GrammarTime: time.Duration(w.grammarNanos.Load())}
+		GrammarDraws: w.grammarDraws.Load(), GrammarTime: time.Duration(w.grammarNanos.Load()),
+		DraftedTokens: c.drafted, AcceptedTokens: c.accepted, VerifiedSteps: c.verifies, AcceptedRuns: slices.Clone(c.acceptedRuns)}
 	if w.cache != nil {
 		s.Cache = w.cache.Stats()
 		if w.head && !w.cacheOff {

@@ -29,6 +29,7 @@ type rankView struct {
 type seqView struct {
 	held      bool // it holds the sequence's state
 	tokens    int  // the tokens in that state
+	pending   int  // rows of an uncommitted verify step in it (model.SeqState.Pending)
 	cancelled bool // being cancelled: it leaves the step before it runs
 }
 
@@ -41,7 +42,16 @@ type stepPlan struct {
 	spans []kernels.Span // the rows of run's sequences in the payload
 	skip  []kernels.Span // the rows of the skipped sequences
 	rows  int            // the payload's rows
+	// commit[k] is how many rows of run[k]'s pending verify step to
+	// commit before the step runs (0: none pending): the step's position
+	// says how many tokens the head kept of it.
+	commit []int
+	// drafts[k] are run[k]'s drafted tokens (after its last token).
+	drafts [][]int32
 }
+
+// MaxDraft bounds the drafted tokens of one sequence in one step.
+const MaxDraft = 16
 
 // planStep checks a step against the rank and its sequences (seqs, by id)
 // and plans its rows. A step of an unknown phase, of inconsistent shape,
@@ -59,24 +69,45 @@ func planStep(v rankView, st *mesh.Step, seqs map[string]seqView) stepPlan {
 		return fail("activations of width %d with %d blocks; layer %d takes width %d with %d", st.Cols, st.Stack, v.lo, v.cols, v.stack)
 	}
 	p := stepPlan{run: make([]int, 0, len(st.Seqs)), spans: make([]kernels.Span, 0, len(st.Seqs))}
+	drafted := 0
 	for i, id := range st.Seqs {
 		n := int(st.Rows[i])
 		s := seqs[id]
+		d := 0
+		if phase == model.PhaseDecode {
+			d = n - 1
+		}
 		switch {
-		case n < 1 || phase == model.PhaseDecode && n != 1:
+		case n < 1 || phase == model.PhaseDecode && n > 1+MaxDraft:
 			return fail("sequence %q has %d rows in a %s step", id, st.Rows[i], phaseName(phase))
+		case drafted+d > len(st.Draft):
+			return fail("sequence %q has %d drafted rows; the step carries %d drafts for them all", id, d, len(st.Draft))
 		case s.cancelled:
 			p.skip = append(p.skip, kernels.Span{Lo: p.rows, Hi: p.rows + n})
 			p.rows += n
+			drafted += d
 			continue
 		case !s.held:
 			return fail("sequence %q has no state on this rank", id)
-		case int(st.Pos[i]) != s.tokens:
-			return fail("sequence %q is at token %d here, the step is for token %d", id, s.tokens, st.Pos[i])
+		}
+		commit := 0
+		if at := int(st.Pos[i]); s.pending > 0 {
+			commit = at - s.tokens
+			if commit < 1 || commit > s.pending {
+				return fail("sequence %q is at token %d here with a verify step of %d rows pending; the step is for token %d", id, s.tokens, s.pending, at)
+			}
+		} else if at != s.tokens {
+			return fail("sequence %q is at token %d here, the step is for token %d", id, s.tokens, at)
 		}
 		p.run = append(p.run, i)
 		p.spans = append(p.spans, kernels.Span{Lo: p.rows, Hi: p.rows + n})
+		p.commit = append(p.commit, commit)
+		p.drafts = append(p.drafts, st.Draft[drafted:drafted+d:drafted+d])
 		p.rows += n
+		drafted += d
+	}
+	if drafted != len(st.Draft) {
+		return fail("the step carries %d drafts, its sequences %d", len(st.Draft), drafted)
 	}
 	return p
 }
@@ -140,11 +171,18 @@ func stepNext(v rankView, epoch uint64, st *mesh.Step, tr mesh.Trace, still []st
 		for _, id := range still {
 			left[id] = true
 		}
-		next.Seqs, next.Pos, next.Rows = nil, nil, nil
+		next.Seqs, next.Pos, next.Rows, next.Draft = nil, nil, nil, nil
+		off := 0
 		for i, id := range st.Seqs {
+			d := 0
+			if model.Phase(st.Phase) == model.PhaseDecode {
+				d = int(st.Rows[i]) - 1
+			}
 			if left[id] {
 				next.Seqs, next.Pos, next.Rows = append(next.Seqs, id), append(next.Pos, st.Pos[i]), append(next.Rows, st.Rows[i])
+				next.Draft = append(next.Draft, st.Draft[off:off+d]...)
 			}
+			off += d
 		}
 	}
 	return &mesh.Header{Kind: mesh.KindStep, Epoch: epoch, Step: &next}

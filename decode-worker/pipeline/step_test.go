@@ -30,6 +30,16 @@ func decode(seqs ...string) *mesh.Step {
 	return st
 }
 
+// verify is a decode step of sequences "a", "b", ... at pos with rows rows
+// and the drafts.
+func verify(pos, rows []int32, draft ...int32) *mesh.Step {
+	st := &mesh.Step{ID: 7, Phase: uint8(model.PhaseDecode), Pos: pos, Rows: rows, Cols: 64, Stack: 3, Draft: draft}
+	for i := range pos {
+		st.Seqs = append(st.Seqs, string(rune('a'+i)))
+	}
+	return st
+}
+
 // held: every sequence named is held at token 5.
 func held(ids ...string) map[string]seqView {
 	m := map[string]seqView{}
@@ -46,7 +56,14 @@ func showPlan(p stepPlan) string {
 	}
 	var run, skip []string
 	for k, i := range p.run {
-		run = append(run, fmt.Sprintf("%d:%d-%d", i, p.spans[k].Lo, p.spans[k].Hi))
+		r := fmt.Sprintf("%d:%d-%d", i, p.spans[k].Lo, p.spans[k].Hi)
+		if len(p.drafts[k]) > 0 {
+			r += fmt.Sprintf(" draft%v", p.drafts[k])
+		}
+		if p.commit[k] > 0 {
+			r += fmt.Sprintf(" commit %d", p.commit[k])
+		}
+		run = append(run, r)
 	}
 	for _, sp := range p.skip {
 		skip = append(skip, fmt.Sprintf("%d-%d", sp.Lo, sp.Hi))
@@ -62,11 +79,18 @@ func showPlan(p stepPlan) string {
 func showMsg(h *mesh.Header) string {
 	switch h.Kind {
 	case mesh.KindStep:
-		return fmt.Sprintf("Step(%s pos %v rows %v stack %d)", strings.Join(h.Step.Seqs, ","), h.Step.Pos, h.Step.Rows, h.Step.Stack)
+		out := fmt.Sprintf("Step(%s pos %v rows %v stack %d)", strings.Join(h.Step.Seqs, ","), h.Step.Pos, h.Step.Rows, h.Step.Stack)
+		if len(h.Step.Draft) > 0 {
+			out += fmt.Sprintf(" draft%v", h.Step.Draft)
+		}
+		return out
 	case mesh.KindTokens:
 		var rs []string
 		for _, r := range h.Tokens.Results {
 			s := fmt.Sprintf("%s=%d", r.Seq, r.Token)
+			if len(r.Accepted) > 0 {
+				s = fmt.Sprintf("%s=%v+%d", r.Seq, r.Accepted, r.Token)
+			}
 			if r.Done {
 				s += ":" + r.Reason
 			}
@@ -99,8 +123,31 @@ func TestPlanStep(t *testing.T) {
 			"Fail(activations of width 64 with 3 blocks; layer 10 takes width 32 with 3)"},
 		{"stack", rankView{rank: 2, lo: 10, cols: 64, stack: 4}, decode("a"), held("a"),
 			"Fail(activations of width 64 with 3 blocks; layer 10 takes width 64 with 4)"},
-		{"a decode step of two rows", rank2, &mesh.Step{Phase: uint8(model.PhaseDecode), Seqs: []string{"a"}, Pos: []int32{5}, Rows: []int32{2}, Cols: 64, Stack: 3},
-			held("a"), `Fail(sequence "a" has 2 rows in a decode step)`},
+		{"a verify step: a sequence's last token and its drafts", rank2, verify([]int32{5, 5}, []int32{3, 1}, 8, 9), held("a", "b"),
+			"Run(0:0-3 draft[8 9] 1:3-4) Rows(4)"},
+		{"a decode step of more rows than its drafts", rank2, verify([]int32{5}, []int32{2}), held("a"),
+			`Fail(sequence "a" has 1 drafted rows; the step carries 0 drafts for them all)`},
+		{"drafts left over", rank2, verify([]int32{5}, []int32{2}, 8, 9), held("a"),
+			"Fail(the step carries 2 drafts, its sequences 1)"},
+		{"drafts in a prefill step", rank2, func() *mesh.Step {
+			st := prefill([]string{"a"}, []int32{5}, []int32{2})
+			st.Draft = []int32{8}
+			return st
+		}(), held("a"), "Fail(the step carries 1 drafts, its sequences 0)"},
+		{"more drafts than a step takes", rank2, verify([]int32{5}, []int32{2 + MaxDraft}, make([]int32, 1+MaxDraft)...), held("a"),
+			fmt.Sprintf(`Fail(sequence "a" has %d rows in a decode step)`, 2+MaxDraft)},
+		{"the step's position commits the last verify step's kept rows", rank2, decode("a"),
+			map[string]seqView{"a": {held: true, tokens: 3, pending: 3}}, "Run(0:0-1 commit 2) Rows(1)"},
+		{"all of a verify step kept", rank2, decode("a"),
+			map[string]seqView{"a": {held: true, tokens: 2, pending: 3}}, "Run(0:0-1 commit 3) Rows(1)"},
+		{"a commit of none: the head always keeps the last token", rank2, decode("a"),
+			map[string]seqView{"a": {held: true, tokens: 5, pending: 3}},
+			`Fail(sequence "a" is at token 5 here with a verify step of 3 rows pending; the step is for token 5)`},
+		{"a commit of more rows than ran", rank2, decode("a"),
+			map[string]seqView{"a": {held: true, tokens: 1, pending: 3}},
+			`Fail(sequence "a" is at token 1 here with a verify step of 3 rows pending; the step is for token 5)`},
+		{"a cancelled sequence's drafts are skipped with it", rank2, verify([]int32{5, 5}, []int32{3, 2}, 8, 9, 10),
+			map[string]seqView{"a": {cancelled: true}, "b": {held: true, tokens: 5}}, "Run(1:3-5 draft[10]) Skip(0-3) Rows(5)"},
 		{"a prefill step of no rows", rank2, prefill([]string{"a"}, []int32{5}, []int32{0}), held("a"),
 			`Fail(sequence "a" has 0 rows in a prefill step)`},
 		{"the row check comes before the cancel", rank2, prefill([]string{"a"}, []int32{5}, []int32{0}),
@@ -203,6 +250,17 @@ func TestStepNext(t *testing.T) {
 	}
 	if len(st.Seqs) != 3 || st.Stack != 3 {
 		t.Fatalf("stepNext changed the step it came from: %+v", st)
+	}
+	// A verify step's drafts go on with their sequences.
+	vs := verify([]int32{5, 6, 7}, []int32{3, 1, 2}, 8, 9, 10)
+	if got, want := showMsg(stepNext(rank2, 4, vs, mesh.Trace{}, []string{"a", "b", "c"}, 4, nil)), "Step(a,b,c pos [5 6 7] rows [3 1 2] stack 4) draft[8 9 10]"; got != want {
+		t.Fatalf("stepNext:\n got  %s\n want %s", got, want)
+	}
+	if got, want := showMsg(stepNext(rank2, 4, vs, mesh.Trace{}, []string{"b", "c"}, 4, nil)), "Step(b,c pos [6 7] rows [1 2] stack 4) draft[10]"; got != want {
+		t.Fatalf("stepNext:\n got  %s\n want %s", got, want)
+	}
+	if got, want := showMsg(stepNext(rank2, 4, vs, mesh.Trace{}, []string{"a"}, 4, nil)), "Step(a pos [5] rows [3] stack 4) draft[8 9]"; got != want {
+		t.Fatalf("stepNext:\n got  %s\n want %s", got, want)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tandem-inference/tandem/decode-worker/draft"
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
@@ -80,6 +81,9 @@ type Config struct {
 	// sequences with a grammar (Request.Grammar); without it such
 	// sequences are refused.
 	Vocabulary *grammar.Vocabulary
+	// Draft sets up speculative decoding (the head drafts; every rank
+	// verifies). On unless Draft.Off.
+	Draft DraftConfig
 	// Log receives the rank's logs, with the group and rank added.
 	Log *zap.Logger
 }
@@ -145,6 +149,10 @@ type Worker struct {
 	lastLog    time.Time
 	logged     counters
 
+	curve     costCurve           // head: the measured cost of a decode step by rows
+	session   *draft.SessionIndex // head: earlier sequences' tokens to draft from (nil: none)
+	sessionID uint64
+
 	cancels     cancelSet           // sequences being cancelled, for steps in progress (cancel.go)
 	onCall      onCallHook          // tests: after each call of a prefill step's layer
 	cancelEnded map[string]struct{} // head: sequences ended by a step that dropped them, until their Cancel returns
@@ -201,6 +209,10 @@ func Start(cfg Config) (*Worker, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
+	if cfg.Draft.KMax <= 0 {
+		cfg.Draft.KMax = 4
+	}
+	cfg.Draft.KMax = min(cfg.Draft.KMax, MaxDraft)
 	budget := cfg.MemoryBudget
 	if budget == 0 {
 		budget = spec.MemoryBudget
@@ -229,6 +241,9 @@ func Start(cfg Config) (*Worker, error) {
 		}
 		w.cache = prefixcache.New(prefixcache.Config{Model: cfg.Model.Cfg, Lo: spec.Lo, Hi: spec.Hi, DType: dtype,
 			Salt: prefixcache.Salt(pc.ModelID, dtype), Hash: pc.Hash, Budget: w.table.Budget(), Index: head})
+		if head && !cfg.Draft.Off {
+			w.session, _ = draft.NewSessionIndex(sessionConfig) // valid settings
+		}
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if w.n > 1 {

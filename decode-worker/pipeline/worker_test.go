@@ -49,13 +49,13 @@ func TestStartRefusesBadConfig(t *testing.T) {
 
 func TestRequestValidate(t *testing.T) {
 	ok := Request{ID: "a", Tokens: []int32{1, 2}, MaxTokens: 3, Sink: nopSink{}}
-	if err := ok.validate(10, 2); err != nil {
+	if err := ok.validate(10, 2, 4); err != nil {
 		t.Fatal(err)
 	}
 	sess := []Session{{ID: "s", Secret: []byte("0123456789abcdef")}, {ID: "s", Secret: []byte("0123456789abcdef")}}
 	remote := ok
 	remote.Remote = &Remote{Tokens: 5, Sessions: sess, Deadline: time.Now().Add(time.Minute)}
-	if err := remote.validate(10, 2); err != nil {
+	if err := remote.validate(10, 2, 4); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -82,7 +82,7 @@ func TestRequestValidate(t *testing.T) {
 	} {
 		r := ok
 		tc.mod(&r)
-		if err := r.validate(10, 2); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := r.validate(10, 2, 4); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v", tc.want, err)
 		}
 	}

@@ -33,6 +33,12 @@ func (s Sink) Counter(d *prometheus.Desc, v float64, labels ...string) {
 	s.ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 }
 
+// Histogram sends a histogram of count observations summing to sum, with
+// the cumulative count at each upper bound.
+func (s Sink) Histogram(d *prometheus.Desc, count uint64, sum float64, buckets map[float64]uint64, labels ...string) {
+	s.ch <- prometheus.MustNewConstHistogram(d, count, sum, buckets, labels...)
+}
+
 // Assignments counts the assignments a worker answered, by outcome:
 // accepted, resumed (a job held or ended here) or refused, each exported
 // at 0 before the first. A nil *Assignments counts nothing.

@@ -1,12 +1,12 @@
 package synth
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 
 	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/model/safetensors"
+	"github.com/tandem-inference/tandem/model/vision"
 )
 
 // Kind says how a tensor's bytes are generated.
@@ -191,67 +191,54 @@ func roundLog2(x float64) int {
 	return e - 1
 }
 
-// visionConfig is the part of the released vision_config that sizes the
-// vision tower's and projector's tensors.
-type visionConfig struct {
-	Hidden       int64   `json:"vt_hidden_size"`
-	Intermediate int64   `json:"vt_intermediate_size"`
-	Layers       int64   `json:"vt_num_hidden_layers"`
-	QKV          int64   `json:"qkv_hidden_size"`
-	Patch        int64   `json:"patch_size"`
-	PosH         int64   `json:"init_pos_emb_height"`
-	PosW         int64   `json:"init_pos_emb_width"`
-	Merge        []int64 `json:"merge_kernel_size"`
-}
-
-// maxVisionDim bounds every vision size read from a config, so that a
-// hostile config cannot ask for absurd shapes.
-const maxVisionDim = 1 << 20
-
-// visionShards lays out the vision tower and its projector as released
-// (K3-SPEC §5.5): the projector in the second to last shard, the tower in
-// the last, all BF16. The projector maps merged patches into the text
-// tower's width. A config without vision_config has no vision shards.
-func visionShards(c *model.Config) ([]shard, error) {
+// VisionPlan lays out the vision tower's and projector's tensors under
+// their released names (K3-SPEC §5.5), all BF16, sized by the config's
+// vision_config (vision.ParseConfig: the same reading the tower's loader
+// does); none when the config has no vision_config. Projections have
+// outputs of rms about their inputs' (gain 1/√fan-in), the position table
+// values of std 0.5 (positions differ), norms 1 ± 0.1.
+func VisionPlan(c *model.Config) (projector, tower []Tensor, err error) {
 	if len(c.Vision) == 0 || string(c.Vision) == "null" {
-		return nil, nil
+		return nil, nil, nil
 	}
-	var v visionConfig
-	if err := json.Unmarshal(c.Vision, &v); err != nil {
-		return nil, fmt.Errorf("config.json: vision_config: %w", err)
+	v, err := vision.ParseConfig(c.Vision, c.HiddenSize)
+	if err != nil {
+		return nil, nil, err
 	}
-	if len(v.Merge) != 2 {
-		return nil, fmt.Errorf("config.json: vision_config: merge_kernel_size %v, want two sizes", v.Merge)
-	}
-	for _, x := range []int64{v.Hidden, v.Intermediate, v.Layers, v.QKV, v.Patch, v.PosH, v.PosW, v.Merge[0], v.Merge[1]} {
-		if x <= 0 || x > maxVisionDim {
-			return nil, fmt.Errorf("config.json: vision_config: size %d out of range (1..%d)", x, maxVisionDim)
+	bf := func(name string, shape ...int) Tensor {
+		s := make([]int64, len(shape))
+		for i, d := range shape {
+			s[i] = int64(d)
 		}
+		fan := 1
+		for _, d := range shape[1:] {
+			fan *= d
+		}
+		return Tensor{Name: name, DType: safetensors.BF16, Shape: s, Std: 1 / math.Sqrt(float64(fan))}
 	}
-	bf := func(name string, shape ...int64) Tensor {
-		return Tensor{Name: name, DType: safetensors.BF16, Shape: shape, Std: 1 / math.Sqrt(float64(shape[len(shape)-1]))}
+	norm := func(name string, n int) Tensor {
+		return Tensor{Name: name, DType: safetensors.BF16, Shape: []int64{int64(n)}, Mean: 1, Std: 0.1}
 	}
-	norm := func(name string, n int64) Tensor {
-		return Tensor{Name: name, DType: safetensors.BF16, Shape: []int64{n}, Mean: 1, Std: 0.1}
-	}
-	d, merged := int64(c.HiddenSize), v.Hidden*v.Merge[0]*v.Merge[1]
-	projector := []Tensor{
+	d, merged := v.Hidden, v.MergedWidth()
+	projector = []Tensor{
 		bf("mm_projector.proj.0.weight", merged, merged),
-		bf("mm_projector.proj.2.weight", d, merged),
-		norm("mm_projector.post_norm.weight", d),
+		bf("mm_projector.proj.2.weight", v.TextHidden, merged),
+		norm("mm_projector.post_norm.weight", v.TextHidden),
 	}
-	tower := []Tensor{
-		bf("vision_tower.patch_embed.proj.weight", v.Hidden, 3, v.Patch, v.Patch),
-		bf("vision_tower.patch_embed.pos_emb.weight", v.PosH, v.PosW, v.Hidden),
-		norm("vision_tower.encoder.final_layernorm.weight", v.Hidden),
+	pos := bf("vision_tower.patch_embed.pos_emb.weight", v.PosH, v.PosW, d)
+	pos.Std = 0.5
+	tower = []Tensor{
+		bf("vision_tower.patch_embed.proj.weight", d, 3, v.Patch, v.Patch),
+		pos,
+		norm("vision_tower.encoder.final_layernorm.weight", d),
 	}
-	for i := int64(0); i < v.Layers; i++ {
-		b := fmt.Sprintf("vision_tower.encoder.blocks.%d.", i)
+	for i := 0; i < v.Layers; i++ {
+		b := vision.BlockPrefix(i)
 		tower = append(tower,
-			norm(b+"norm0.weight", v.Hidden), norm(b+"norm1.weight", v.Hidden),
-			bf(b+"wqkv.weight", 3*v.QKV, v.Hidden), bf(b+"wo.weight", v.Hidden, v.QKV),
-			bf(b+"mlp.fc0.weight", v.Intermediate, v.Hidden), bf(b+"mlp.fc1.weight", v.Hidden, v.Intermediate),
+			norm(b+"norm0.weight", d), norm(b+"norm1.weight", d),
+			bf(b+"wqkv.weight", 3*v.QKV, d), bf(b+"wo.weight", d, v.QKV),
+			bf(b+"mlp.fc0.weight", v.Intermediate, d), bf(b+"mlp.fc1.weight", d, v.Intermediate),
 		)
 	}
-	return []shard{{tensors: released(projector)}, {tensors: released(tower)}}, nil
+	return projector, tower, nil
 }

@@ -9,13 +9,15 @@
 // headers carry no metadata, as the released ones: for the K3 preset the
 // header and data bytes add up to the released files' sizes exactly.
 //
+// The vision tower and projector (from the config's vision_config) follow
+// the text tower: in the released layout in two shards of their own, the
+// projector's then the tower's, as released; with a chosen shard count in
+// the last shard, after the model-level tensors.
+//
 // A sparse checkpoint (Options.Sparse) has the same files, headers and
 // sizes with every tensor's data left as a hole: all weights read as zero
 // and the files take almost no disk, so a full-size model (K3's 1.56 TB)
-// can be planned and streamed on a machine that cannot hold it. It also
-// holds the vision tower and projector in their two released shards, which
-// cost nothing there (dense checkpoints leave them out: the text tower
-// never reads them).
+// can be planned and streamed on a machine that cannot hold it.
 //
 // Weights are random but scaled so that the model exercises its features:
 // SiTU's gate and up caps saturate on part of the rows, the router bias
@@ -60,21 +62,21 @@ const Version = 3
 // LayoutVersion changes whenever the files written for a given config and
 // options change with the weights left alone (shards, tensor order,
 // headers); caches of sparse checkpoints key on it.
-const LayoutVersion = 1
+const LayoutVersion = 2
 
 // Options control a generation.
 type Options struct {
 	Seed uint64
 	// Shards is the number of safetensors files. 0 means the released
-	// layout: one shard per layer plus one for the model-level tensors.
+	// layout: one shard per layer, one for the model-level tensors, and
+	// the vision projector's and tower's two when the config has a tower.
 	Shards int
 	// Force allows writing into a non-empty directory.
 	Force bool
 	// Progress, if set, is called as bytes are written (done, total).
 	Progress func(done, total int64)
 	// Sparse leaves every tensor's data as a hole that reads as zeros
-	// (see the package comment); with the released layout (Shards 0) the
-	// vision tower's two shards are written too.
+	// (see the package comment).
 	Sparse bool
 }
 
@@ -91,12 +93,18 @@ func Write(ctx context.Context, configJSON []byte, dir string, opt Options) erro
 	}
 	plan := Plan(cfg)
 	shards := assignShards(cfg, plan, opt.Shards)
-	if opt.Sparse && opt.Shards <= 0 {
-		vision, err := visionShards(cfg)
-		if err != nil {
-			return err
+	projector, tower, err := VisionPlan(cfg)
+	if err != nil {
+		return err
+	}
+	if len(tower) > 0 {
+		if opt.Shards <= 0 {
+			// As released: the projector, then the tower, in the last two shards.
+			shards = append(shards, shard{tensors: released(projector)}, shard{tensors: released(tower)})
+		} else {
+			last := &shards[len(shards)-1]
+			last.tensors = append(last.tensors, released(append(projector, tower...))...)
 		}
-		shards = append(shards, vision...)
 	}
 	var total int64
 	for _, sh := range shards {

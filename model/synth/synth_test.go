@@ -43,8 +43,8 @@ func TestReleasedLayout(t *testing.T) {
 	}
 	defer ck.Close()
 	files := ck.Files()
-	if len(files) != 10 { // 9 layers + the model-level shard
-		t.Fatalf("%d shards, want 10", len(files))
+	if len(files) != 12 { // 9 layers, the model-level shard, the projector's and the tower's
+		t.Fatalf("%d shards, want 12", len(files))
 	}
 	name := regexp.MustCompile(`^model-\d{5}-of-\d{6}\.safetensors$`)
 	for _, f := range files {

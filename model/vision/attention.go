@@ -1,7 +1,6 @@
 package vision
 
 import (
-	"github.com/tandem-inference/tandem/internal/expmath"
 	"math"
 
 	"github.com/tandem-inference/tandem/kernels"
@@ -110,10 +109,39 @@ func softmax(row []float32, scale float64, e []float64) {
 	}
 	var sum float64
 	for i, v := range row {
-		e[i] = expmath.Exp(float64(float64(v)-float64(m)) * scale)
+		e[i] = expNonPositive(float64(float64(v)-float64(m)) * scale)
 		sum += e[i]
 	}
 	for i := range row {
 		row[i] = float32(e[i] / sum)
 	}
+}
+
+// expNonPositive is e^x for x <= 0 to a relative error below 1e-8, far
+// finer than the fp32 it is rounded to: the softmax takes one per score,
+// T² per head, where a full-precision exp would dominate the tower's time.
+// x = k·ln2 + r with |r| <= ln2/2, e^r by its Taylor series to r^8/8!
+// (error < 3e-9), times 2^k. Every product is rounded before the sum it
+// feeds (no fused multiply-add), so amd64 and arm64 give the same bits.
+func expNonPositive(x float64) float64 {
+	const (
+		log2e = 1.4426950408889634
+		ln2Hi = 6.93147180369123816490e-01
+		ln2Lo = 1.90821492927058770002e-10
+	)
+	if x < -708 {
+		return 0
+	}
+	ki := -int64(float64(-x*log2e) + 0.5) // the nearest integer to x·log2(e)
+	k := float64(ki)
+	r := float64(x-float64(k*ln2Hi)) - float64(k*ln2Lo)
+	p := float64(r*(1.0/40320)) + 1.0/5040
+	p = float64(p*r) + 1.0/720
+	p = float64(p*r) + 1.0/120
+	p = float64(p*r) + 1.0/24
+	p = float64(p*r) + 1.0/6
+	p = float64(p*r) + 0.5
+	p = float64(p*r) + 1
+	p = float64(p*r) + 1
+	return p * math.Float64frombits(uint64(ki+1023)<<52)
 }

@@ -86,11 +86,16 @@ func randomTensors(c *Config, seed uint64) map[string]tensor {
 	return m
 }
 
-// writeCheckpoint writes config.json (the tiny preset's text config with
-// vision as its vision_config; nil leaves it out) and one BF16 shard of ts.
+// writeCheckpoint writes config.json (the text config of the preset of
+// vision's text_hidden_size: tiny 64, small 768, k3 7168; vision as its
+// vision_config, nil leaves it out) and one BF16 shard of ts.
 func writeCheckpoint(t testing.TB, dir string, vision map[string]any, ts map[string]tensor) {
 	t.Helper()
-	raw, err := configs.ModelPreset("tiny")
+	preset := "tiny"
+	if vision != nil {
+		preset = map[int]string{64: "tiny", 768: "small", 7168: "k3"}[vision["text_hidden_size"].(int)]
+	}
+	raw, err := configs.ModelPreset(preset)
 	if err != nil {
 		t.Fatal(err)
 	}

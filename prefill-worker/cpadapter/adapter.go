@@ -19,6 +19,7 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/model"
 	"github.com/tandem-inference/tandem/prefill-worker/scheduler"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
@@ -197,7 +198,7 @@ func (a *Adapter) info() cp.WorkerInfo {
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindPrefill, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress, Endpoints: cp.Endpoints{Metrics: a.cfg.MetricsAddr},
 		Rates: cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor, ReadBytesPerSec: st.ReadBytesPerSec,
-			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst)},
+			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst), VisionGFLOPS: a.cfg.Worker.Images().Rate()},
 		Started: a.started, Time: time.Now(), Draining: a.life.Leaving()}
 	if a.cfg.MemoryTotal > 0 {
 		w.MemoryTotal = uint64(a.cfg.MemoryTotal)
@@ -231,6 +232,17 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	if err != nil {
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
+	// The images are decoded and checked against their pad runs here (a
+	// bad one refuses the job at once); the tower runs when the job is
+	// queued (its Encode), not in this reply.
+	enc := a.cfg.Worker.Images()
+	imgs, err := enc.Prepare(as.TokenIDs, as.Images)
+	if err == nil {
+		err = enc.CheckTower(imgs)
+	}
+	if err != nil {
+		return refuse(cp.CodeBadRequest, "job %s: %v", as.JobID, err)
+	}
 	deadline := as.Deadline
 	if deadline.IsZero() {
 		deadline = time.Now().Add(a.cfg.DefaultDeadline)
@@ -258,7 +270,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		// The ranks hold the rows of the first b tokens: send the rest,
 		// naming the base by this worker's own chain over its own tokens,
 		// which the ranks check against the entry they restored.
-		chain := prefixkey.Chain(prefixkey.SHA256, a.salt(), as.TokenIDs[:b])
+		chain := prefixkey.Chain(prefixkey.SHA256, a.salt(), prefixkey.Fold(as.TokenIDs, imgs.Keys(0))[:b])
 		sc.Base, sc.BaseKey = b, uint64(chain[len(chain)-1])
 	}
 	snd, err := kvtransfer.NewSender(sc)
@@ -267,8 +279,19 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 		return refuse(cp.CodeBadRequest, "%v", err)
 	}
 	j := &job{id: as.JobID, sender: snd, tokens: len(as.TokenIDs), assigned: time.Now(), layers: a.cfg.Worker.Model().NumLayers}
-	h, err := a.cfg.Worker.Submit(worker.Spec{ID: as.JobID, Tokens: as.TokenIDs, Sink: sink.Suffix(snd, sc.Base), Deadline: deadline,
-		Progress: func(p scheduler.Progress) { a.progress(j, p) }})
+	spec := worker.Spec{ID: as.JobID, Tokens: as.TokenIDs, Sink: sink.Suffix(snd, sc.Base), Deadline: deadline,
+		Progress: func(p scheduler.Progress) { a.progress(j, p) }}
+	if imgs != nil {
+		spec.Images = imgs.Keys(0)
+		spec.Encode = func(ctx context.Context) ([]model.Media, error) {
+			feats, err := enc.Features(ctx, imgs)
+			if err != nil {
+				return nil, err
+			}
+			return imgs.Media(feats, 0), nil
+		}
+	}
+	h, err := a.cfg.Worker.Submit(spec)
 	if err != nil {
 		snd.Abort(err)
 		a.life.Done()

@@ -24,6 +24,10 @@ type Spec struct {
 	// Images are the images' pad runs in Tokens and their hashes: the
 	// prefix store keys an image's rows by its hash (prefixkey.Fold).
 	Images []prefixkey.Image
+	// Encode, when set, computes Media (runs the vision tower): the job
+	// waits for it, off the pass loop, before it joins a pass; an error
+	// fails the job, and cancelling the job cancels its context.
+	Encode func(ctx context.Context) ([]model.Media, error)
 	// Base, when set, is the state of the tokens before Tokens (a stored
 	// prefix, every layer, Base.Tokens a multiple of the KDA chunk): the
 	// job continues from it, and the sink gets the state of both.

@@ -172,6 +172,10 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 			go s.finishEmpty(j)
 			continue
 		}
+		if spec.Encode != nil {
+			go s.encode(j)
+			continue
+		}
 		s.waiting = append(s.waiting, j)
 	}
 	s.stats.Queued = len(s.waiting)
@@ -180,6 +184,37 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 	default:
 	}
 	return out, nil
+}
+
+// encode runs a job's Encode and queues the job with its media, or
+// fails it; a job cancelled meanwhile is left as Cancel settled it.
+func (s *Scheduler) encode(j *Job) {
+	t0 := time.Now()
+	media, err := j.spec.Encode(j.ctx)
+	if err == nil {
+		err = s.cfg.Exec.Model.CheckMedia(media, len(j.spec.Tokens))
+	}
+	if err != nil {
+		if j.ctx.Err() != nil {
+			err = context.Cause(j.ctx) // cancelled, or past its deadline
+		}
+		s.finish(j, fmt.Errorf("job %s: image features: %w", j.spec.ID, err)) // once: a Cancel may have settled it
+		return
+	}
+	s.log.Info("image features ready", zap.String("job", j.spec.ID), zap.Int("images", len(media)), zap.Duration("took", time.Since(t0).Round(time.Millisecond)))
+	s.mu.Lock()
+	if j.finished() || s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	j.spec.Media = media
+	s.waiting = append(s.waiting, j)
+	s.stats.Queued = len(s.waiting)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // finishEmpty serves a job with nothing to prefill (a prompt of one token,

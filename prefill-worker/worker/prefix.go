@@ -42,6 +42,7 @@ func (w *Worker) withStore(spec Spec) Spec {
 	}
 	if hit != nil {
 		spec.Media = model.MediaWindow(spec.Media, hit.Tokens, n, w.model.HiddenSize)
+		spec.Encode = afterBase(spec.Encode, spec.Images, hit.Tokens, n, w.model.HiddenSize)
 		spec.Base, spec.Tokens, from = hit.State, spec.Tokens[hit.Tokens:], hit.Key
 		w.cfg.Log.Info("prefix store hit", zap.String("job", spec.ID), zap.Int("cached", hit.Tokens), zap.Int("prefill", len(spec.Tokens)))
 	}
@@ -136,4 +137,17 @@ func (w *Worker) StoreDrop(key string) (int, error) {
 		return 0, fmt.Errorf("%w to drop from", errNoStore)
 	}
 	return w.cfg.Store.Drop(key), nil
+}
+
+// afterBase is a job's Encode once it resumes from a stored prefix of base
+// tokens: the media of the rest of the prompt, or nil (no tower run) when
+// every image lies in the stored prefix.
+func afterBase(enc func(context.Context) ([]model.Media, error), imgs []prefixkey.Image, base, n, d int) func(context.Context) ([]model.Media, error) {
+	if enc == nil || len(imgs) == 0 || imgs[len(imgs)-1].At+imgs[len(imgs)-1].Len <= base {
+		return nil
+	}
+	return func(ctx context.Context) ([]model.Media, error) {
+		md, err := enc(ctx)
+		return model.MediaWindow(md, base, n, d), err
+	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/imagejob"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
 	"github.com/tandem-inference/tandem/prefill-worker/planner"
 	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
@@ -85,6 +86,8 @@ type Worker struct {
 	depth  int
 	cancel context.CancelFunc
 	done   chan error
+	tower  *residentTower // nil: the checkpoint has no vision tower
+	images *imagejob.Encoder
 
 	// The cost model's measured inputs: compute terms fitted to finished
 	// passes, and the weights' read rate (bytes over the time reads were
@@ -167,31 +170,47 @@ func New(cfg Config) (*Worker, error) {
 	}
 	cfg, be, _ := cfg.withDefaults()
 	mc, lay, emb, costs := info.Model, info.Layout, info.Embed, info.Costs
+	// The vision tower, when the checkpoint has one, stays resident: its
+	// weights come out of the budget the passes plan with.
+	tower, err := loadTower(cfg, be)
+	if err != nil {
+		return nil, err
+	}
+	if tower != nil {
+		if tower.bytes >= cfg.Budget {
+			tower.close()
+			return nil, fmt.Errorf("worker: %s: the vision tower's weights (%s) take the whole memory budget (%s): raise it", cfg.Model, humanBytes(tower.bytes), humanBytes(cfg.Budget))
+		}
+		cfg.Budget -= tower.bytes
+	}
 	// The ring is sized once: the plan of an empty queue picks the depth.
 	p, err := planner.Make(planner.Input{Costs: costs, Budget: cfg.Budget, Depth: cfg.Depth, MaxTile: cfg.MaxTile})
-	if err != nil {
-		return nil, fmt.Errorf("worker: %s: %w", cfg.Model, err)
-	}
-	if dm, ok := be.(kernels.DeviceMemory); ok {
-		if err := planDevice(dm, be.Name(), mc, lay.SlotBytes, costs, p.Tile, cfg.Log); err != nil {
-			return nil, fmt.Errorf("worker: %s: %w", cfg.Model, err)
+	if err == nil {
+		if dm, ok := be.(kernels.DeviceMemory); ok {
+			err = planDevice(dm, be.Name(), mc, lay.SlotBytes, costs, p.Tile, cfg.Log)
 		}
+	}
+	if err != nil {
+		tower.close()
+		return nil, fmt.Errorf("worker: %s: %w", cfg.Model, err)
 	}
 	st, err := streamer.New(lay, be, streamer.Options{Slots: p.Depth + 1, ReadSize: cfg.ReadSize, Readers: cfg.Readers, IO: cfg.IO, Log: cfg.Log})
 	if err != nil {
+		tower.close()
 		return nil, err
 	}
 	m := model.New(mc, be)
 	m.State.LatentDType = cfg.LatentDType
 	exec := &executor.Executor{Model: m, Stream: st, Embed: emb, Log: cfg.Log}
-	w := &Worker{cfg: cfg, exec: exec, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1),
-		cost: costmodel.New(&mc.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
+	w := &Worker{cfg: cfg, exec: exec, model: mc, stream: st, costs: costs, depth: p.Depth, done: make(chan error, 1), tower: tower,
+		images: imagejob.NewEncoder(mc, tower.features(), "this prefill worker"),
+		cost:   costmodel.New(&mc.Config, cfg.LatentDType.Size()), fit: costmodel.NewFitter(costmodel.Compute{})}
 	w.sched = scheduler.New(scheduler.Config{Exec: exec, Costs: costs, Budget: cfg.Budget, Depth: p.Depth, MaxTile: cfg.MaxTile,
 		SinkQueue: cfg.SinkQueue, SinkTimeout: cfg.SinkTimeout, CloseTimeout: cfg.CloseTimeout, Log: cfg.Log, OnPass: w.onPass, OnLayer: cfg.OnLayer})
 	cfg.Log.Info("prefill worker ready", zap.String("model", cfg.Model), zap.Int("layers", mc.NumLayers),
 		zap.String("layer_bytes", humanBytes(lay.TensorBytes)), zap.String("budget", humanBytes(cfg.Budget)),
 		zap.Int("depth", p.Depth), zap.String("ring", humanBytes(p.Mem.Ring)), zap.String("io", st.IOName()),
-		zap.String("backend", be.Name()), zap.String("cache_dtype", cfg.LatentDType.String()))
+		zap.String("backend", be.Name()), zap.String("cache_dtype", cfg.LatentDType.String()), zap.String("vision_tower", humanBytes(tower.size())))
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	go func() { w.done <- w.sched.Run(ctx) }()
@@ -349,6 +368,8 @@ func (w *Worker) Close() error {
 	err := <-w.done
 	w.done <- err // Close may be called again
 	w.stream.Close()
+	w.tower.close()
+	w.tower = nil
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
