@@ -44,10 +44,11 @@ func openBackend(kind string, threads int, log *zap.Logger) (kernels.Backend, st
 }
 
 // residentBytes is the checkpoint's bytes rank r of l keeps resident: its
-// layers' tensors, the embedding and the vision tower on rank 0 and the
-// other model-level tensors (final mix, norm, lm_head) on the last rank.
-func residentBytes(ck *safetensors.Checkpoint, l *rank.Layout, r int) int64 {
-	s := l.Ranks[r]
+// stage's layers' tensors (its tensor rank's share, rank.TensorBytes), the
+// embedding on the first stage, the vision tower on rank 0 and the other
+// model-level tensors (final mix, norm, lm_head) on the last stage.
+func residentBytes(ck *safetensors.Checkpoint, c *model.Config, l *rank.Layout, r int) int64 {
+	s, sh := l.Ranks[r], l.Shard(r)
 	var n int64
 	for _, name := range ck.Names() {
 		L, ok := model.LayerOf(name)
@@ -61,15 +62,15 @@ func residentBytes(ck *safetensors.Checkpoint, l *rank.Layout, r int) int64 {
 		t, _ := ck.Tensor(name)
 		switch {
 		case L == model.GlobalsGroup && isEmbedding(name):
-			if r == 0 {
+			if l.HoldsEmbed(r) {
 				n += t.Size
 			}
 		case L == model.GlobalsGroup:
-			if r == l.Last() {
-				n += t.Size
+			if l.HoldsHead(r) {
+				n += rank.TensorBytes(c, name, t.Size, sh)
 			}
 		case L >= s.Lo && L < s.Hi:
-			n += t.Size
+			n += rank.TensorBytes(c, name, t.Size, sh)
 		}
 	}
 	return n

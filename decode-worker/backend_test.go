@@ -73,7 +73,7 @@ func TestResidentBytes(t *testing.T) {
 	}
 	var sum int64
 	for r := range l.Ranks {
-		n := residentBytes(ck, l, r)
+		n := residentBytes(ck, cfg, l, r)
 		if n <= 0 {
 			t.Errorf("rank %d: %d bytes", r, n)
 		}
@@ -89,6 +89,36 @@ func TestResidentBytes(t *testing.T) {
 	if sum != text {
 		t.Errorf("the ranks hold %d bytes together, the checkpoint's text model and vision tower %d", sum, text)
 	}
+}
+
+// TestResidentBytesTensor: the two tensor ranks of a 1 x 2 group each hold
+// less than one rank holding everything, and together at least all of it
+// (the replicated tensors twice).
+func TestResidentBytesTensor(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ck, err := safetensors.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := rank.Even("g", cfg.NumLayers, []string{"a:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := rank.EvenTensor("g", cfg.NumLayers, []string{"a:1", "b:1"}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := residentBytes(ck, cfg, one, 0)
+	a, b := residentBytes(ck, cfg, two, 0), residentBytes(ck, cfg, two, 1)
+	if a >= whole || b >= whole || a+b < whole {
+		t.Fatalf("tensor ranks hold %d and %d bytes; one rank holds %d", a, b, whole)
+	}
+	t.Logf("one rank %d bytes; tensor ranks %d and %d", whole, a, b)
 }
 
 func TestCheckFits(t *testing.T) {

@@ -91,6 +91,12 @@ Every rank of a group reads the same group file (group.example.yaml): the
 group's name, its mesh secret (secret, or secret_file relative to the file,
 or $TANDEM_GROUP_SECRET), and its ranks, each with endpoint, and optionally
 layers [lo, hi) (on every rank or none) and memory_budget (a byte size).
+The layout is pipeline stages x tensor ranks per stage (key tensor, default
+1): the ranks are listed stage-major (rank = stage*tensor + t), a stage's
+ranks share its layers and split each of them by heads and experts, and
+tensor must divide the model's attention heads. This build's pipeline runs
+tensor 1 only; bench generate and bench decodegroup run tensor-parallel
+stages in process.
 
 ` + config.Help(process)
 
@@ -246,11 +252,12 @@ type groupFile struct {
 	Secret     string     `mapstructure:"secret"`
 	SecretFile string     `mapstructure:"secret_file"`
 	Ranks      []rankFile `mapstructure:"ranks"`
+	Tensor     int        `mapstructure:"tensor"`
 }
 
 // groupKeys and rankKeys are the group file's keys: any other is refused.
 var (
-	groupKeys = []string{"group", "secret", "secret_file", "ranks"}
+	groupKeys = []string{"group", "secret", "secret_file", "ranks", "tensor"}
 	rankKeys  = []string{"endpoint", "layers", "memory_budget"}
 )
 
@@ -317,7 +324,10 @@ func loadGroup(path string, numLayers int) (*rank.Layout, []byte, error) {
 			listed++
 		}
 	}
-	l, err := rank.Even(gf.Group, numLayers, eps)
+	if gf.Tensor < 0 {
+		return nil, nil, fmt.Errorf("group config %s: tensor %d: want 1 or more ranks per stage", path, gf.Tensor)
+	}
+	l, err := rank.EvenTensor(gf.Group, numLayers, eps, max(gf.Tensor, 1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("group config %s: %w", path, err)
 	}

@@ -56,6 +56,17 @@ ranks:
 		t.Fatalf("secret from the environment: %q", secret)
 	}
 	t.Setenv("TANDEM_GROUP_SECRET", "")
+	tensor := writeFile(t, dir, "tensor.yaml", `group: g
+secret: 0123456789abcdef0123
+tensor: 2
+ranks: [{endpoint: "a:1"}, {endpoint: "b:1"}, {endpoint: "c:1"}, {endpoint: "d:1"}]
+`)
+	if l, _, err = loadGroup(tensor, 9); err != nil {
+		t.Fatal(err)
+	}
+	if l.Stages() != 2 || l.Ranks[1].Lo != 0 || l.Ranks[1].Hi != 5 || l.Ranks[3].Lo != 5 || l.Sampler() != 2 {
+		t.Fatalf("2 x 2 layout: %+v", l)
+	}
 
 	for name, tc := range map[string]struct{ text, want string }{
 		"short secret": {"secret: short\nranks: [{endpoint: \"a:1\"}]\n", "at least 16"},
@@ -66,6 +77,8 @@ ranks:
 		"bad budget":   {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"a:1\", memory_budget: lots}]\n", "memory_budget"},
 		"bad endpoint": {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"nohost\"}]\n", "endpoint"},
 		"too many":     {"secret: 0123456789abcdef0123\nranks: [{endpoint: \"a:1\"}, {endpoint: \"b:1\"}]\n", "cannot split"},
+		"part stage":   {"secret: 0123456789abcdef0123\ntensor: 2\nranks: [{endpoint: \"a:1\"}, {endpoint: \"b:1\"}, {endpoint: \"c:1\"}]\n", "whole stages"},
+		"stage layers": {"secret: 0123456789abcdef0123\ntensor: 2\nranks: [{endpoint: \"a:1\", layers: [0, 9]}, {endpoint: \"b:1\", layers: [0, 8]}]\n", "share its layers"},
 	} {
 		p := writeFile(t, dir, strings.ReplaceAll(name, " ", "_")+".yaml", tc.text)
 		n := 9

@@ -97,6 +97,12 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := layout.CheckModel(mcfg); err != nil {
+		return fmt.Errorf("group config %s: %w", cfg.GroupConfig, err)
+	}
+	if layout.TensorRanks() > 1 {
+		return fmt.Errorf("group config %s: tensor %d: this build's decode pipeline runs one rank per stage (tensor 1); tensor-parallel stages run in process with bench generate/decodegroup --tensor", cfg.GroupConfig, layout.TensorRanks())
+	}
 	if cfg.Rank > layout.Last() {
 		return fmt.Errorf("--rank %d: group %q has ranks 0..%d", cfg.Rank, layout.Group, layout.Last())
 	}
@@ -109,7 +115,7 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		need := residentBytes(ck, layout, cfg.Rank)
+		need := residentBytes(ck, mcfg, layout, cfg.Rank)
 		ck.Close()
 		_, total := dm.DeviceMemory()
 		if err := checkFits(need, total, cfg.Rank, spec.Lo, spec.Hi); err != nil {

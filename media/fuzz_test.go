@@ -8,6 +8,8 @@ import (
 	"image/color"
 	"image/gif"
 	"image/jpeg"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -117,4 +119,31 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A VP8X WebP's decoder allocates by the frame's size, not the canvas's that
+// DecodeConfig reports: a frame larger than its canvas must be refused by
+// Probe, before decoding.
+func TestWebPFrameMustMatchCanvas(t *testing.T) {
+	if string(webpEXIF6[12:16]) != "VP8X" || string(webpEXIF6[30:34]) != "VP8L" {
+		t.Fatal("the seed is not a VP8X file with a VP8L frame at offset 30")
+	}
+	bomb := slices.Clone(webpEXIF6)
+	binary.LittleEndian.PutUint32(bomb[39:], 0x3fff|0x3fff<<14) // frame 16384x16384
+	small := slices.Clone(webpEXIF6)
+	small[24] = 1 // canvas 2x2, frame 3x2
+	anim := slices.Clone(webpEXIF6)
+	anim[20] |= 1 << 1
+	for name, c := range map[string]struct {
+		data []byte
+		want string
+	}{
+		"frame larger than canvas": {bomb, "canvas is 3x2 but its frame is 16384x16384"},
+		"canvas smaller":           {small, "canvas is 2x2 but its frame is 3x2"},
+		"animated":                 {anim, "animated WebP is not supported"},
+	} {
+		if _, err := Probe(c.data, DefaultLimits()); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Probe error %v, want %q", name, err, c.want)
+		}
+	}
 }

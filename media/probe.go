@@ -73,6 +73,9 @@ func probe(data []byte, lim Limits) (header, error) {
 		h.png = readPNGHeader(data)
 		h.orientation = max(h.png.orientation, 1)
 	case "webp":
+		if err := checkWebP(data, h.rawW, h.rawH); err != nil {
+			return h, err
+		}
 		h.orientation = webpOrientation(data)
 	}
 	h.Width, h.Height = h.rawW, h.rawH

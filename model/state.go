@@ -210,11 +210,18 @@ func (c *Config) NewLayerState(L int, opt StateOptions) *LayerState {
 // layer L of a sequence of T cached tokens. It is what a transfer receiver
 // preallocates and verifies against, so that a peer cannot choose shapes.
 func (c *Config) ExpectedParts(L, T int, latent DType) []Part {
+	return c.ExpectedShardParts(L, T, latent, Shard{})
+}
+
+// ExpectedShardParts is ExpectedParts for tensor rank s, which holds the
+// KDA state and conv tails of its heads only (the MLA cache whole).
+func (c *Config) ExpectedShardParts(L, T int, latent DType, s Shard) []Part {
 	switch c.LayerKind(L) {
 	case MLA:
 		return []Part{{Kind: PartLatent, DType: latent, Shape: []int{T, c.LatentWidth()}}}
 	case KDA:
-		H, D, P, K1 := c.KDAHeads, c.KDAHeadDim, c.KDAProjDim(), c.ConvKernel-1
+		H, D, K1 := c.KDAHeads/max(s.Ranks, 1), c.KDAHeadDim, c.ConvKernel-1
+		P := H * D
 		return []Part{
 			{Kind: PartKDAState, DType: F32, Shape: []int{H, D, D}},
 			{Kind: PartConvQ, DType: F32, Shape: []int{P, K1}},
@@ -230,10 +237,15 @@ func (c *Config) ExpectedParts(L, T int, latent DType) []Part {
 // counts), and every value finite. Whoever takes over a state checks it
 // so: a decode rank before decoding, a prefill sink before passing it on.
 func (c *Config) CheckLayerState(ls *LayerState, L, T int, latent DType) error {
+	return c.CheckShardLayerState(ls, L, T, latent, Shard{})
+}
+
+// CheckShardLayerState is CheckLayerState for tensor rank s's slice.
+func (c *Config) CheckShardLayerState(ls *LayerState, L, T int, latent DType, s Shard) error {
 	if ls.Layer != L || ls.Kind != c.LayerKind(L) {
 		return fmt.Errorf("state: layer %d is labelled layer %d (%s), expected %s", L, ls.Layer, ls.Kind, c.LayerKind(L))
 	}
-	want := c.ExpectedParts(L, T, latent)
+	want := c.ExpectedShardParts(L, T, latent, s)
 	if len(ls.Parts) != len(want) {
 		return fmt.Errorf("state: layer %d has %d parts, expected %d", L, len(ls.Parts), len(want))
 	}

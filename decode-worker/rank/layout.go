@@ -7,16 +7,50 @@ package rank
 import (
 	"fmt"
 	"net"
+
+	"github.com/tandem-inference/tandem/model"
 )
 
-// Layout is a decode group: its ranks in pipeline order, each owning a
-// contiguous layer range. Rank 0 also holds the embedding; the last rank the
-// final AttnRes mix, norm and lm_head.
+// Layout is a decode group: pipeline stages in order, each owning a
+// contiguous layer range, and Tensor ranks per stage that split each of
+// the stage's layers between them (model.Shard). Ranks are numbered
+// stage-major: rank = stage·Tensor + t. The first stage's ranks also hold
+// the embedding; the last stage's ranks the final AttnRes mix, norm and
+// their vocabulary range of the lm_head, and the last stage's first rank
+// samples. Tensor 1 (or 0) is the plain pipeline: one rank per stage.
 type Layout struct {
 	// Group names the group (it prefixes the mesh channel ids).
 	Group string
 	Ranks []Spec
+	// Tensor is the number of ranks per stage (0 counts as 1).
+	Tensor int
 }
+
+// TensorRanks is the number of ranks per stage, at least 1.
+func (l *Layout) TensorRanks() int { return max(l.Tensor, 1) }
+
+// Stages is the number of pipeline stages.
+func (l *Layout) Stages() int { return len(l.Ranks) / l.TensorRanks() }
+
+// StageOf returns rank r's stage and its tensor rank within the stage.
+func (l *Layout) StageOf(r int) (stage, t int) { return r / l.TensorRanks(), r % l.TensorRanks() }
+
+// RankOf is the rank of tensor rank t of stage s.
+func (l *Layout) RankOf(stage, t int) int { return stage*l.TensorRanks() + t }
+
+// Shard is rank r's model.Shard: its tensor rank within its stage.
+func (l *Layout) Shard(r int) model.Shard {
+	_, t := l.StageOf(r)
+	return model.Shard{Rank: t, Ranks: l.TensorRanks()}
+}
+
+// Sampler is the rank that samples: the last stage's first rank.
+func (l *Layout) Sampler() int { return l.RankOf(l.Stages()-1, 0) }
+
+// HoldsEmbed and HoldsHead report whether rank r holds the embedding (the
+// first stage) and the final mix and lm_head (the last stage).
+func (l *Layout) HoldsEmbed(r int) bool { s, _ := l.StageOf(r); return s == 0 }
+func (l *Layout) HoldsHead(r int) bool  { s, _ := l.StageOf(r); return s == l.Stages()-1 }
 
 // Spec is one rank of a layout.
 type Spec struct {
@@ -33,25 +67,30 @@ type Spec struct {
 // Last is the index of the last rank.
 func (l *Layout) Last() int { return len(l.Ranks) - 1 }
 
-// Owner returns the rank that owns layer L, or -1.
+// Owner returns the rank that owns layer L (the first of its stage), or -1.
 func (l *Layout) Owner(L int) int {
 	for r, s := range l.Ranks {
 		if L >= s.Lo && L < s.Hi {
-			return r
+			return r - r%l.TensorRanks()
 		}
 	}
 	return -1
 }
 
 // Validate checks the layout against a model of numLayers layers: at least
-// one rank, endpoints that parse and differ, and ranges that tile
-// [0, numLayers) in rank order with at least one layer each.
+// one rank, whole stages of Tensor ranks, endpoints that parse and differ,
+// the ranks of a stage on the same layers, and stage ranges that tile
+// [0, numLayers) in order with at least one layer each.
 func (l *Layout) Validate(numLayers int) error {
 	if l.Group == "" {
 		return fmt.Errorf("decode group layout: no group name")
 	}
 	if len(l.Ranks) == 0 {
 		return fmt.Errorf("decode group %q: no ranks", l.Group)
+	}
+	T := l.TensorRanks()
+	if l.Tensor < 0 || len(l.Ranks)%T != 0 {
+		return fmt.Errorf("decode group %q: %d ranks do not make whole stages of tensor %d (the ranks must number pipeline x tensor)", l.Group, len(l.Ranks), l.Tensor)
 	}
 	seen := map[string]int{}
 	next := 0
@@ -63,7 +102,11 @@ func (l *Layout) Validate(numLayers int) error {
 			return fmt.Errorf("decode group %q: ranks %d and %d share endpoint %s", l.Group, prev, r, s.Endpoint)
 		}
 		seen[s.Endpoint] = r
-		if s.Lo != next || s.Hi <= s.Lo {
+		if _, t := l.StageOf(r); t > 0 {
+			if first := l.Ranks[r-t]; s.Lo != first.Lo || s.Hi != first.Hi {
+				return fmt.Errorf("decode group %q rank %d: layers [%d, %d), but its stage's first rank %d has [%d, %d) (a stage's tensor ranks share its layers)", l.Group, r, s.Lo, s.Hi, r-t, first.Lo, first.Hi)
+			}
+		} else if s.Lo != next || s.Hi <= s.Lo {
 			return fmt.Errorf("decode group %q rank %d: layers [%d, %d) do not continue from layer %d (ranges must tile the layers in rank order, one layer at least)", l.Group, r, s.Lo, s.Hi, next)
 		}
 		if s.MemoryBudget < 0 {
@@ -99,13 +142,33 @@ func Split(numLayers, n int) ([][2]int, error) {
 
 // Even returns a layout over endpoints with layers split by Split.
 func Even(group string, numLayers int, endpoints []string) (*Layout, error) {
-	ranges, err := Split(numLayers, len(endpoints))
+	return EvenTensor(group, numLayers, endpoints, 1)
+}
+
+// EvenTensor returns a layout of len(endpoints)/tensor stages of tensor
+// ranks each (endpoints stage-major), the layers split over the stages by
+// Split.
+func EvenTensor(group string, numLayers int, endpoints []string, tensor int) (*Layout, error) {
+	if tensor < 1 || len(endpoints)%tensor != 0 {
+		return nil, fmt.Errorf("decode group %q: %d ranks do not make whole stages of tensor %d (the ranks must number pipeline x tensor)", group, len(endpoints), tensor)
+	}
+	ranges, err := Split(numLayers, len(endpoints)/tensor)
 	if err != nil {
 		return nil, fmt.Errorf("decode group %q: %w", group, err)
 	}
-	l := &Layout{Group: group}
+	l := &Layout{Group: group, Tensor: tensor}
 	for r, ep := range endpoints {
-		l.Ranks = append(l.Ranks, Spec{Endpoint: ep, Lo: ranges[r][0], Hi: ranges[r][1]})
+		lr := ranges[r/tensor]
+		l.Ranks = append(l.Ranks, Spec{Endpoint: ep, Lo: lr[0], Hi: lr[1]})
 	}
 	return l, nil
+}
+
+// CheckModel checks that the model's layers split over the layout's
+// tensor ranks (heads divisible, model.Config.CheckShard).
+func (l *Layout) CheckModel(c *model.Config) error {
+	if err := c.CheckShard(l.TensorRanks()); err != nil {
+		return fmt.Errorf("decode group %q: %w", l.Group, err)
+	}
+	return nil
 }

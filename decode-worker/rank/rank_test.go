@@ -189,3 +189,65 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutTensor: a 2 x 2 layout numbers ranks stage-major, gives a
+// stage's ranks its layers and their shards, and refuses partial stages,
+// stage ranks on different layers and tensor sizes the heads refuse.
+func TestLayoutTensor(t *testing.T) {
+	eps := []string{"a:1", "b:1", "c:1", "d:1"}
+	l, err := EvenTensor("g", 9, eps, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Validate(9); err != nil {
+		t.Fatal(err)
+	}
+	if l.Stages() != 2 || l.Ranks[1].Hi != 5 || l.Ranks[2].Lo != 5 || l.Owner(6) != 2 || l.Sampler() != 2 {
+		t.Fatalf("2 x 2 layout: %+v, sampler %d", l.Ranks, l.Sampler())
+	}
+	if s, tr := l.StageOf(3); s != 1 || tr != 1 || l.Shard(3) != (model.Shard{Rank: 1, Ranks: 2}) || !l.HoldsHead(3) || l.HoldsEmbed(3) || !l.HoldsEmbed(1) {
+		t.Fatalf("rank 3: stage %d tensor %d shard %v", s, tr, l.Shard(3))
+	}
+	l.Ranks[1].Hi = 4
+	if err := l.Validate(9); err == nil || !strings.Contains(err.Error(), "share its layers") {
+		t.Errorf("stage ranks on different layers: %v", err)
+	}
+	if _, err := EvenTensor("g", 9, eps[:3], 2); err == nil || !strings.Contains(err.Error(), "whole stages") {
+		t.Errorf("3 ranks of tensor 2: %v", err)
+	}
+	l3 := &Layout{Group: "g", Tensor: 2, Ranks: []Spec{{Endpoint: "a:1", Lo: 0, Hi: 9}, {Endpoint: "b:1", Lo: 0, Hi: 9}, {Endpoint: "c:1", Lo: 0, Hi: 9}}}
+	if err := l3.Validate(9); err == nil || !strings.Contains(err.Error(), "whole stages") {
+		t.Errorf("3 ranks of tensor 2: %v", err)
+	}
+	small := config(t, "small")
+	l4, _ := EvenTensor("g", small.NumLayers, eps, 4)
+	if err := l4.CheckModel(small); err == nil || !strings.Contains(err.Error(), "does not divide the model's 6 KDA heads") {
+		t.Errorf("tensor 4 of 6 heads: %v", err)
+	}
+	l2, _ := EvenTensor("g", small.NumLayers, eps[:3], 3)
+	if err := l2.CheckModel(small); err != nil {
+		t.Errorf("tensor 3 of 6 heads, 512 experts: %v", err)
+	}
+}
+
+// TestShardStateBytes: a tensor rank's reservation equals what its states
+// take: its KDA heads' share, the whole MLA cache.
+func TestShardStateBytes(t *testing.T) {
+	c := config(t, "small")
+	for _, T := range []int{2, 3} {
+		s := model.Shard{Rank: 1, Ranks: T}
+		st := c.NewSeqState(0, c.NumLayers, model.StateOptions{LatentDType: model.BF16, LatentCapacity: 100, Shard: s})
+		var n int64
+		for _, ls := range st.Layers {
+			for _, p := range ls.Parts {
+				n += int64(cap(p.Data))
+			}
+		}
+		if got := ShardStateBytes(c, 0, c.NumLayers, 100, model.BF16, s); got != n {
+			t.Fatalf("tensor %d: ShardStateBytes %d, states take %d", T, got, n)
+		}
+		if whole := StateBytes(c, 0, c.NumLayers, 100, model.BF16); n >= whole {
+			t.Fatalf("tensor %d: a rank's state %d is not below the whole %d", T, n, whole)
+		}
+	}
+}

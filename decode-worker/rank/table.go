@@ -57,7 +57,7 @@ func (t *Table) Admit(id string, capacity int) (*Entry, error) {
 
 // Bytes is what a sequence of capacity tokens reserves on this rank.
 func (t *Table) Bytes(capacity int) int64 {
-	return StateBytes(t.cfg, t.lo, t.hi, capacity, t.opt.LatentDType)
+	return ShardStateBytes(t.cfg, t.lo, t.hi, capacity, t.opt.LatentDType, t.opt.Shard)
 }
 
 // Create gives an admitted sequence a fresh, empty state (local prefill),

@@ -13,6 +13,11 @@ import (
 // sender that computed garbage (NaN or Inf) and any future path that does
 // not go through kvtransfer.
 func Verify(c *model.Config, st *model.SeqState, lo, hi, tokens int, latent model.DType) error {
+	return VerifyShard(c, st, lo, hi, tokens, latent, model.Shard{})
+}
+
+// VerifyShard is Verify of tensor rank s's slice of a state.
+func VerifyShard(c *model.Config, st *model.SeqState, lo, hi, tokens int, latent model.DType, s model.Shard) error {
 	if st == nil {
 		return fmt.Errorf("state: none")
 	}
@@ -32,7 +37,7 @@ func Verify(c *model.Config, st *model.SeqState, lo, hi, tokens int, latent mode
 		case !own:
 			continue
 		}
-		if err := c.CheckLayerState(ls, L, tokens, latent); err != nil {
+		if err := c.CheckShardLayerState(ls, L, tokens, latent, s); err != nil {
 			return err
 		}
 	}
