@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,10 +32,11 @@ func groupOptions(mf *modelFlags, ranks int) (group.Options, error) {
 	return opt, nil
 }
 
-// generateGroup is generate --ranks N: the prompt is prefilled and decoded
-// greedily by a decode group of N ranks in this process (each rank with its
-// own kvtransfer server on loopback, the mesh over TCP).
-func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int) ([]int32, error) {
+// generateGroup is generate --ranks N (or --draft lookup): the prompt is
+// prefilled and decoded greedily by a decode group of N ranks in this
+// process (each rank with its own kvtransfer server on loopback, the mesh
+// over TCP), drafting when draft says so.
+func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int, draft bool) ([]int32, error) {
 	if mf.dir == "" || mf.ids == "" {
 		return nil, errors.New("--model and --ids are required")
 	}
@@ -46,12 +48,17 @@ func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int) ([]int32, 
 	if err != nil {
 		return nil, err
 	}
+	opt.Draft.Off = !draft
 	g, err := group.Start(ctx, opt)
 	if err != nil {
 		return nil, err
 	}
 	defer g.Close()
-	return g.Generate(ctx, "generate", ids, n)
+	out, err := g.Generate(ctx, "generate", ids, n)
+	if st := g.Head().Stats(); draft && err == nil {
+		fmt.Fprintf(os.Stderr, "draft: %d tokens in %d decode steps; %d drafted, %d accepted\n", st.Tokens, st.DecodeSteps, st.DraftedTokens, st.AcceptedTokens)
+	}
+	return out, err
 }
 
 func runDecodeGroup(ctx context.Context, args []string) error {
@@ -66,6 +73,8 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
+	forced := fs.Float64("forced-acceptance", -1, "speculative decoding with a forced drafter: it proposes the model's own continuation (from a run without drafts) with each token wrong with probability 1-P; reports tok/s with it and without drafts, measured in the same run on the same group (-1: off)")
+	asJSON := fs.Bool("json", false, "with --forced-acceptance: print the results as JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -82,6 +91,12 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	}
 	if *tokens < 4 || *promptLen < 1 {
 		return errors.New("--tokens must be at least 4 and --prompt at least 1")
+	}
+	if *forced != -1 {
+		if !(*forced >= 0 && *forced <= 1) {
+			return fmt.Errorf("--forced-acceptance %v: want a probability in [0, 1]", *forced)
+		}
+		return runForced(ctx, &mf, rs, ss, *promptLen, *tokens, *micro, *forced, *asJSON)
 	}
 	fmt.Printf("| ranks | seqs | tok/s | ms/step | compute ms/step | mesh ms/step | queued ms/step | seqs/step |\n")
 	fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -133,8 +148,18 @@ type decodeResult struct {
 // delivered, over the time from the submissions to the last end. The step
 // breakdown comes from the head's counters over the run.
 func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens int) (decodeResult, error) {
+	return measureDecodeKeep(ctx, g, seqs, promptLen, tokens, nil)
+}
+
+// measureDecodeKeep is measureDecode that, with keep, hands each prompt and
+// the tokens it got to keep afterwards.
+func measureDecodeKeep(ctx context.Context, g *group.Group, seqs, promptLen, tokens int, keep func(prompt, out []int32)) (decodeResult, error) {
 	vocab := g.Model(0).Cfg.VocabSize
 	sink := &timedSink{done: make(chan struct{}), left: seqs}
+	prompts := map[string][]int32{}
+	if keep != nil {
+		sink.toks = map[string][]int32{}
+	}
 	before := g.Head().Stats()
 	start := time.Now()
 	errs := make(chan error, seqs)
@@ -144,6 +169,7 @@ func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens 
 			p[j] = int32((i*7919 + j*104729 + 13) % vocab)
 		}
 		id := fmt.Sprintf("bench-%d-%d", start.UnixNano(), i)
+		prompts[id] = p
 		go func() {
 			errs <- g.Head().Submit(ctx, pipeline.Request{ID: id, Tokens: p, MaxTokens: tokens, Sink: sink})
 		}()
@@ -163,6 +189,11 @@ func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens 
 		return decodeResult{}, sink.err
 	}
 	after := g.Head().Stats()
+	for id, p := range prompts {
+		if keep != nil {
+			keep(p, sink.toks[id])
+		}
+	}
 	res := decodeResult{tokPerSec: float64(sink.tokens) / elapsed.Seconds()}
 	if steps := after.DecodeSteps - before.DecodeSteps; steps > 0 {
 		res.step = (after.StepTime - before.StepTime) / time.Duration(steps)
@@ -176,15 +207,19 @@ func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens 
 // timedSink counts tokens and ends.
 type timedSink struct {
 	mu     sync.Mutex
+	toks   map[string][]int32 // by sequence, when kept
 	tokens int
 	left   int
 	err    error
 	done   chan struct{}
 }
 
-func (s *timedSink) Token(string, int, int32) {
+func (s *timedSink) Token(seq string, _ int, t int32) {
 	s.mu.Lock()
 	s.tokens++
+	if s.toks != nil {
+		s.toks[seq] = append(s.toks[seq], t)
+	}
 	s.mu.Unlock()
 }
 

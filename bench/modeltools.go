@@ -120,7 +120,12 @@ func runGenerate(ctx context.Context, args []string) error {
 	mf.register(fs)
 	n := fs.IntP("n", "n", 8, "number of tokens to generate")
 	ranks := fs.Int("ranks", 1, "decode group ranks: above 1, a pipeline-parallel group of that many ranks (in process, mesh over loopback TCP) prefills and decodes")
+	draftMode := fs.String("draft", "off", "speculative decoding: lookup (a decode group of --ranks drafts from the prompt and output; the ids are the same) or off")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	draft, err := parseDraftMode(*draftMode)
+	if err != nil {
 		return err
 	}
 	if *n < 1 {
@@ -130,9 +135,9 @@ func runGenerate(ctx context.Context, args []string) error {
 		return fmt.Errorf("--ranks must be at least 1, is %d", *ranks)
 	}
 	var gen []int32
-	if *ranks > 1 {
+	if *ranks > 1 || draft {
 		var err error
-		if gen, err = generateGroup(ctx, &mf, *n, *ranks); err != nil {
+		if gen, err = generateGroup(ctx, &mf, *n, *ranks, draft); err != nil {
 			return err
 		}
 	} else {
