@@ -66,11 +66,18 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
+	pipe := fs.Int("pipeline", 0, "pipeline stages: the same as --ranks with one size")
+	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, one rank against one stage split over this many ranks (pipeline 1, the collective over loopback TCP; --ranks is ignored), the same sequences and ids")
+	processes := fs.Bool("processes", false, "with --tensor: each rank a separate process limited to one core (GOMAXPROCS 1, pinned to CPU r on linux)")
+	asJSON := fs.Bool("json", false, "with --tensor: one JSON object per run (pipeline, tensor, sequences, tok_s, ms_per_step, collective_ms_per_step)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if mf.dir == "" {
 		return errors.New("--model is required")
+	}
+	if *pipe > 0 {
+		*rankList = strconv.Itoa(*pipe)
 	}
 	rs, err := parseCountList(*rankList)
 	if err != nil {
@@ -82,6 +89,13 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	}
 	if *tokens < 4 || *promptLen < 1 {
 		return errors.New("--tokens must be at least 4 and --prompt at least 1")
+	}
+	if *tensor > 1 {
+		if *pipe > 1 {
+			return fmt.Errorf("--tensor %d: this build measures tensor-parallel stages without the pipeline; give --pipeline 1", *tensor)
+		}
+		tb := tensorBench{mf: &mf, tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen, tokens: *tokens, json: *asJSON}
+		return tb.run(ctx)
 	}
 	fmt.Printf("| ranks | seqs | tok/s | ms/step | compute ms/step | mesh ms/step | queued ms/step | seqs/step |\n")
 	fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
