@@ -23,6 +23,7 @@ import (
 	"github.com/tandem-inference/tandem/bench/workload"
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/internal/config"
 	"github.com/tandem-inference/tandem/model/synth"
 	"github.com/tandem-inference/tandem/tokenizer"
@@ -51,7 +52,11 @@ type e2eConfig struct {
 	cacheCompare               bool
 	cachePolicy                string
 	chat, cacheInTurn          bool
-	args                       []string // the command line, for REPORT.md
+	// --workload edit: jobs, passage words, reply tokens, and the
+	// acceptance rates of the forced-draft runs.
+	editJobs, editWords, editOutput int
+	forced                          []float64
+	args                            []string // the command line, for REPORT.md
 }
 
 // e2eOutput is the JSON line of bench e2e.
@@ -302,7 +307,11 @@ func parseE2EFlags(args []string) (e2eConfig, error) {
 	fs.StringVar(&f.model, "model", "", "checkpoint directory (default: the --preset synthetic model, generated into the test-model cache if needed)")
 	fs.StringVar(&f.preset, "preset", "tiny", "synthetic model preset when --model is not given (the one the profile was calibrated on)")
 	fs.StringVar(&f.profile, "profile", "local", "hardware profile of this machine for the simulator (configs/hardware name or .yaml path; bench calibrate writes it)")
-	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions), at local scale (bench/workload LocalMix, LocalAgent), or ladder (the --ladder prompt lengths, each job alone, in turn: the router's predictions against each prompt's measured TTFT)")
+	fs.StringVar(&f.workload, "workload", "mix", "generated workload: mix (short and long prompts) or agent (growing sessions), at local scale (bench/workload LocalMix, LocalAgent), or ladder (the --ladder prompt lengths, each job alone, in turn: the router's predictions against each prompt's measured TTFT), or edit (jobs asking to rewrite a passage, each alone: decode tok/s with speculative decoding on and off, and with forced drafts at --forced-acceptance)")
+	fs.IntVar(&f.editJobs, "edit-jobs", 6, "--workload edit: the jobs (each run in turn)")
+	fs.IntVar(&f.editWords, "edit-words", 120, "--workload edit: words in each job's passage")
+	fs.IntVar(&f.editOutput, "edit-output", 96, "--workload edit: tokens each reply may run to")
+	fs.Float64SliceVar(&f.forced, "forced-acceptance", []float64{0, 0.5, 0.7, 0.9}, "--workload edit: acceptance rates of the forced-draft runs (the model's own reply, recorded without drafts, each drafted token wrong with probability 1-rate)")
 	fs.StringVar(&f.ladder, "ladder", "64,256,1024,4096,16384", "--workload ladder: the prompt lengths, in tokens")
 	fs.StringVar(&f.warmupPrompts, "warmup-prompts", "128,256,512", "prompt lengths of the warm-up jobs, each way, in turn (--warmup of them): what the workers fit their cost-model terms to before the replays")
 	fs.StringVar(&f.trace, "trace", "", "replay this trace file (JSON Lines, see bench/workload) instead of a generated workload")
@@ -385,6 +394,10 @@ func (f e2eConfig) validate() error {
 		return fmt.Errorf("--rounds %d: want at least 1", f.rounds)
 	case f.warmup < 0 || f.ranks < 0 || f.threads < 0 || f.probeReps < 0:
 		return errors.New("--warmup, --probe, --ranks and --threads may not be negative")
+	case f.workload == "edit" && (f.editJobs < 1 || f.editWords < 4 || f.editOutput < 2):
+		return fmt.Errorf("--workload edit: --edit-jobs %d, --edit-words %d, --edit-output %d: want at least 1, 4 and 2", f.editJobs, f.editWords, f.editOutput)
+	case f.workload == "edit" && slices.ContainsFunc(f.forced, func(a float64) bool { return !(a >= 0 && a <= 1) }):
+		return fmt.Errorf("--forced-acceptance %v: want rates in [0, 1]", f.forced)
 	case f.chat && (f.workload != "agent" || f.trace != ""):
 		return fmt.Errorf("--chat builds the agent workload's sessions as chats: want --workload agent without --trace (not %q)", f.workload)
 	}
@@ -447,6 +460,8 @@ type e2eBench struct {
 	key        string // the jobs' key prefix, unique per run
 	faults     *faultCounter
 	probeLoads map[router.Policy][]*float64
+	runs       int                  // edit jobs run, for their keys
+	draftCfg   pipeline.DraftConfig // the decode group's
 }
 
 func runE2E(ctx context.Context, f e2eConfig) error {
@@ -463,6 +478,13 @@ func runE2E(ctx context.Context, f e2eConfig) error {
 	defer r.close()
 	if err := r.warmUp(ctx); err != nil {
 		return err
+	}
+	if f.workload == "edit" {
+		out, err := r.runEdit(ctx)
+		if err != nil {
+			return err
+		}
+		return r.writeEdit(out, start, loadAll)
 	}
 	runs, err := r.replayPolicies(ctx)
 	if err != nil {
@@ -575,9 +597,20 @@ func (r *e2eBench) loadWorkload() error {
 	f := &r.cfg
 	var wname string
 	var err error
-	if f.inTurn() {
+	switch {
+	case f.workload == "edit" && f.trace == "":
+		tok, err := tokenizer.Load(r.dir)
+		if err != nil {
+			return fmt.Errorf("--workload edit: the model's tokenizer: %w", err)
+		}
+		r.jobs, err = editJobs(tok, f.editJobs, f.editWords, f.editOutput, f.seed)
+		wname = "edit"
+		if err != nil {
+			return err
+		}
+	case f.inTurn():
 		r.jobs, wname, err = ladderJobs(f.ladder)
-	} else {
+	default:
 		r.jobs, wname, err = simWorkload(simConfig{workload: f.workload, trace: f.trace, rate: f.rate, seed: f.seed}, "local")
 	}
 	if err != nil {
@@ -617,8 +650,11 @@ func (r *e2eBench) startSystem(ctx context.Context) error {
 	say("e2e: starting NATS, the coordinator, a prefill worker and %d decode ranks (%s, %d thread(s) each)", f.ranks, r.out.Model, f.threads)
 	r.seed = sim.SeedRates(r.setup, f.seedTokens)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	// The edit workload's jobs run again and again: a prefix cache's
+	// session index would draft each reply from its own earlier run.
+	cache := pipeline.PrefixCacheConfig{Off: f.workload == "edit"}
 	d, err := startDeployment(sctx, deployOptions{ModelDir: r.dir, Ranks: f.ranks, Threads: f.threads, PrefillBudget: r.budget, LinkRate: r.rate,
-		Rates: r.seed, Log: log})
+		Rates: r.seed, Draft: r.draftCfg, PrefixCache: cache, Log: log})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("e2e: starting the system: %w", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/coordinator/service"
 	decodecp "github.com/tandem-inference/tandem/decode-worker/cpadapter"
+	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/kvtransfer/faultproxy"
 	"github.com/tandem-inference/tandem/model"
 	prefillcp "github.com/tandem-inference/tandem/prefill-worker/cpadapter"
@@ -35,7 +36,11 @@ type deployOptions struct {
 	LinkRate int64
 	// Rates seed the coordinator's cost model.
 	Rates router.Rates
-	Log   *zap.Logger
+	// Draft configures the decode group's speculative decoding, and
+	// PrefixCache its prefix-state cache.
+	Draft       pipeline.DraftConfig
+	PrefixCache pipeline.PrefixCacheConfig
+	Log         *zap.Logger
 }
 
 // benchMeshIdle is how long a decode rank's link may stay silent before
@@ -85,7 +90,7 @@ func startDeployment(ctx context.Context, opt deployOptions) (d *deployment, err
 	// default 3 s (a warm-up job failed so at load average 10 on 2 cores)
 	// would fail the whole run.
 	d.c, err = cluster.Start(ctx, cluster.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Threads: opt.Threads,
-		NoPrefill: true, Registry: d.registry, Log: opt.Log, MeshIdle: benchMeshIdle,
+		NoPrefill: true, Registry: d.registry, Log: opt.Log, MeshIdle: benchMeshIdle, Draft: opt.Draft, PrefixCache: opt.PrefixCache,
 		Coordinator: service.Config{Rates: opt.Rates}})
 	if err != nil {
 		return nil, err

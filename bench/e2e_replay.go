@@ -25,6 +25,8 @@ type measured struct {
 	// when the client received the first and the last token.
 	Submitted, FirstToken, LastToken time.Time
 	Tokens                           int
+	// Output is the generated token ids.
+	Output []int32
 	// Final is the job's final event (route and timing); Events all of
 	// them.
 	Final  cp.JobEvent
@@ -124,7 +126,7 @@ func replay(ctx context.Context, nc *nats.Conn, jobs []workload.Job, policy cp.P
 	return out, start, ctx.Err()
 }
 
-func runJob(ctx context.Context, nc *nats.Conn, j workload.Job, at time.Time, policy cp.Policy, vocab int, key string, timeout time.Duration) measured {
+func runJob(ctx context.Context, nc *nats.Conn, j workload.Job, at time.Time, policy cp.Policy, vocab int, key string, timeout time.Duration, opts ...func(*cp.SubmitRequest)) measured {
 	m := measured{Job: j}
 	select {
 	case <-time.After(time.Until(at)):
@@ -136,6 +138,9 @@ func runJob(ctx context.Context, nc *nats.Conn, j workload.Job, at time.Time, po
 	defer cancel()
 	req := cp.SubmitRequest{TokenIDs: promptTokens(j, vocab), Sampling: cp.Sampling{MaxTokens: j.Output}, Policy: policy,
 		IdempotencyKey: key + "-" + j.ID}
+	for _, o := range opts {
+		o(&req)
+	}
 	res, err := client.Run(jctx, nc, req, client.Handlers{Token: func(t cp.TokenMsg) {
 		now := time.Now()
 		if t.TokenID < 0 {
@@ -147,7 +152,7 @@ func runJob(ctx context.Context, nc *nats.Conn, j workload.Job, at time.Time, po
 		m.LastToken = now
 	}})
 	if res != nil {
-		m.JobID, m.Submitted, m.Final, m.Events, m.Tokens = res.JobID, res.Submitted, res.Final, res.Events, len(res.Tokens)
+		m.JobID, m.Submitted, m.Final, m.Events, m.Tokens, m.Output = res.JobID, res.Submitted, res.Final, res.Events, len(res.Tokens), res.Tokens
 		if err == nil {
 			err = res.Err()
 		}

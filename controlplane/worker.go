@@ -64,6 +64,10 @@ type Rates struct {
 	// finished prefills, nil before the first. A decode group's rank 0
 	// advertises the fit of the group's own prefills.
 	Compute *ComputeTerms `msgpack:"compute,omitempty" json:"compute,omitempty"`
+	// VisionGFLOPS is the worker's measured vision tower rate, GFLOP/s
+	// over costmodel's count of the tower's work, over the images it ran
+	// (a prefill worker, or a decode group's rank 0); 0 before the first.
+	VisionGFLOPS float64 `msgpack:"vision_gflops,omitempty" json:"vision_gflops,omitempty"`
 }
 
 // ComputeTerms are fitted compute rates per term of package costmodel:
@@ -120,7 +124,7 @@ func (r *Rates) validate(msg, field string) error {
 		name string
 		v    float64
 	}{{"prefill_tok_s", r.PrefillTokensPerSec}, {"decode_tok_s", r.DecodeTokensPerSec}, {"link_bytes_s", r.LinkBytesPerSec},
-		{"read_bytes_s", r.ReadBytesPerSec}} {
+		{"read_bytes_s", r.ReadBytesPerSec}, {"vision_gflops", r.VisionGFLOPS}} {
 		if err := checkRate(msg, field+"."+f.name, f.v); err != nil {
 			return err
 		}

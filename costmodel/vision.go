@@ -106,3 +106,22 @@ func visionTime(m *Model, gflops float64, c Compute, imgs []Image, from int) tim
 	}
 	return seconds(m.Vision.Work(patches) / gflops / 1e9)
 }
+
+// ImagesOf places images of the given patch counts on prompt's runs of
+// pad, the i-th run the i-th image's (runs without an image are not
+// priced).
+func ImagesOf(prompt []int32, pad int32, patches []int) []Image {
+	var out []Image
+	for i := 0; i < len(prompt) && len(out) < len(patches); i++ {
+		if prompt[i] != pad {
+			continue
+		}
+		j := i
+		for j < len(prompt) && prompt[j] == pad {
+			j++
+		}
+		out = append(out, Image{End: j, Patches: patches[len(out)]})
+		i = j
+	}
+	return out
+}

@@ -96,3 +96,12 @@ func TestPredictionsPriceTheTower(t *testing.T) {
 		t.Fatal("the image prompt still goes remote despite the prefill worker's slow tower")
 	}
 }
+
+// TestImagesOf: images sit on the prompt's pad runs in order.
+func TestImagesOf(t *testing.T) {
+	p := []int32{1, 9, 9, 2, 9, 3, 9, 9, 9}
+	got := ImagesOf(p, 9, []int{16, 4})
+	if len(got) != 2 || got[0] != (Image{End: 3, Patches: 16}) || got[1] != (Image{End: 5, Patches: 4}) {
+		t.Fatalf("%+v", got)
+	}
+}

@@ -220,6 +220,15 @@ func TestHostileInputsAreRefusedClearly(t *testing.T) {
 	}
 }
 
+func TestZeroLimitsMeanDefaults(t *testing.T) {
+	if _, err := Decode(encodePNG(t, image.NewGray(image.Rect(0, 0, 3, 3))), Limits{}); err != nil {
+		t.Fatalf("zero Limits: %v", err)
+	}
+	if _, err := Probe(pngWithHeader(9000, 9000), Limits{MaxBytes: 1 << 20}); err == nil || !strings.Contains(err.Error(), "over the limit of 67108864 pixels") {
+		t.Fatalf("zero MaxPixels: %v, want the default limit", err)
+	}
+}
+
 func TestProbeOfBombAllocatesLittle(t *testing.T) {
 	bomb := pngWithHeader(100000, 100000)
 	var before, after runtime.MemStats

@@ -46,6 +46,7 @@ func Probe(data []byte, lim Limits) (Info, error) {
 
 func probe(data []byte, lim Limits) (header, error) {
 	var h header
+	lim = lim.orDefault()
 	if int64(len(data)) > lim.MaxBytes {
 		return h, fmt.Errorf("media: image is %d bytes, over the limit of %d bytes (Limits.MaxBytes); send a smaller file", len(data), lim.MaxBytes)
 	}

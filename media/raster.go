@@ -163,11 +163,14 @@ func greyRamp(p color.Palette) bool {
 	return true
 }
 
+// nrgbaPalette pads the palette to 256 entries with opaque black, which is
+// what Pillow reads for an index past the palette.
 func nrgbaPalette(p color.Palette) []color.NRGBA {
-	out := make([]color.NRGBA, 256) // indices past the palette read as black
-	for i, c := range p {
-		if i < len(out) {
-			out[i] = color.NRGBAModel.Convert(c).(color.NRGBA)
+	out := make([]color.NRGBA, 256)
+	for i := range out {
+		out[i] = color.NRGBA{A: 255}
+		if i < len(p) {
+			out[i] = color.NRGBAModel.Convert(p[i]).(color.NRGBA)
 		}
 	}
 	return out

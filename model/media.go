@@ -11,14 +11,6 @@ import (
 // embeddings of its pad run: the prompt holds one <|media_pad|> id per
 // feature row, and the trunk, being NoPE, needs nothing else (spec §5.5).
 
-// MediaPadOffset is <|media_pad|>'s place among the 256 special ids that
-// end the vocabulary (163605 - 163584 in the released one).
-const MediaPadOffset = 21
-
-// MediaPadID is the id of <|media_pad|> in c's vocabulary: the K3 special
-// layout, which synthetic tokenizers keep in their last 256 ids too.
-func (c *Config) MediaPadID() int32 { return int32(c.VocabSize - 256 + MediaPadOffset) }
-
 // Media is one run of feature rows at its place in a sequence's tokens:
 // Rows [n, HiddenSize] (row-major) replace the embedded rows of positions
 // [At, At+n). Positions count from the first token the call is given.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // TestMediaReplaceEmbeddedRows: a batch with media holds the feature rows
@@ -110,4 +111,29 @@ func TestGenerateMediaChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("tiny greedy with an image: %v", got)
+}
+
+// TestMediaPadIDIsTheTokenizers: the id the workers find image runs by is
+// the one the tokenizer expands an image's marker into, for the released
+// vocabulary's size and a synthetic one.
+func TestMediaPadIDIsTheTokenizers(t *testing.T) {
+	for _, vocab := range []int{1024, 163840} {
+		if vocab == 163840 && testing.Short() {
+			continue
+		}
+		dir := t.TempDir()
+		if err := tokenizer.WriteSynthetic(dir, vocab, nil); err != nil {
+			t.Fatal(err)
+		}
+		tok, err := tokenizer.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, ok := tok.SpecialID(tokenizer.MediaPad)
+		c := model.Config{}
+		c.VocabSize = vocab
+		if !ok || int32(id) != c.MediaPadID() {
+			t.Fatalf("vocabulary %d: the tokenizer's <|media_pad|> is %d (%v), the model's %d", vocab, id, ok, c.MediaPadID())
+		}
+	}
 }

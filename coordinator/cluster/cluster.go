@@ -75,6 +75,9 @@ type Options struct {
 	// PrefixCache configures the decode ranks' prefix-state cache, on by
 	// default.
 	PrefixCache pipeline.PrefixCacheConfig
+	// Draft configures the decode group's speculative decoding (on, with
+	// the lookup drafters, by default).
+	Draft pipeline.DraftConfig
 	// PrefixStore, when its Dir is set, gives the prefill worker a prefix
 	// store there, of MaxBytes or by default 1 GiB, that outlives the
 	// worker's restarts as a disk does.
@@ -190,7 +193,7 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 	}
 	c.Group, err = group.Start(ctx, group.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Group: opt.Group,
 		Threads: opt.Threads, MemoryBudget: opt.DecodeMemory, Timeouts: opt.Transfer,
-		Heartbeat: opt.MeshHeartbeat, Idle: opt.MeshIdle, PrefixCache: opt.PrefixCache, Log: opt.Log.Named("decode")})
+		Heartbeat: opt.MeshHeartbeat, Idle: opt.MeshIdle, PrefixCache: opt.PrefixCache, Draft: opt.Draft, Log: opt.Log.Named("decode")})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: decode group: %w", err)
 	}

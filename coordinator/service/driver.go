@@ -402,7 +402,7 @@ func (r *run) place(exclude []string) jobrun.Event {
 	case policy == cp.PolicyRemote && pf == nil && n > 1:
 		return jobrun.Candidate{At: now, Why: fmt.Sprintf("policy remote: no prefill worker of model %s is up", m.ID)}
 	}
-	rd, _ := c.decide(policy, pf, g, r.req.TokenIDs)
+	rd, _ := c.decide(policy, pf, g, r.req.TokenIDs, r.req.Images)
 	remote := rd.Target == cp.TargetRemote
 	if remote {
 		if why := r.answers(pf.ID); why != "" {

@@ -7,7 +7,9 @@ import (
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/router"
 	"github.com/tandem-inference/tandem/costmodel"
+	"github.com/tandem-inference/tandem/internal/modelconfig"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
+	"github.com/tandem-inference/tandem/media"
 )
 
 // loadTracker is what the coordinator knows of the work it has handed out:
@@ -121,12 +123,14 @@ func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
 		if r.LinkBytesPerS <= 0 {
 			r.LinkBytesPerS = pf.Rates.LinkBytesPerSec
 		}
+		r.PrefillVision = pf.Rates.VisionGFLOPS
 	}
 	if g != nil {
 		h := g.Head()
 		if t := h.Rates.Compute; t != nil && t.Samples > 0 {
 			r.Local = t.Compute()
 		}
+		r.LocalVision = h.Rates.VisionGFLOPS
 		if r.DecodeStep <= 0 && h.Rates.DecodeTokensPerSec > 0 {
 			r.DecodeStep = time.Duration(float64(time.Second) / h.Rates.DecodeTokensPerSec)
 		}
@@ -136,7 +140,7 @@ func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
 
 // decide routes a prompt of n tokens under policy between prefill worker
 // pf (nil: none usable) and group g.
-func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prompt []int32) (*cp.RouteDecision, router.Decision) {
+func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prompt []int32, images [][]byte) (*cp.RouteDecision, router.Decision) {
 	n := len(prompt)
 	r := c.rates(pf, g)
 	pfID := ""
@@ -152,6 +156,7 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 	load.LocalCached = cachedPrefix(&h, prompt)
 	load.LocalStops = snapshotStops(&h, load.LocalCached, n)
 	load.RemoteSplit, load.RemoteCached, load.RemoteAppend = remoteCaches(pf, &h, prompt)
+	load.Images = pricedImages(prompt, images, int32(c.cfg.Model.VocabSize-256+modelconfig.MediaPadOffset))
 	d := router.Route(pol, m, r, load, n)
 	if n <= 1 && pf != nil {
 		d.Reason = "a one-token prompt has nothing to prefill: " + d.Reason
@@ -233,4 +238,25 @@ func remoteCaches(pf, h *cp.WorkerInfo, prompt []int32) (split, cached, appendTo
 	cached = longestHeld(pf.PrefixCache, prompt, split)
 	appendTo = min(longestHeld(h.PrefixCache, prompt, split), split-prefixkey.Block)
 	return split, cached, appendTo
+}
+
+// pricedImages are a job's images as the router prices them: each one's
+// patch grid from its header alone (media.Probe and the scale rule), on
+// its pad run. An image whose header does not read is not priced (the
+// worker that decodes it refuses the job).
+func pricedImages(prompt []int32, images [][]byte, pad int32) []costmodel.Image {
+	if len(images) == 0 {
+		return nil
+	}
+	patches := make([]int, len(images))
+	for i, data := range images {
+		info, err := media.Probe(data, media.DefaultLimits())
+		if err != nil {
+			continue
+		}
+		if _, _, gw, gh, err := media.Plan(info.Width, info.Height); err == nil {
+			patches[i] = gw * gh
+		}
+	}
+	return costmodel.ImagesOf(prompt, pad, patches)
 }

@@ -286,6 +286,9 @@ func (a *Adapter) info() cp.WorkerInfo {
 	if a.cfg.Rank == 0 {
 		c, n, worst := a.fit.Compute()
 		w.Rates.Compute = cp.TermsOf(c, n, worst)
+		if a.cfg.Images != nil {
+			w.Rates.VisionGFLOPS = a.cfg.Images.Rate()
+		}
 	}
 	w.PrefixCache = cacheInfo(&st)
 	return w

@@ -14,11 +14,15 @@ import (
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
+	"github.com/tandem-inference/tandem/internal/testimage"
+	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/imagejob"
 	"github.com/tandem-inference/tandem/model/safetensors"
+	"github.com/tandem-inference/tandem/model/vision"
 	"github.com/tandem-inference/tandem/prefill-worker/executor"
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
 	"github.com/tandem-inference/tandem/prefill-worker/streamer"
@@ -302,4 +306,75 @@ func TestImageTowerCancelAndFailure(t *testing.T) {
 		t.Fatalf("an image at the prompt's end: %v", err)
 	}
 	g.checkFreed(t)
+}
+
+// TestImageRealTowerBothPaths: two PNGs through the tiny checkpoint's own
+// vision tower: rank 0's encoder (decode, check the runs, the tower once)
+// on the local path and the tower's rows streamed by the prefill side on
+// the remote path give the monolithic reference's greedy ids.
+func TestImageRealTowerBothPaths(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ref := testmodel.LoadReference(t, dir, 0)
+	c := ref.Cfg
+	imgs := [][]byte{testimage.PNG(t, 56, 84, 1), testimage.PNG(t, 112, 56, 2)} // 6 and 8 rows
+	var p []int32
+	text := func(n, seed int) {
+		for _, id := range testkit.Prompt(n, c.VocabSize, seed) {
+			if id == c.MediaPadID() {
+				id = 1
+			}
+			p = append(p, id)
+		}
+	}
+	pads := func(n int) {
+		for range n {
+			p = append(p, c.MediaPadID())
+		}
+	}
+	text(20, 1)
+	pads(6)
+	text(50, 2)
+	pads(8)
+	text(10, 3)
+	const n = 10
+	want := testimage.Greedy(t, ref, dir, p, imgs, n)
+
+	tw, err := vision.Load(context.Background(), cpu.New(2), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tw.Close()
+	enc := imagejob.NewEncoder(c, tw, "decode group local")
+	j, err := enc.Prepare(p, imgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ri []pipeline.Image
+	for _, k := range j.Keys(0) {
+		ri = append(ri, pipeline.Image{At: k.At, Len: k.Len, Hash: k.Hash})
+	}
+	g := startGroup(t, fastOpts(dir, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	col := NewCollector()
+	if err := g.Head().Submit(ctx, pipeline.Request{ID: "local", Tokens: p, MaxTokens: n, Sink: col, Images: ri,
+		Encode: func(ctx context.Context) ([][]float32, error) { return enc.Features(ctx, j) }}); err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := col.Wait(ctx, "local")
+	if err != nil || res.Reason != pipeline.ReasonLength || !slices.Equal(got, want) {
+		t.Fatalf("local: %v %+v %v\nmonolithic: %v", err, res, got, want)
+	}
+	if err := g.Head().Submit(ctx, pipeline.Request{ID: "remote", Tokens: p[len(p)-1:], MaxTokens: n, Sink: col,
+		Remote: g.remote("xfer-real", len(p)-1), Images: ri}); err != nil {
+		t.Fatal(err)
+	}
+	prefillRemote(t, ctx, dir, g, "xfer-real", p[:len(p)-1], testimage.Media(t, dir, c, p, imgs))
+	got, res, err = col.Wait(ctx, "remote")
+	if err != nil || res.Reason != pipeline.ReasonLength || !slices.Equal(got, want) {
+		t.Fatalf("remote: %v %+v %v\nmonolithic: %v", err, res, got, want)
+	}
+	if text := ref.Greedy(t, p, n); slices.Equal(text, want) {
+		t.Fatal("the tower's rows give the greedy ids of the pads' own embeddings: the test proves nothing")
+	}
 }

@@ -175,6 +175,15 @@ func (c *Config) KDAProjDim() int  { return c.KDAHeads * c.KDAHeadDim }
 func (c *Config) QHeadDim() int    { return c.QKNopeDim + c.QKRopeDim }
 func (c *Config) LatentWidth() int { return c.KVLoraRank + c.QKRopeDim } // MLA cache row: c_kv + k_pe
 func (c *Config) SharedWidth() int { return c.NumShared * c.MoEIntermediate }
+
+// MediaPadOffset is <|media_pad|>'s place among the 256 special ids that
+// end the vocabulary (163605 - 163584 in the released one).
+const MediaPadOffset = 21
+
+// MediaPadID is the id of <|media_pad|> in c's vocabulary: the K3 special
+// layout, which synthetic tokenizers keep in their last 256 ids too. A
+// prompt holds one per feature row of an image.
+func (c *Config) MediaPadID() int32 { return int32(c.VocabSize - 256 + MediaPadOffset) }
 func (c *Config) ALogStored() int {
 	if c.ALogLen > 0 {
 		return c.ALogLen

@@ -193,6 +193,7 @@ def make_cases(outdir):
     # a palette PNG with per-entry alpha (tRNS).
     add("gif_300x200.gif", content(300, 200, 16).quantize(64), "GIF", small=True, transparency=3)
     add("gif_7400x50.gif", content(7400, 50, 17).quantize(32), "GIF", transparency=5)
+    add("p_7300x30.png", content(7300, 30, 31).quantize(16), "PNG")
     p = content(7300, 30, 18).quantize(16)
     add("p_trns_7300x30.png", p, "PNG", transparency=bytes([0, 128, 255, 64] * 4))
     # JPEG with EXIF orientation 6 and 3 (4:4:4), 4:2:0, 4:2:2 and CMYK.

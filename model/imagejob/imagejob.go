@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/media"
@@ -43,11 +45,32 @@ type Encoder struct {
 	Hidden int
 	// Where names the worker in errors ("prefill worker p1").
 	Where string
+	// Vision counts the tower's work for the measured rate (nil: none).
+	Vision *costmodel.Vision
+
+	mu         sync.Mutex
+	work, took float64 // FLOPs and seconds of the tower runs so far
 }
 
 // NewEncoder is an encoder for model c with tower t (nil: none).
 func NewEncoder(c *model.Config, t Tower, where string) *Encoder {
-	return &Encoder{Tower: t, Limits: media.DefaultLimits(), Pad: c.MediaPadID(), Hidden: c.HiddenSize, Where: where}
+	e := &Encoder{Tower: t, Limits: media.DefaultLimits(), Pad: c.MediaPadID(), Hidden: c.HiddenSize, Where: where}
+	if v, ok := costmodel.VisionOf(&c.Config); ok {
+		e.Vision = &v
+	}
+	return e
+}
+
+// Rate is the tower's measured rate, GFLOP/s over the cost model's count
+// of its work, over every run so far (0 before the first): what the
+// worker's heartbeat tells the router.
+func (e *Encoder) Rate() float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.took <= 0 {
+		return 0
+	}
+	return e.work / e.took / 1e9
 }
 
 // Job is a job's images, decoded and placed on their pad runs.
@@ -124,9 +147,20 @@ func (e *Encoder) Features(ctx context.Context, j *Job) ([][]float32, error) {
 	for i, im := range j.Images {
 		ps[i] = vision.Patches{GridH: im.GridH, GridW: im.GridW, Pixels: im.Pixels}
 	}
+	t0 := time.Now()
 	feats, err := e.Tower.Features(ctx, ps)
 	if err != nil {
 		return nil, fmt.Errorf("vision tower: %w", err)
+	}
+	if e.Vision != nil {
+		patches := make([]int, len(ps))
+		for i, p := range ps {
+			patches[i] = p.GridH * p.GridW
+		}
+		e.mu.Lock()
+		e.work += e.Vision.Work(patches)
+		e.took += time.Since(t0).Seconds()
+		e.mu.Unlock()
 	}
 	if len(feats) != len(j.Images) {
 		return nil, fmt.Errorf("vision tower: %d feature sets for %d images", len(feats), len(j.Images))

@@ -78,6 +78,9 @@ func TestPrepareAndFeatures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if e.Rate() <= 0 {
+		t.Fatalf("no tower rate measured after a run: %v", e.Rate())
+	}
 	md := j.Media(feats, 10)
 	if len(md) != 2 || md[0].At != 13 || md[0].Len(c.HiddenSize) != 6 || md[1].Len(c.HiddenSize) != 2 {
 		t.Fatalf("media %+v", md)

@@ -2,6 +2,7 @@ package vision
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -18,13 +19,23 @@ import (
 const tol = 1e-4
 
 func TestTowerMatchesReference(t *testing.T) {
-	c := testConfig()
+	// The presets' small tower (width 64, 2 blocks of 2 heads of 32, MLP
+	// 128, 8x8 table), and testConfig's (head width 24, a 6x4 table).
+	preset := K3(64)
+	preset.Hidden, preset.Intermediate, preset.Layers, preset.Heads, preset.QKV = 64, 128, 2, 2, 64
+	preset.PosH, preset.PosW = 8, 8
+	for _, c := range []*Config{&preset, testConfig()} {
+		t.Run(fmt.Sprintf("width%d-head%d", c.Hidden, c.HeadDim()), func(t *testing.T) { towerMatches(t, c) })
+	}
+}
+
+func towerMatches(t *testing.T, c *Config) {
 	tw, ts := loadTest(t, c, 1)
 	r := ref{c: c, w: ts}
 	// Three images packed in one call: a grid larger than the position table
 	// in one axis and smaller in the other, one at exactly its size (no
 	// resampling), and a small one.
-	imgs := []Patches{randomPatches(c, 4, 8, 1), randomPatches(c, c.PosH, c.PosW, 2), randomPatches(c, 2, 2, 3)}
+	imgs := []Patches{randomPatches(c, c.PosH-2, c.PosW+4, 1), randomPatches(c, c.PosH, c.PosW, 2), randomPatches(c, 2, 2, 3)}
 	got, err := tw.Features(context.Background(), imgs)
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +48,13 @@ func TestTowerMatchesReference(t *testing.T) {
 		if e := maxErr(got[i], want); e > tol {
 			t.Fatalf("image %d (%dx%d): max error %.3g of scale, over %g", i, im.GridH, im.GridW, e, tol)
 		}
+	}
+	// The planted bug: fp32's machine epsilon in the encoder norms instead
+	// of BF16's (what a port computing in fp32 would pick up) is visible.
+	fp32Eps := *c
+	fp32Eps.NormEps = 0x1p-23
+	if e := maxErr(got[0], ref{c: &fp32Eps, w: ts}.features(imgs[0])); e < 10*tol {
+		t.Fatalf("the norms' eps changes the features by only %.3g: the test cannot tell 2^-7 from 2^-23", e)
 	}
 	// An image alone gives the same rows as in a batch: attention stays
 	// inside each image.

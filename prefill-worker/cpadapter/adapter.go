@@ -198,7 +198,7 @@ func (a *Adapter) info() cp.WorkerInfo {
 	w := cp.WorkerInfo{ID: a.cfg.WorkerID, Kind: cp.KindPrefill, Backend: a.cfg.Backend, Model: a.cfg.ModelID,
 		Version: a.cfg.Version, QueueDepth: st.Queued, Active: st.InProgress, Endpoints: cp.Endpoints{Metrics: a.cfg.MetricsAddr},
 		Rates: cp.Rates{PrefillTokensPerSec: st.PrefillTokensPerSec, PassFloor: st.PassFloor, ReadBytesPerSec: st.ReadBytesPerSec,
-			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst)},
+			Compute: cp.TermsOf(st.Compute, st.ComputeSamples, st.ComputeWorst), VisionGFLOPS: a.cfg.Worker.Images().Rate()},
 		Started: a.started, Time: time.Now(), Draining: a.life.Leaving()}
 	if a.cfg.MemoryTotal > 0 {
 		w.MemoryTotal = uint64(a.cfg.MemoryTotal)

@@ -519,7 +519,8 @@ func TestOtherPanicsAreNotCaught(t *testing.T) {
 // TestStreamedPrefillWithImages: prompts whose images' feature rows replace
 // their pad runs give, streamed, the model core's state with the features,
 // bit for bit, whole and in super-chunks whose boundaries cut a run (each
-// piece takes its window of the rows), in tiles, next to a text prompt.
+// piece takes its window of the rows), in tiles, next to a text prompt, and
+// on a backend whose tensors hide their values.
 func TestStreamedPrefillWithImages(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	cfg, _ := model.LoadConfig(filepath.Join(dir, "config.json"))
@@ -543,12 +544,21 @@ func TestStreamedPrefillWithImages(t *testing.T) {
 	m.Close()
 
 	e := newExecutor(t, dir, 2, model.BF16)
-	for _, p := range []struct{ chunk, tile int }{{0, 0}, {64, 0}, {64, 32}} {
+	run := func(what string, chunk, tile int) {
 		jobs := newJobs(e, prompts)
 		for i := range jobs {
 			jobs[i].media = media[i]
 		}
-		runPasses(t, e, jobs, p.chunk, 1, p.tile)
-		checkStates(t, fmt.Sprintf("images, chunk %d tile %d", p.chunk, p.tile), jobs, want)
+		runPasses(t, e, jobs, chunk, 1, tile)
+		checkStates(t, fmt.Sprintf("images%s, chunk %d tile %d", what, chunk, tile), jobs, want)
 	}
+	for _, p := range []struct{ chunk, tile int }{{0, 0}, {64, 0}, {64, 32}} {
+		run("", p.chunk, p.tile)
+	}
+	// The rows reach the batch through the backend alone (Upload and
+	// CopyBlock), as on a device whose tensors hide their values.
+	opaque := model.New(e.Model.Cfg, conformance.Opaque{CPU: cpu.New(2)})
+	opaque.State = e.Model.State
+	e.Model = opaque
+	run(" on opaque tensors", 64, 32)
 }

@@ -187,6 +187,8 @@ func New(cfg Config) (*Worker, error) {
 	p, err := planner.Make(planner.Input{Costs: costs, Budget: cfg.Budget, Depth: cfg.Depth, MaxTile: cfg.MaxTile})
 	if err == nil {
 		if dm, ok := be.(kernels.DeviceMemory); ok {
+			// The tower is bound already: the device's free memory is
+			// what is left after it.
 			err = planDevice(dm, be.Name(), mc, lay.SlotBytes, costs, p.Tile, cfg.Log)
 		}
 	}
