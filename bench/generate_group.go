@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,10 +32,11 @@ func groupOptions(mf *modelFlags, ranks int) (group.Options, error) {
 	return opt, nil
 }
 
-// generateGroup is generate --ranks N: the prompt is prefilled and decoded
-// greedily by a decode group of N ranks in this process (each rank with its
-// own kvtransfer server on loopback, the mesh over TCP).
-func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int) ([]int32, error) {
+// generateGroup is generate --ranks N (or --draft lookup): the prompt is
+// prefilled and decoded greedily by a decode group of N ranks in this
+// process (each rank with its own kvtransfer server on loopback, the mesh
+// over TCP), drafting when draft says so.
+func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int, draft bool) ([]int32, error) {
 	if mf.dir == "" || mf.ids == "" {
 		return nil, errors.New("--model and --ids are required")
 	}
@@ -46,12 +48,17 @@ func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int) ([]int32, 
 	if err != nil {
 		return nil, err
 	}
+	opt.Draft.Off = !draft
 	g, err := group.Start(ctx, opt)
 	if err != nil {
 		return nil, err
 	}
 	defer g.Close()
-	return g.Generate(ctx, "generate", ids, n)
+	out, err := g.Generate(ctx, "generate", ids, n)
+	if st := g.Head().Stats(); draft && err == nil {
+		fmt.Fprintf(os.Stderr, "draft: %d tokens in %d decode steps; %d drafted, %d accepted\n", st.Tokens, st.DecodeSteps, st.DraftedTokens, st.AcceptedTokens)
+	}
+	return out, err
 }
 
 func runDecodeGroup(ctx context.Context, args []string) error {
@@ -69,7 +76,8 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	pipe := fs.Int("pipeline", 0, "pipeline stages: the same as --ranks with one size")
 	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, one rank against one stage split over this many ranks (pipeline 1, the collective over loopback TCP; --ranks is ignored), the same sequences and ids")
 	processes := fs.Bool("processes", false, "with --tensor: each rank a separate process limited to one core (GOMAXPROCS 1, pinned to CPU r on linux)")
-	asJSON := fs.Bool("json", false, "with --tensor: one JSON object per run (pipeline, tensor, sequences, tok_s, ms_per_step, collective_ms_per_step)")
+	forced := fs.Float64("forced-acceptance", -1, "speculative decoding with a forced drafter: it proposes the model's own continuation (from a run without drafts) with each token wrong with probability 1-P; reports tok/s with it and without drafts, measured in the same run on the same group (-1: off)")
+	asJSON := fs.Bool("json", false, "with --forced-acceptance or --tensor: print the results as JSON (--tensor: one object per run with pipeline, tensor, sequences, tok_s, ms_per_step, collective_ms_per_step)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -96,6 +104,12 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 		}
 		tb := tensorBench{mf: &mf, tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen, tokens: *tokens, json: *asJSON}
 		return tb.run(ctx)
+	}
+	if *forced != -1 {
+		if !(*forced >= 0 && *forced <= 1) {
+			return fmt.Errorf("--forced-acceptance %v: want a probability in [0, 1]", *forced)
+		}
+		return runForced(ctx, &mf, rs, ss, *promptLen, *tokens, *micro, *forced, *asJSON)
 	}
 	fmt.Printf("| ranks | seqs | tok/s | ms/step | compute ms/step | mesh ms/step | queued ms/step | seqs/step |\n")
 	fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -147,8 +161,18 @@ type decodeResult struct {
 // delivered, over the time from the submissions to the last end. The step
 // breakdown comes from the head's counters over the run.
 func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens int) (decodeResult, error) {
+	return measureDecodeKeep(ctx, g, seqs, promptLen, tokens, nil)
+}
+
+// measureDecodeKeep is measureDecode that, with keep, hands each prompt and
+// the tokens it got to keep afterwards.
+func measureDecodeKeep(ctx context.Context, g *group.Group, seqs, promptLen, tokens int, keep func(prompt, out []int32)) (decodeResult, error) {
 	vocab := g.Model(0).Cfg.VocabSize
 	sink := &timedSink{done: make(chan struct{}), left: seqs}
+	prompts := map[string][]int32{}
+	if keep != nil {
+		sink.toks = map[string][]int32{}
+	}
 	before := g.Head().Stats()
 	start := time.Now()
 	errs := make(chan error, seqs)
@@ -158,6 +182,7 @@ func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens 
 			p[j] = int32((i*7919 + j*104729 + 13) % vocab)
 		}
 		id := fmt.Sprintf("bench-%d-%d", start.UnixNano(), i)
+		prompts[id] = p
 		go func() {
 			errs <- g.Head().Submit(ctx, pipeline.Request{ID: id, Tokens: p, MaxTokens: tokens, Sink: sink})
 		}()
@@ -177,6 +202,11 @@ func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens 
 		return decodeResult{}, sink.err
 	}
 	after := g.Head().Stats()
+	for id, p := range prompts {
+		if keep != nil {
+			keep(p, sink.toks[id])
+		}
+	}
 	res := decodeResult{tokPerSec: float64(sink.tokens) / elapsed.Seconds()}
 	if steps := after.DecodeSteps - before.DecodeSteps; steps > 0 {
 		res.step = (after.StepTime - before.StepTime) / time.Duration(steps)
@@ -190,15 +220,19 @@ func measureDecode(ctx context.Context, g *group.Group, seqs, promptLen, tokens 
 // timedSink counts tokens and ends.
 type timedSink struct {
 	mu     sync.Mutex
+	toks   map[string][]int32 // by sequence, when kept
 	tokens int
 	left   int
 	err    error
 	done   chan struct{}
 }
 
-func (s *timedSink) Token(string, int, int32) {
+func (s *timedSink) Token(seq string, _ int, t int32) {
 	s.mu.Lock()
 	s.tokens++
+	if s.toks != nil {
+		s.toks[seq] = append(s.toks[seq], t)
+	}
 	s.mu.Unlock()
 }
 
