@@ -17,13 +17,13 @@ import (
 // most end-to-end comparisons (TestCrossArchBits) but not from all.
 func TestNoImplicitFusion(t *testing.T) {
 	if testing.Short() {
-		t.Skip("compiles six packages for arm64")
+		t.Skip("compiles seven packages for arm64")
 	}
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command")
 	}
-	pkgs := []string{".", "../../internal/expmath", "../../mxfp", "../../model", "../../model/synth", "../../decode-worker/sampling"}
+	pkgs := []string{".", "../../internal/expmath", "../../mxfp", "../../model", "../../model/synth", "../../model/vision", "../../decode-worker/sampling"}
 	cmd := exec.Command(gobin, append([]string{"build", "-o", os.DevNull, "-gcflags=-S"}, pkgs...)...)
 	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=arm64", "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()

@@ -68,5 +68,5 @@ func geluTanh(x float32) float32 {
 // projector's activation), in fp64 inside.
 func geluErf(x float32) float32 {
 	v := float64(x)
-	return float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))
+	return float32(0.5 * v * (1 + erf(v/math.Sqrt2)))
 }

@@ -60,9 +60,10 @@ func resampleBilinear(table []float32, inH, inW, d, outH, outW int) []float32 {
 			c := table[(ty.i1*inW+tx.i0)*d:]
 			e := table[(ty.i1*inW+tx.i1)*d:]
 			for k := range dst {
-				top := tx.l0*float64(a[k]) + tx.l1*float64(b[k])
-				bot := tx.l0*float64(c[k]) + tx.l1*float64(e[k])
-				dst[k] = float32(ty.l0*top + ty.l1*bot)
+				// Products rounded before their sums: the same bits on arm64.
+				top := float64(tx.l0*float64(a[k])) + float64(tx.l1*float64(b[k]))
+				bot := float64(tx.l0*float64(c[k])) + float64(tx.l1*float64(e[k]))
+				dst[k] = float32(float64(ty.l0*top) + float64(ty.l1*bot))
 			}
 		}
 	}
@@ -80,7 +81,7 @@ func bilinearTaps(in, out int) []tap {
 	scale := float32(in) / float32(out)
 	taps := make([]tap, out)
 	for o := range taps {
-		src := scale*(float32(o)+0.5) - 0.5
+		src := float32(scale*(float32(o)+0.5)) - 0.5
 		if src < 0 {
 			src = 0
 		}

@@ -1,7 +1,5 @@
 package vision
 
-import "math"
-
 // 2-D rotary embedding. Each head's width hd is read as hd/2 complex
 // numbers (elements 2c and 2c+1 are the real and imaginary parts of number
 // c), each rotated by an angle of the patch's grid position: number c = 2j
@@ -9,7 +7,7 @@ import "math"
 // patch's column, y its row and θ_j = base^(−4j/hd). So the pairs alternate
 // column, row, column, row, ..., each frequency used once for each axis.
 // As in the released code, frequencies and angles are fp32; their cosine
-// and sine are taken in fp64 here.
+// and sine are taken in fp64 here, with the portable functions.
 
 // ropeTable holds cos and sin [h*w, hd/2] of every patch of an h x w grid.
 type ropeTable struct {
@@ -22,7 +20,7 @@ func newRopeTable(h, w, hd int, base float64) ropeTable {
 	half := hd / 2
 	freqs := make([]float32, hd/4)
 	for j := range freqs {
-		freqs[j] = float32(1 / math.Pow(base, float64(float32(4*j)/float32(hd))))
+		freqs[j] = float32(ropeFreq(base, float64(float32(4*j)/float32(hd))))
 	}
 	t := ropeTable{cos: make([]float32, h*w*half), sin: make([]float32, h*w*half), half: half}
 	for p := 0; p < h*w; p++ {
@@ -32,9 +30,9 @@ func newRopeTable(h, w, hd int, base float64) ropeTable {
 			if c%2 == 1 {
 				pos = y
 			}
-			a := float64(pos * freqs[c/2])
-			t.cos[p*half+c] = float32(math.Cos(a))
-			t.sin[p*half+c] = float32(math.Sin(a))
+			s, co := sinCos(float64(pos * freqs[c/2]))
+			t.cos[p*half+c] = float32(co)
+			t.sin[p*half+c] = float32(s)
 		}
 	}
 	return t

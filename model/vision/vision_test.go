@@ -289,3 +289,29 @@ func TestExpNonPositive(t *testing.T) {
 		t.Fatal("no underflow to 0")
 	}
 }
+
+// TestPortableFunctions: the portable sine, cosine, erf and rotary
+// frequencies agree with Go's math package far below fp32's precision.
+func TestPortableFunctions(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	for i := 0; i < 100000; i++ {
+		a := r.Float64()*1200 - 100
+		if i < 600 {
+			a = float64(i) * 0.999 // the grid's angles: integers times frequencies up to 1
+		}
+		s, c := sinCos(a)
+		if math.Abs(s-math.Sin(a)) > 1e-14 || math.Abs(c-math.Cos(a)) > 1e-14 {
+			t.Fatalf("sinCos(%v) = %v, %v; math: %v, %v", a, s, c, math.Sin(a), math.Cos(a))
+		}
+		z := r.Float64()*16 - 8
+		if got, want := erf(z), math.Erf(z); math.Abs(got-want) > 1e-14 {
+			t.Fatalf("erf(%v) = %v, math.Erf %v", z, got, want)
+		}
+	}
+	for j := 0; j < 32; j++ {
+		e := float64(float32(4*j) / 128)
+		if got, want := ropeFreq(10000, e), math.Pow(10000, -e); math.Abs(got-want) > 1e-14*want {
+			t.Fatalf("frequency %d: %v, want %v", j, got, want)
+		}
+	}
+}
