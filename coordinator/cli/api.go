@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/images"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/openai"
 	"github.com/tandem-inference/tandem/internal/bytebudget"
@@ -27,6 +28,16 @@ var httpSettings = []setting{
 	{Key: "http.max_prompt_tokens", Default: 0, Help: "longest prompt the API accepts, in tokens (0: the model's context length)"},
 	{Key: "http.max_concurrent_per_key", Default: openai.DefaultMaxConcurrentPerKey, Help: "requests one API key may have in flight (without keys: all requests)"},
 	{Key: "http.policy", Default: "", Help: "routing of the API's jobs: auto, local or remote (empty: the coordinator's router.policy)"},
+	{Key: "http.images.fetch", Default: false, Help: "fetch the http(s) URLs of image_url parts (off: only data: URLs are read); only public addresses are ever dialled"},
+	{Key: "http.images.fetch_allow", Default: []string{}, Help: "with http.images.fetch: the hosts images may come from (a name, or *.domain for it and its subdomains); none: any host"},
+	{Key: "http.images.fetch_timeout", Default: images.DefaultFetchTimeout, Help: "with http.images.fetch: bound on one image's fetch, redirects and body included"},
+	{Key: "http.images.fetch_max_bytes", Bytes: true, Default: "0", Help: "with http.images.fetch: largest image body fetched (0: images.bytes)"},
+	// The image limits apply at the front door and at the coordinator's
+	// admission (serve reads them for both).
+	{Key: "images.per_request", Default: images.DefaultLimits().PerRequest, Help: "most images in one request or submission (more: 413 / too_large)"},
+	{Key: "images.bytes", Bytes: true, Default: "5MiB", Help: "largest encoded image (PNG, JPEG, GIF, WebP)"},
+	{Key: "images.total_bytes", Bytes: true, Default: "6MiB", Help: "largest total of a request's images; a job carries them in its NATS messages, so keep it under the server's max_payload (embedded.max_payload)"},
+	{Key: "images.pixels", Default: images.DefaultLimits().Pixels, Help: "most pixels (width x height) of one image, read from its header before it is decoded"},
 }
 
 func apiCmd() *cobra.Command {
@@ -126,10 +137,44 @@ func apiConfig(v *viper.Viper, nc *nats.Conn, modelDir string, info *modelinfo.I
 	if name == "" {
 		name = openai.ModelName(modelDir, info)
 	}
-	return openai.Config{Conn: nc, Model: info, Tokenizer: tok, ModelName: name, APIKeys: v.GetStringSlice("http.api_keys"),
+	lim, err := imageLimits(v)
+	if err != nil {
+		return openai.Config{}, err
+	}
+	cfg := openai.Config{Conn: nc, Model: info, Tokenizer: tok, ModelName: name, APIKeys: v.GetStringSlice("http.api_keys"),
 		MaxBodyBytes: body, MaxPromptTokens: v.GetInt("http.max_prompt_tokens"),
 		MaxConcurrentPerKey: v.GetInt("http.max_concurrent_per_key"), BodyTimeout: v.GetDuration("http.body_timeout"),
-		Policy: policy, Log: log.Named("api")}, nil
+		Images: lim, Policy: policy, Log: log.Named("api")}
+	if v.GetBool("http.images.fetch") {
+		maxBytes, err := config.ParseBytes(v.GetString("http.images.fetch_max_bytes"))
+		if err != nil {
+			return openai.Config{}, fmt.Errorf("http.images.fetch_max_bytes: %w", err)
+		}
+		cfg.ImageFetch = &images.FetchConfig{Allow: v.GetStringSlice("http.images.fetch_allow"),
+			Timeout: v.GetDuration("http.images.fetch_timeout"), MaxBytes: maxBytes}
+	}
+	return cfg, nil
+}
+
+// imageLimits reads the images.* settings.
+func imageLimits(v *viper.Viper) (images.Limits, error) {
+	lim := images.Limits{PerRequest: v.GetInt("images.per_request"), Pixels: v.GetInt64("images.pixels")}
+	for _, b := range []struct {
+		key string
+		to  *int64
+	}{{"images.bytes", &lim.Bytes}, {"images.total_bytes", &lim.TotalBytes}} {
+		if s := v.GetString(b.key); s != "" {
+			n, err := config.ParseBytes(s)
+			if err != nil {
+				return lim, fmt.Errorf("%s: %w", b.key, err)
+			}
+			*b.to = n
+		}
+	}
+	if lim.PerRequest < 0 || lim.Pixels < 0 {
+		return lim, fmt.Errorf("images.per_request and images.pixels cannot be negative")
+	}
+	return lim.OrDefault(), nil
 }
 
 // serveAPI serves the front door until ctx ends; ready gets its address.

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/client"
+	"github.com/tandem-inference/tandem/coordinator/images"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -51,11 +53,12 @@ func readChatFile(file string, in io.Reader) (cp.SubmitRequest, error) {
 		return req, fmt.Errorf("--chat %s: no messages", file)
 	}
 	for i, m := range body.Messages {
-		cm, err := chatMessage(m)
+		cm, imgs, err := chatMessage(m)
 		if err != nil {
 			return req, fmt.Errorf("--chat %s: messages[%d]: %w", file, i, err)
 		}
 		req.Messages = append(req.Messages, cm)
+		req.Images = append(req.Images, imgs...)
 	}
 	if len(body.Tools) > 0 {
 		tools, err := json.Marshal(body.Tools)
@@ -107,7 +110,7 @@ func readChatFile(file string, in io.Reader) (cp.SubmitRequest, error) {
 
 // chatMessage converts an OpenAI message to the control plane's; as the
 // HTTP API does, a developer message is a system message.
-func chatMessage(m tokenizer.ChatMessage) (cp.ChatMessage, error) {
+func chatMessage(m tokenizer.ChatMessage) (cp.ChatMessage, [][]byte, error) {
 	out := cp.ChatMessage{Role: m.Role, Name: m.Name, ToolCallID: m.ToolCallID, Tool: m.Tool, ReasoningContent: m.ReasoningContent}
 	if out.Role == "developer" {
 		out.Role = "system"
@@ -115,11 +118,11 @@ func chatMessage(m tokenizer.ChatMessage) (cp.ChatMessage, error) {
 	if out.ReasoningContent == "" {
 		out.ReasoningContent = m.Reasoning
 	}
-	content, err := textOf(m.Content)
+	content, parts, imgs, err := contentOf(m.Content)
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
-	out.Content = content
+	out.Content, out.Parts = content, parts
 	for j, c := range m.ToolCalls {
 		args := string(c.Function.Arguments)
 		var s string
@@ -130,38 +133,84 @@ func chatMessage(m tokenizer.ChatMessage) (cp.ChatMessage, error) {
 			args = ""
 		}
 		if c.Function.Name == "" {
-			return out, fmt.Errorf("tool_calls[%d] has no function name", j)
+			return out, nil, fmt.Errorf("tool_calls[%d] has no function name", j)
 		}
 		out.ToolCalls = append(out.ToolCalls, cp.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: args})
 	}
-	return out, nil
+	return out, imgs, nil
 }
 
-// textOf reads a content: a string, null, or text parts.
-func textOf(raw json.RawMessage) (string, error) {
+// contentOf reads a content: a string, null, or parts. Text parts alone
+// are joined into one string; with image_url parts the content stays parts,
+// and each image (a data: URL) is decoded and returned in order.
+func contentOf(raw json.RawMessage) (string, []cp.ContentPart, [][]byte, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
+		return "", nil, nil, nil
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
+		return s, nil, nil, nil
 	}
 	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type     string          `json:"type"`
+		Text     string          `json:"text"`
+		ImageURL json.RawMessage `json:"image_url"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("content must be a string or an array of text parts")
+		return "", nil, nil, errors.New("content must be a string or an array of text and image_url parts")
 	}
-	var b strings.Builder
+	var out []cp.ContentPart
+	var imgs [][]byte
+	var text strings.Builder
 	for j, p := range parts {
-		if p.Type != "text" {
-			return "", fmt.Errorf("content[%d] is of type %q: this model reads text only", j, p.Type)
+		switch p.Type {
+		case "text":
+			out = append(out, cp.ContentPart{Type: cp.PartText, Text: p.Text})
+			text.WriteString(p.Text)
+		case "image_url":
+			img, err := partImage(p.ImageURL)
+			if err != nil {
+				return "", nil, nil, fmt.Errorf("content[%d].image_url: %w", j, err)
+			}
+			out = append(out, cp.ContentPart{Type: cp.PartImage})
+			imgs = append(imgs, img)
+		default:
+			return "", nil, nil, fmt.Errorf("content[%d] is of type %q: want text or image_url", j, p.Type)
 		}
-		b.WriteString(p.Text)
 	}
-	return b.String(), nil
+	if len(imgs) == 0 {
+		return text.String(), nil, nil, nil
+	}
+	return "", out, imgs, nil
+}
+
+// partImage decodes an image_url part's data: URL. submit reads no
+// http(s) URLs: the coordinator's API fetches them only where its operator
+// allows it, and a file on this machine is given with --image.
+func partImage(raw json.RawMessage) ([]byte, error) {
+	var iu struct {
+		URL string `json:"url"`
+	}
+	if json.Unmarshal(raw, &iu) != nil {
+		var u string
+		if json.Unmarshal(raw, &u) != nil {
+			return nil, errors.New(`want {"url": "data:image/png;base64,..."}`)
+		}
+		iu.URL = u
+	}
+	if !strings.HasPrefix(strings.ToLower(iu.URL), "data:") {
+		return nil, fmt.Errorf("%q is not a data: URL: submit sends images inline; give a local file with --image, or write it as data:image/png;base64,...", clipText(iu.URL))
+	}
+	r := images.Reader{Limits: images.Limits{Bytes: cp.MaxMessageSize}}
+	return r.Read(context.Background(), 0, iu.URL)
+}
+
+func clipText(s string) string {
+	if len(s) > 48 {
+		return s[:48] + "..."
+	}
+	return s
 }
 
 // chatPrinter prints a chat's reply as it streams: the think channel under

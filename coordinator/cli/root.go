@@ -246,8 +246,13 @@ func serviceConfig(v *viper.Viper) (service.Config, error) {
 	if a := v.GetFloat64("router.alpha"); a <= 0 || a > 1 {
 		return service.Config{}, fmt.Errorf("router.alpha %v: want 0 < alpha <= 1", a)
 	}
+	lim, err := imageLimits(v)
+	if err != nil {
+		return service.Config{}, err
+	}
 	return service.Config{
 		Policy: policy,
+		Images: lim,
 		Rates: router.Rates{PassFloor: v.GetDuration("router.pass_floor"), LinkBytesPerS: v.GetFloat64("router.link_bytes_s"),
 			LinkRTT: v.GetDuration("router.link_rtt"), DecodeStep: v.GetDuration("router.decode_step")},
 		SeedPrefillTokPerS: v.GetFloat64("router.prefill_tok_s"), SeedLocalTokPerS: v.GetFloat64("router.local_prefill_tok_s"),

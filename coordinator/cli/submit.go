@@ -27,7 +27,20 @@ file (--file, "-" for stdin) or token ids (--ids 5,17,200), or a chat:
 tools, tool_choice, response_format, reasoning_effort, max_tokens,
 temperature, ...; "-" for stdin), --user the text as one user message. Text
 is tokenized, and a chat rendered in Kimi K3's conversation format, by the
-coordinator. The generated text goes to stdout as it streams (token ids
+coordinator.
+
+Images: --image FILE (PNG, JPEG, GIF or WebP; repeatable) sends images with
+the prompt. With text (an argument or --file) the prompt becomes one user
+message holding the images first, in the order given, then the text (as
+--user, with --system if given). With --chat the images go first in the
+chat's last user message, and the chat's own image_url parts are read too
+when they are data: URLs (data:image/png;base64,...; submit fetches no
+http(s) URLs). With --ids the ids must already hold each image's marker,
+its <|media_pad|> id repeated once per feature row; the coordinator checks
+the count. The model must have a vision tower; the coordinator refuses
+images over its limits (images.* settings).
+
+The generated text goes to stdout as it streams (token ids
 when the model has no tokenizer); a chat's thinking and response are
 printed apart, under "thinking:" and "response:", and its tool calls after
 them; the route and the timing go to stderr.
@@ -50,7 +63,8 @@ before submitting and a retried submit runs the job once.
 	f.String("ids", "", "the prompt as comma-separated token ids")
 	f.String("chat", "", "an OpenAI chat completions request body (`file.json`, - for stdin): its messages, tools and parameters; flags given override its sampling")
 	f.Bool("user", false, "send the text as a user message in K3's conversation format")
-	f.String("system", "", "with --user: a system message first")
+	f.String("system", "", "with --user or --image: a system message first")
+	f.StringArray("image", nil, "send this image `file` with the prompt (repeatable; see Images above)")
 	f.Int("max-tokens", 0, "tokens to generate (0: the coordinator's default)")
 	f.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	f.Float64("top-p", 0, "nucleus sampling threshold (0 or 1: off)")
@@ -249,16 +263,26 @@ func submission(cmd *cobra.Command, args []string) (cp.SubmitRequest, error) {
 		}
 	}
 	user, _ := f.GetBool("user")
+	imageFiles, _ := f.GetStringArray("image")
 	switch {
 	case user && text == "":
 		return req, errors.New("--user needs text (an argument or --file)")
-	case user:
+	case user || len(imageFiles) > 0 && chatFile == "" && ids == "":
 		if sys, _ := f.GetString("system"); sys != "" {
 			req.Messages = append(req.Messages, cp.ChatMessage{Role: "system", Content: sys})
 		}
 		req.Messages = append(req.Messages, cp.ChatMessage{Role: "user", Content: text})
 	case chatFile == "":
 		req.Prompt = text
+	}
+	if len(imageFiles) > 0 {
+		imgs, err := readImageFiles(imageFiles)
+		if err != nil {
+			return req, err
+		}
+		if err := addImages(&req, imgs); err != nil {
+			return req, err
+		}
 	}
 	if chatFile == "" || f.Changed("max-tokens") {
 		req.MaxTokens, _ = f.GetInt("max-tokens")
@@ -284,4 +308,61 @@ func submission(cmd *cobra.Command, args []string) (cp.SubmitRequest, error) {
 		return req, err
 	}
 	return req, nil
+}
+
+// readImageFiles reads --image files, each at most a submission's size.
+func readImageFiles(files []string) ([][]byte, error) {
+	var out [][]byte
+	for _, name := range files {
+		fh, err := os.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("--image: %w", err)
+		}
+		b, err := io.ReadAll(io.LimitReader(fh, cp.MaxMessageSize+1))
+		fh.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--image %s: %w", name, err)
+		}
+		if len(b) > cp.MaxMessageSize {
+			return nil, fmt.Errorf("--image %s: larger than %d bytes, more than a submission carries", name, cp.MaxMessageSize)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// addImages puts images into req: first in its last user message (with
+// token ids, after the ids' own images: the ids hold their pad runs).
+func addImages(req *cp.SubmitRequest, imgs [][]byte) error {
+	if len(req.Messages) == 0 {
+		req.Images = append(req.Images, imgs...)
+		return nil
+	}
+	last, before := -1, 0
+	for i, m := range req.Messages {
+		if m.Role == "user" {
+			last = i
+		}
+	}
+	if last < 0 {
+		return errors.New("--image: the chat has no user message to hold the images")
+	}
+	for _, m := range req.Messages[:last] {
+		for _, p := range m.Parts {
+			if p.Type == cp.PartImage {
+				before++
+			}
+		}
+	}
+	m := &req.Messages[last]
+	parts := make([]cp.ContentPart, 0, len(imgs)+len(m.Parts)+1)
+	for range imgs {
+		parts = append(parts, cp.ContentPart{Type: cp.PartImage})
+	}
+	if m.Content != "" {
+		parts = append(parts, cp.ContentPart{Type: cp.PartText, Text: m.Content})
+	}
+	m.Parts, m.Content = append(parts, m.Parts...), ""
+	req.Images = append(req.Images[:before:before], append(imgs, req.Images[before:]...)...)
+	return nil
 }

@@ -6,9 +6,13 @@
 package modelinfo
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/tandem-inference/tandem/costmodel"
 	"github.com/tandem-inference/tandem/internal/modelconfig"
@@ -28,6 +32,10 @@ type Info struct {
 	EOSTokenID   int // -1 when the config names none
 	// MLALayers and KDALayers are 0-based layer indices of each kind.
 	MLALayers, KDALayers []int
+	// Vision says the model reads images: its config.json has a
+	// vision_config and, when the directory holds the checkpoint, the
+	// checkpoint has the vision tower's tensors (vision_tower.*).
+	Vision bool
 	// Cost is what the router prices: each prompt's work per term and the
 	// per-sequence decode state (bf16 MLA rows, fp32 KDA state and conv
 	// tails, in Cost.Shape).
@@ -54,6 +62,9 @@ func Load(dir string) (*Info, error) {
 		return nil, fmt.Errorf("model info: %w", err)
 	}
 	info.ID = identityOf(info.canonical, tensors)
+	if tensors != nil && info.Vision {
+		info.Vision = slices.ContainsFunc(tensors, func(t TensorMeta) bool { return strings.HasPrefix(t.Name, "vision_tower.") })
+	}
 	return info, nil
 }
 
@@ -71,13 +82,26 @@ func Parse(config []byte) (*Info, error) {
 		return nil, err
 	}
 	info := &Info{ID: identityOf(canonical, nil), canonical: canonical, NumLayers: c.NumLayers, VocabSize: c.VocabSize, MaxPositions: c.MaxPositions,
-		EOSTokenID: c.EOSTokenID, MLALayers: c.MLALayers, KDALayers: c.KDALayers}
+		EOSTokenID: c.EOSTokenID, MLALayers: c.MLALayers, KDALayers: c.KDALayers, Vision: hasVisionConfig(config)}
 	const latentBytes = 2 // bf16 rows: the state contract
 	heads, headDim, conv := c.KDAHeads, c.KDAHeadDim, c.ConvKernel
 	info.Cost = costmodel.New(c, latentBytes)
 	info.mlaRow = int64(c.LatentWidth() * latentBytes)
 	info.kdaFixed = int64(heads*headDim*headDim*4 + 3*heads*headDim*(conv-1)*4)
 	return info, nil
+}
+
+// hasVisionConfig reports whether a config.json (already parsed once,
+// so valid JSON) has a vision_config that is not null.
+func hasVisionConfig(config []byte) bool {
+	var top struct {
+		Vision json.RawMessage `json:"vision_config"`
+	}
+	if json.Unmarshal(config, &top) != nil {
+		return false
+	}
+	v := bytes.TrimSpace(top.Vision)
+	return len(v) > 0 && !bytes.Equal(v, []byte("null")) && !bytes.Equal(v, []byte("{}"))
 }
 
 // StateBytes is the decode state of a sequence of tokens tokens on layers

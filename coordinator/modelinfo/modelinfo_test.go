@@ -123,3 +123,36 @@ func TestStateBytesMatchesTheDecodeRanks(t *testing.T) {
 		}
 	}
 }
+
+func TestVision(t *testing.T) {
+	b, err := configs.ModelPreset("k3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Vision {
+		t.Error("K3's config has a vision_config: Vision is false")
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b, &top); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"null", "{}", ""} {
+		if v == "" {
+			delete(top, "vision_config")
+		} else {
+			top["vision_config"] = json.RawMessage(v)
+		}
+		nb, _ := json.Marshal(top)
+		m, err := Parse(nb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Vision {
+			t.Errorf("vision_config %q: Vision is true", v)
+		}
+	}
+}

@@ -33,7 +33,7 @@ type item struct {
 func (s *Server) submit(ctx context.Context, pl *plan) *job {
 	key := "http-" + cp.NewJobID()
 	j := &job{id: cp.JobIDForKey(cp.ClientName(s.cfg.Conn), key), key: key, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	req := cp.SubmitRequest{TokenIDs: pl.prompt, Sampling: pl.sampling, IdempotencyKey: key, Policy: s.cfg.Policy}
+	req := cp.SubmitRequest{TokenIDs: pl.prompt, Images: pl.images, Sampling: pl.sampling, IdempotencyKey: key, Policy: s.cfg.Policy}
 	go func() {
 		res, err := client.Run(ctx, s.cfg.Conn, req, client.Handlers{
 			Event: func(ev cp.JobEvent) { j.push(item{ev: &ev}) },

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/images"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/tokenizer"
@@ -21,6 +22,7 @@ import (
 type plan struct {
 	chat         bool
 	prompt       []int32
+	images       [][]byte // the prompt's images, in order (chat only)
 	sampling     cp.Sampling
 	reply        tokenizer.ReplyOptions // chat: how the reply is read
 	stops        []string               // stop texts, applied to the text here too
@@ -34,7 +36,8 @@ type planner struct {
 	name      string // the served model's name
 	info      *modelinfo.Info
 	tok       *tokenizer.Tokenizer
-	maxPrompt int // longest prompt in tokens
+	maxPrompt int           // longest prompt in tokens
+	images    images.Limits // a request's images
 }
 
 // OpenAI's limits: function names, stop strings.
@@ -104,8 +107,9 @@ func sampling(maxTokens *int, temperature, topP *float64, seed *int64, n *int, s
 
 // chat plans a chat completion: the request rendered in K3's released
 // conversation format (tokenizer.RenderChat), the grammar its reply must
-// follow, and how to read the reply.
-func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
+// follow, and how to read the reply. imgs are the request's images, read
+// from its image_url parts in order (imageRefs, readImages).
+func (p *planner) chat(req *chatRequest, imgs [][]byte) (*plan, *apiError) {
 	if err := p.checkModel(req.Model); err != nil {
 		return nil, err
 	}
@@ -172,6 +176,21 @@ func (p *planner) chat(req *chatRequest) (*plan, *apiError) {
 		if _, err := grammar.Compile(g); err != nil {
 			return nil, badRequest(constraintParam(c), "%v", err)
 		}
+	}
+	refs, aerr := p.imageRefs(req)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if len(refs) != len(imgs) {
+		return nil, badRequest("messages", "%d images read for %d image_url parts", len(imgs), len(refs))
+	}
+	if len(imgs) > 0 {
+		// Each image is decoded once here, within the limits: a damaged
+		// file is the client's 400 now, not a failed job later.
+		if c.Images, err = p.images.Sizes(imgs, true); err != nil {
+			return nil, imageErr(refs, err)
+		}
+		pl.images = imgs
 	}
 	segs, err := tokenizer.RenderChat(c)
 	if err != nil {
@@ -260,7 +279,7 @@ func message(i int, m tokenizer.ChatMessage) (tokenizer.ChatMessage, *apiError) 
 }
 
 // contentText checks a message's content: a string, null, or an array of
-// text parts.
+// text and image_url parts.
 func contentText(raw json.RawMessage) error {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || raw[0] == '"' {
@@ -272,14 +291,43 @@ func contentText(raw json.RawMessage) error {
 	}
 	var parts []contentPart
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return fmt.Errorf("content must be a string or an array of text parts")
+		return fmt.Errorf("content must be a string or an array of text and image_url parts")
 	}
 	for j, part := range parts {
-		if part.Type != "text" {
-			return fmt.Errorf("content[%d] is of type %q: this model reads text only", j, part.Type)
+		switch part.Type {
+		case "text":
+		case "image_url":
+			if _, err := partURL(part); err != nil {
+				return fmt.Errorf("content[%d].image_url: %v", j, err)
+			}
+		default:
+			return fmt.Errorf("content[%d] is of type %q: this model reads text and image_url parts", j, part.Type)
 		}
 	}
 	return nil
+}
+
+// partURL reads an image_url part's URL: {"url": ..., "detail": ...}, or
+// the URL string itself as some clients send it.
+func partURL(p contentPart) (string, error) {
+	raw := bytes.TrimSpace(p.ImageURL)
+	if len(raw) > 0 && raw[0] == '"' {
+		var u string
+		if err := json.Unmarshal(raw, &u); err != nil {
+			return "", err
+		}
+		return u, nil
+	}
+	var iu imageURL
+	if len(raw) == 0 || json.Unmarshal(raw, &iu) != nil || iu.URL == "" {
+		return "", fmt.Errorf(`want {"url": "data:image/png;base64,..."}`)
+	}
+	switch iu.Detail {
+	case "", "auto", "low", "high":
+	default:
+		return "", fmt.Errorf("detail %q: want auto, low or high", iu.Detail)
+	}
+	return iu.URL, nil
 }
 
 // tools checks the tool declarations and returns the functions' names.

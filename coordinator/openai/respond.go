@@ -23,7 +23,19 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	pl, err := s.plan.chat(&req)
+	refs, aerr := s.plan.imageRefs(&req)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var imgs [][]byte
+	if len(refs) > 0 {
+		if imgs, aerr = s.readImages(r.Context(), refs); aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+	}
+	pl, err := s.plan.chat(&req, imgs)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/images"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/internal/bytebudget"
 	"github.com/tandem-inference/tandem/tokenizer"
@@ -67,6 +68,11 @@ type Config struct {
 	// so the NATS path and the HTTP path share one bound. Nil: a budget
 	// of its own, DefaultBodyBudget and at least MaxBodyBytes.
 	Budget *bytebudget.Budget
+	// Images bound a request's images (zero fields: images.DefaultLimits).
+	Images images.Limits
+	// ImageFetch, when set, lets image_url parts name http(s) URLs, which
+	// the front door fetches as it says; nil: only data: URLs are read.
+	ImageFetch *images.FetchConfig
 	// Policy routes the jobs (empty: the coordinator's default).
 	Policy cp.Policy
 	Log    *zap.Logger
@@ -84,7 +90,8 @@ const (
 type Server struct {
 	cfg     Config
 	plan    planner
-	keys    [][32]byte // SHA-256 of each key: compared in constant time
+	images  *images.Reader // reads image_url parts
+	keys    [][32]byte     // SHA-256 of each key: compared in constant time
 	workers *availability
 	log     *zap.Logger
 	created int64
@@ -116,14 +123,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
+	cfg.Images = cfg.Images.OrDefault()
 	s := &Server{cfg: cfg, log: cfg.Log, created: time.Now().Unix(), inFlight: map[string]int{},
-		plan:    planner{name: cfg.ModelName, info: cfg.Model, tok: cfg.Tokenizer, maxPrompt: cfg.MaxPromptTokens},
+		plan:    planner{name: cfg.ModelName, info: cfg.Model, tok: cfg.Tokenizer, maxPrompt: cfg.MaxPromptTokens, images: cfg.Images},
+		images:  &images.Reader{Limits: cfg.Images},
 		workers: newAvailability(cfg.Conn, cfg.Model.ID)}
 	for i, k := range cfg.APIKeys {
 		if strings.TrimSpace(k) == "" || strings.ContainsAny(k, " \t\r\n") {
 			return nil, fmt.Errorf("openai: API key %d is empty or has whitespace", i)
 		}
 		s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+	}
+	if cfg.ImageFetch != nil {
+		s.images.Fetch = images.NewFetcher(*cfg.ImageFetch, cfg.Images.Bytes)
 	}
 	return s, nil
 }

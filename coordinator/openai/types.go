@@ -64,8 +64,17 @@ type streamOptions struct {
 }
 
 type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type     string          `json:"type"`
+	Text     string          `json:"text"`
+	ImageURL json.RawMessage `json:"image_url"`
+}
+
+// imageURL is an image_url part's object; detail (auto, low, high) is
+// accepted and has no effect: K3's processor reads every image at its own
+// scale rule.
+type imageURL struct {
+	URL    string `json:"url"`
+	Detail string `json:"detail"`
 }
 
 type toolDef struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/tandem-inference/tandem/coordinator/jobrun"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
 	"github.com/tandem-inference/tandem/coordinator/router"
+	"github.com/tandem-inference/tandem/tokenizer"
 )
 
 // message is what reaches a running job: a worker's progress, the loss of
@@ -433,18 +434,32 @@ func (r *run) place(exclude []string) jobrun.Event {
 		// to the prefix caches' grid (the group prefills the rest itself).
 		R := n - 1
 		h := g.Head()
-		if split, _, appendTo := remoteCaches(pf, &h, r.req.TokenIDs); split > 0 {
+		if split, _, appendTo := remoteCaches(pf, &h, r.req.TokenIDs); split > 0 && !c.padsFrom(r.req, split) {
 			R = split
 			dec.CachedTokenIDs, dec.AppendTokens = r.req.TokenIDs[:R], appendTo
+			dec.Images = r.req.Images // the head keys its cache entry by them
 		}
 		dec.TokenIDs, dec.CachedTokens = r.req.TokenIDs[R:], R
 		pre := a
-		pre.Role, pre.WorkerID, pre.TokenIDs = cp.RolePrefill, pf.ID, r.req.TokenIDs[:R]
+		pre.Role, pre.WorkerID, pre.TokenIDs, pre.Images = cp.RolePrefill, pf.ID, r.req.TokenIDs[:R], r.req.Images
 		plan.Prefill, plan.PrefillAssignment = pf.ID, &pre
 	} else {
-		dec.TokenIDs = r.req.TokenIDs
+		dec.TokenIDs, dec.Images = r.req.TokenIDs, r.req.Images
 	}
 	return jobrun.Candidate{At: time.Now(), Plan: plan}
+}
+
+// padsFrom reports whether a job with images has image pad ids at or after
+// position from of its prompt. A remote job's decode part must hold none:
+// the images are computed where the prompt prefills, and a remote job's
+// pad runs all go to the prefill worker (admission keeps the prompt's
+// last token from being one).
+func (c *Coordinator) padsFrom(req *cp.SubmitRequest, from int) bool {
+	if len(req.Images) == 0 || c.cfg.Tokenizer == nil {
+		return false
+	}
+	pad, ok := c.cfg.Tokenizer.SpecialID(tokenizer.MediaPad)
+	return ok && slices.Contains(req.TokenIDs[from:], int32(pad))
 }
 
 // pickGroup chooses the decode group for a job of need tokens: one that

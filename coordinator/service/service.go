@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/images"
 	"github.com/tandem-inference/tandem/coordinator/jobs"
 	"github.com/tandem-inference/tandem/coordinator/metrics"
 	"github.com/tandem-inference/tandem/coordinator/modelinfo"
@@ -60,7 +61,9 @@ type Config struct {
 	// may ask for, default 32768.
 	MaxPromptTokens  int
 	DefaultMaxTokens int
-	MaxOutputTokens  int
+	// Images bound a submission's images (zero fields: images.DefaultLimits).
+	Images          images.Limits
+	MaxOutputTokens int
 
 	Queue    cp.QueueConfig
 	Registry cp.RegistryConfig
@@ -138,6 +141,7 @@ func (c *Config) withDefaults() (Config, error) {
 	case d.MaxPromptTokens >= d.Model.MaxPositions:
 		return d, fmt.Errorf("coordinator: max prompt tokens %d: the model holds %d positions, prompt and output together", d.MaxPromptTokens, d.Model.MaxPositions)
 	}
+	d.Images = d.Images.OrDefault()
 	if d.DefaultMaxTokens <= 0 {
 		d.DefaultMaxTokens = 256
 	}

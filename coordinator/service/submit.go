@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	cp "github.com/tandem-inference/tandem/controlplane"
+	"github.com/tandem-inference/tandem/coordinator/images"
 	"github.com/tandem-inference/tandem/coordinator/jobs"
 	"github.com/tandem-inference/tandem/grammar"
 	"github.com/tandem-inference/tandem/internal/progress"
@@ -245,8 +246,9 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 	var chat *tokenizer.Chat
 	out.Prompt, out.Messages, out.Tools = "", nil, ""
 	out.ReasoningEffort, out.ToolChoice, out.ResponseFormat, out.ThinkingBudget = "", "", "", 0
-	if len(req.Images) > 0 {
-		return nil, refuse(cp.CodeBadRequest, "images: this coordinator does not take images yet")
+	imgs, err := c.admitImages(req)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case req.Prompt != "" || len(req.Messages) > 0:
@@ -261,6 +263,7 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 			if chat, err = ChatOf(req); err != nil {
 				return nil, refuse(cp.CodeBadRequest, "%v", err)
 			}
+			chat.Images = imgs
 			if ids, err = tok.EncodeChat(chat); err != nil {
 				return nil, refuse(cp.CodeBadRequest, "messages: %v", err)
 			}
@@ -280,6 +283,12 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 		}
 	default:
 		out.TokenIDs = slices.Clone(req.TokenIDs)
+		if len(imgs) > 0 {
+			pad, _ := tok.SpecialID(tokenizer.MediaPad) // admitImages checked it
+			if err := images.CheckPadRuns(out.TokenIDs, int32(pad), imgs); err != nil {
+				return nil, refuse(cp.CodeBadRequest, "%v", err)
+			}
+		}
 	}
 	n := len(out.TokenIDs)
 	if n == 0 {
@@ -346,6 +355,33 @@ func (c *Coordinator) admit(req *cp.SubmitRequest) (*cp.SubmitRequest, error) {
 		}
 	}
 	return &out, nil
+}
+
+// admitImages checks a submission's images against the model and the
+// limits, from their headers (media.Probe; the worker that prefills them
+// decodes them), and returns what the prompt needs of each.
+func (c *Coordinator) admitImages(req *cp.SubmitRequest) ([]tokenizer.ChatImage, error) {
+	if len(req.Images) == 0 {
+		return nil, nil
+	}
+	m, tok := c.cfg.Model, c.cfg.Tokenizer
+	if !m.Vision {
+		return nil, refuse(cp.CodeBadRequest, "images: model %s has no vision tower (its checkpoint has no vision_tower weights): it reads text only", m.ID)
+	}
+	if tok == nil {
+		return nil, refuse(cp.CodeBadRequest, "images: model %s has no tokenizer, so its image markers are unknown", m.ID)
+	}
+	if _, ok := tok.SpecialID(tokenizer.MediaPad); !ok {
+		return nil, refuse(cp.CodeBadRequest, "images: the tokenizer of model %s has no %s", m.ID, tokenizer.MediaPad)
+	}
+	imgs, err := c.cfg.Images.Sizes(req.Images, false)
+	if err != nil {
+		if images.IsTooLarge(err) {
+			return nil, refuse(cp.CodeTooLarge, "%v", err)
+		}
+		return nil, refuse(cp.CodeBadRequest, "%v", err)
+	}
+	return imgs, nil
 }
 
 // thinkingBudget bounds the think channel of a chat reply held to a
