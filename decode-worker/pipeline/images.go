@@ -4,15 +4,16 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/tandem-inference/tandem/kernels"
 	"github.com/tandem-inference/tandem/model"
 )
 
 // A prompt's images enter the group's own prefill as feature rows that
 // replace their pad runs' embeddings on the head (the rank that embeds).
 // The rows come with the request or from its Encode, which runs the vision
-// tower once per sequence, off the loop, between admission and the first
-// prefill step; the sequence waits for it as a remote one waits for its
-// state.
+// tower once per sequence, off the loop (on it for a device backend),
+// between admission and the first prefill step; the sequence waits for it
+// as a remote one waits for its state.
 
 // encodeFirst starts the sequence's Encode when an image the group is to
 // prefill has no rows yet, and reports whether the sequence must wait for
@@ -36,6 +37,13 @@ func (w *Worker) encodeFirst(s *seq) bool {
 	}
 	ctx, cancel := context.WithCancel(w.ctx)
 	s.encoding = cancel
+	if _, device := w.m.Backend.(kernels.DeviceMemory); device {
+		// A device's ops must come from one goroutine at a time: the
+		// tower runs on the loop, and the group's steps wait for it.
+		rows, err := enc(ctx)
+		w.encoded(s, rows, err)
+		return true
+	}
 	go func() {
 		rows, err := enc(ctx)
 		_ = w.do(w.ctx, func() { w.encoded(s, rows, err) })

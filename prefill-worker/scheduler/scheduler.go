@@ -44,6 +44,11 @@ type Config struct {
 	// OnLayer, if set, is called after every layer of a pass, from the
 	// pass's goroutine (it must be quick).
 	OnLayer func(executor.Progress)
+	// SerialEncode runs jobs' Encode (the vision tower, on the pass's
+	// backend) in the pass loop, between passes, instead of beside them:
+	// for a device backend, whose ops must not be issued from two
+	// goroutines at once.
+	SerialEncode bool
 }
 
 // PassReport describes a finished pass.
@@ -73,6 +78,7 @@ type Scheduler struct {
 	jobs     map[string]*Job
 	waiting  []*Job // not started, in arrival order
 	progress []*Job // started, not finished, in start order
+	encoding []*Job // waiting for the pass loop to run their Encode (SerialEncode)
 	wake     chan struct{}
 	stats    Stats
 	stopped  bool
@@ -173,7 +179,11 @@ func (s *Scheduler) SubmitAll(specs []Spec) ([]*Job, error) {
 			continue
 		}
 		if spec.Encode != nil {
-			go s.encode(j)
+			if s.cfg.SerialEncode {
+				s.encoding = append(s.encoding, j)
+			} else {
+				go s.encode(j)
+			}
 			continue
 		}
 		s.waiting = append(s.waiting, j)
@@ -374,6 +384,13 @@ func (s *Scheduler) snapshot() ([]planner.Job, []*Job, int64) {
 func (s *Scheduler) Run(ctx context.Context) error {
 	defer s.stop(ctx)
 	for pass := 1; ; {
+		s.mu.Lock()
+		enc := s.encoding
+		s.encoding = nil
+		s.mu.Unlock()
+		for _, j := range enc {
+			s.encode(j) // a cancelled job's Encode returns at once
+		}
 		pj, js, draining := s.snapshot()
 		if len(js) == 0 {
 			select {

@@ -182,3 +182,86 @@ func TestImageJobCancelAndFailure(t *testing.T) {
 	want := references(t, dir, [][]int32{append(p, 1)})
 	submit(t, w, "next", append(p, 1), nil).check(t, want[0])
 }
+
+// deviceCPU is the CPU backend dressed as a device (it reports device
+// memory), so that the worker treats it as a GPU's.
+type deviceCPU struct{ *cpu.Backend }
+
+func (deviceCPU) DeviceMemory() (free, total int64) { return 64 << 30, 80 << 30 }
+
+// TestImageJobOnADevice: on a device backend the tower runs in the pass
+// loop, between passes (a device's ops must come from one goroutine at a
+// time): the state is the reference's, and a job cancelled while its tower
+// holds the loop leaves it free for the next.
+func TestImageJobOnADevice(t *testing.T) {
+	dir := testmodel.Dir(t, "tiny", 1, 2)
+	ctx := context.Background()
+	c, err := model.LoadConfig(dir + "/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := pngOf(t, 56, 84, 5) // 6 rows
+	p := imagePrompt(c, 30, 6, 20)
+	tw, err := vision.Load(ctx, cpu.New(2), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := imagejob.NewEncoder(c, tw, "reference")
+	rj, err := ref.Prepare(p[:len(p)-1], [][]byte{img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feats, err := ref.Features(ctx, rj)
+	tw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir, cpu.New(2), model.LoadOptions{Embed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := m.NewState(0, c.NumLayers)
+	if err := m.PrefillStateMedia(ctx, st, p[:len(p)-1], rj.Media(feats, 0)); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	want, _ := st.MarshalBinary()
+
+	w, err := worker.New(worker.Config{Model: dir, Budget: 1 << 30, Depth: 1, Backend: deviceCPU{cpu.New(2)}, ReadSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	started := make(chan struct{})
+	blocked, err := w.Submit(worker.Spec{ID: "blocked", Tokens: p[:10], Sink: sink.NewMemory(c.NumLayers),
+		Encode: func(ctx context.Context) ([]model.Media, error) {
+			close(started)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	w.Cancel("blocked")
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := blocked.Wait(wctx); err == nil {
+		t.Fatal("the cancelled job succeeded")
+	}
+	enc := w.Images()
+	j, err := enc.Prepare(p[:len(p)-1], [][]byte{img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := sink.NewMemory(c.NumLayers)
+	h, err := w.Submit(worker.Spec{ID: "img", Tokens: p[:len(p)-1], Sink: mem, Images: j.Keys(0),
+		Encode: func(ctx context.Context) ([]model.Media, error) {
+			f, err := enc.Features(ctx, j)
+			return j.Media(f, 0), err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	submitted{h, mem}.check(t, want)
+}

@@ -61,3 +61,10 @@ func (r *residentTower) close() {
 // them against the prompt's pad runs and runs the tower (refusing image
 // jobs when the checkpoint has no tower).
 func (w *Worker) Images() *imagejob.Encoder { return w.images }
+
+// isDevice tells a backend with memory of its own (a GPU): its ops must not
+// be issued from two goroutines at once, so the tower runs between passes.
+func isDevice(be kernels.Backend) bool {
+	_, ok := be.(kernels.DeviceMemory)
+	return ok
+}
