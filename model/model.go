@@ -104,6 +104,31 @@ func (m *Model) RowLogits(b *Batch) ([][][]float32, error) {
 // logitsOf applies the final mix, norm and lm_head to the given rows of
 // the batch.
 func (m *Model) logitsOf(b *Batch, rows []int) ([][]float32, error) {
+	logits, err := m.headOf(b, rows)
+	if err != nil {
+		return nil, err
+	}
+	be, n := m.Backend, len(rows)
+	v := m.Cfg.VocabSize
+	flat := make([]float32, n*v)
+	if m.split() {
+		if err := m.gatherLogits(flat, logits); err != nil {
+			return nil, err
+		}
+	} else {
+		be.Download(flat, logits)
+	}
+	be.Free(logits)
+	out := make([][]float32, n)
+	for i := range out {
+		out[i] = flat[i*v : (i+1)*v : (i+1)*v]
+	}
+	return out, nil
+}
+
+// headOf is the lm_head's output [len(rows), its vocabulary range] for the
+// given rows, after the final mix and norm.
+func (m *Model) headOf(b *Batch, rows []int) (*kernels.Tensor, error) {
 	if m.Globals == nil || m.Globals.LMHead == nil {
 		return nil, fmt.Errorf("model: lm_head is not loaded on this holder")
 	}
@@ -130,21 +155,7 @@ func (m *Model) logitsOf(b *Batch, rows []int) ([][]float32, error) {
 	be.RMSNorm(z, z, m.Globals.Norm, 0, float32(m.Cfg.RMSNormEps))
 	logits := m.linear(z, m.Globals.LMHead)
 	be.Free(z)
-	v := m.Cfg.VocabSize
-	flat := make([]float32, n*v)
-	if m.split() {
-		if err := m.gatherLogits(flat, logits); err != nil {
-			return nil, err
-		}
-	} else {
-		be.Download(flat, logits)
-	}
-	be.Free(logits)
-	out := make([][]float32, n)
-	for i := range out {
-		out[i] = flat[i*v : (i+1)*v : (i+1)*v]
-	}
-	return out, nil
+	return logits, nil
 }
 
 // Prefill runs the whole (resident) model over tokens[i] for each sequence,

@@ -332,3 +332,40 @@ func TestShardRankGoneFailsTheStep(t *testing.T) {
 	}
 	t.Logf("error: %v", err)
 }
+
+// TestShardGreedyGathersCandidates: Greedy on the ranks of a split stage,
+// which exchange only (value, index) per rank, picks the unsplit logits'
+// argmax for every sequence of a batch.
+func TestShardGreedyGathersCandidates(t *testing.T) {
+	ctx := context.Background()
+	m := loadModel(t, "small", 1, model.BF16)
+	st := newStage(t, m.Model, 3)
+	prompts := [][]int32{testkit.Prompt(6, m.Cfg.VocabSize, 1), testkit.Prompt(3, m.Cfg.VocabSize, 2), testkit.Prompt(9, m.Cfg.VocabSize, 3)}
+	var want []int32
+	seqs := []*model.SeqState{m.NewState(0, m.Cfg.NumLayers), m.NewState(0, m.Cfg.NumLayers), m.NewState(0, m.Cfg.NumLayers)}
+	logits, err := m.Prefill(ctx, seqs, prompts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range logits {
+		want = append(want, int32(model.Argmax(l)))
+	}
+	if err := st.each(func(r int, sm *model.Model) error {
+		seqs := []*model.SeqState{sm.NewState(0, sm.Cfg.NumLayers), sm.NewState(0, sm.Cfg.NumLayers), sm.NewState(0, sm.Cfg.NumLayers)}
+		b, err := sm.NewBatch(seqs, prompts)
+		if err != nil {
+			return err
+		}
+		defer sm.FreeBatch(b)
+		if err := sm.ForwardLayers(ctx, 0, sm.Cfg.NumLayers, b, model.PhasePrefill); err != nil {
+			return err
+		}
+		got, err := sm.Greedy(ctx, b)
+		if err == nil && !slices.Equal(got, want) {
+			err = fmt.Errorf("greedy %v, unsplit argmax %v", got, want)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

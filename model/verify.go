@@ -160,8 +160,13 @@ func (m *Model) dropPending(s *SeqState) {
 		return
 	}
 	for _, lp := range s.verify.layers {
-		if lp != nil {
-			free(m.Backend, lp.conv[0], lp.conv[1], lp.conv[2], lp.k, lp.v, lp.g, lp.beta)
+		if lp == nil {
+			continue
+		}
+		for _, t := range []*kernels.Tensor{lp.conv[0], lp.conv[1], lp.conv[2], lp.k, lp.v, lp.g, lp.beta} {
+			if t != nil { // an MLA layer's record holds none
+				m.Backend.Free(t)
+			}
 		}
 	}
 	s.verify = nil

@@ -61,7 +61,7 @@ func TestCPUBackend(t *testing.T) {
 	want := []string{"matmul/BF16", "matmul/MXFP4", "matmul/MXFP8(E4M3)", "matmul/F32", "embed/BF16", "rmsnorm/row", "rmsnorm/group128",
 		"l2norm/group128", "sigmoid", "addbias", "kda_gate", "add+mul_sigmoid", "copy_block", "attnres_mix", "short_conv_silu",
 		"kda/chunked64", "kda/recurrent", "write_latent/BF16", "mla_attention/expanded", "router_topk", "routed_experts/MXFP4",
-		"situ_mlp/BF16", "model/logits", "model/disaggregated"}
+		"situ_mlp/BF16", "model/logits", "model/verify_rows", "model/disaggregated"}
 	var names []string
 	for _, r := range rep.Results {
 		names = append(names, r.Name)
@@ -135,7 +135,15 @@ type (
 	bugMLA       struct{ *cpu.Backend } // attends one row less (off-by-one causal mask)
 	bugLostState struct{ *cpu.Backend } // never writes the state back
 	bugRouter    struct{ *cpu.Backend } // returns the experts unsorted by score
+	bugRowMix    struct{ *cpu.Backend } // a product of several rows rounds its inputs to BF16 (depends on the batch)
 )
+
+func (b bugRowMix) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
+	if x.Rows > 1 {
+		x = roundBF16(x)
+	}
+	b.Backend.MatMul(dst, x, w)
+}
 
 func (b bugMatMul) MatMul(dst, x *kernels.Tensor, w *kernels.Matrix) {
 	b.Backend.MatMul(dst, x, w)
@@ -196,6 +204,7 @@ func TestPlantedBugsFail(t *testing.T) {
 		{bugMLA{cpu.New(0)}, []string{"mla_attention"}, []string{"mla_attention/expanded"}, false},
 		{bugRouter{cpu.New(0)}, []string{"router_topk"}, []string{"router_topk"}, false},
 		{bugLostState{cpu.New(0)}, []string{"short_conv", "kda/chunked"}, []string{"short_conv_silu", "kda/chunked64", "layer/kda+LatentMoE", "model/disaggregated"}, true},
+		{bugRowMix{cpu.New(0)}, []string{"no op case"}, []string{"model/verify_rows"}, true},
 	} {
 		opt := Options{Only: c.only}
 		if c.model {

@@ -76,6 +76,9 @@ func (s *suite) modelChecks(ctx context.Context) error {
 	if err := s.logitChecks(ctx, ref.Model, dev.Model, prompts); err != nil {
 		return err
 	}
+	if err := s.verifyRows(ctx, dev.Model, prompts); err != nil {
+		return err
+	}
 	return s.disaggregated(ctx, ref.Model, dev.Model, prompts)
 }
 

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// tensorBench is decodegroup --tensor: one rank against a stage of tensor
+// ranks (pipeline 1), each on one core with --processes.
+type tensorBench struct {
+	mf        *modelFlags
+	tensor    int
+	processes bool
+	seqs      []int
+	prompt    int
+	tokens    int
+	json      bool
+}
+
+// run measures tensor 1 then tensor T on the same sequences, checks that
+// both generate the same ids, and prints the table and the ratios.
+func (tb *tensorBench) run(ctx context.Context) error {
+	c, err := model.LoadConfig(filepath.Join(tb.mf.dir, "config.json"))
+	if err != nil {
+		return err
+	}
+	if err := c.CheckShard(tb.tensor); err != nil {
+		return fmt.Errorf("--tensor: %w", err)
+	}
+	res := map[int][]tensorRun{}
+	if !tb.json {
+		fmt.Printf("| pipeline | tensor | seqs | tok/s | ms/step | compute ms/step | collective ms/step | queued ms/step | reductions/step |\n")
+		fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	}
+	for _, T := range []int{1, tb.tensor} {
+		runs, err := tb.stage(ctx, T)
+		if err != nil {
+			return fmt.Errorf("tensor %d: %w", T, err)
+		}
+		res[T] = runs
+		for _, r := range runs {
+			tb.print(T, r)
+		}
+	}
+	for i := range res[1] {
+		if a, b := res[1][i], res[tb.tensor][i]; !slices.Equal(a.IDs, b.IDs) {
+			return fmt.Errorf("%d sequences: tensor %d generated %v, one rank %v", a.Sequences, tb.tensor, b.IDs, a.IDs)
+		}
+	}
+	if tb.json {
+		return nil
+	}
+	one, split := res[1], res[tb.tensor]
+	fmt.Printf("\ngreedy ids of tensor %d equal one rank's at every batch size\n", tb.tensor)
+	fmt.Printf("1 sequence: tensor %d step = %.2fx one rank's; collective %.0f%% of its step\n",
+		tb.tensor, split[0].StepMS/one[0].StepMS, 100*split[0].CollectiveMS/split[0].StepMS)
+	last := len(one) - 1
+	fmt.Printf("%d sequences: tensor %d = %.2fx one rank's tok/s; collective %.0f%% of its step\n",
+		one[last].Sequences, tb.tensor, split[last].TokS/one[last].TokS, 100*split[last].CollectiveMS/split[last].StepMS)
+	return nil
+}
+
+func (tb *tensorBench) print(T int, r tensorRun) {
+	if tb.json {
+		b, _ := json.Marshal(map[string]any{"pipeline": 1, "tensor": T, "sequences": r.Sequences, "tok_s": r.TokS,
+			"ms_per_step": r.StepMS, "collective_ms_per_step": r.CollectiveMS, "compute_ms_per_step": r.StepMS - r.CollectiveMS,
+			"queued_ms_per_step": 0.0, "processes": tb.processes})
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Printf("| 1 | %d | %d | %.1f | %.1f | %.1f | %.1f | 0.0 | %.0f |\n", T, r.Sequences, r.TokS, r.StepMS,
+		r.StepMS-r.CollectiveMS, r.CollectiveMS, r.Reductions)
+}
+
+// stage runs the T ranks (goroutines, or processes pinned to cores 0..T-1)
+// and returns rank 0's figures.
+func (tb *tensorBench) stage(ctx context.Context, T int) ([]tensorRun, error) {
+	addrs, err := freeAddrs(T)
+	if err != nil {
+		return nil, err
+	}
+	secret := make([]byte, 16)
+	rand.Read(secret)
+	cfgs := make([]tensorRankConfig, T)
+	for r := range cfgs {
+		cfgs[r] = tensorRankConfig{Model: tb.mf.dir, Cache: tb.mf.cache, Rank: r, Ranks: T, Addrs: addrs, Secret: hex.EncodeToString(secret),
+			Seqs: tb.seqs, Prompt: tb.prompt, Tokens: tb.tokens, Threads: max(tb.mf.threads, 1), Core: -1}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := make([][]tensorRun, T)
+	errs := make([]error, T)
+	var wg sync.WaitGroup
+	for r := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if tb.processes {
+				cfgs[r].Core, cfgs[r].Threads = r, 1
+				out[r], errs[r] = rankProcess(ctx, cfgs[r])
+			} else {
+				out[r], errs[r] = runTensorRank(ctx, cfgs[r])
+			}
+			if errs[r] != nil {
+				cancel() // the others would wait on this rank's reductions
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return out[0], nil
+}
+
+// rankProcess runs one rank as a child process of this binary.
+func rankProcess(ctx context.Context, cfg tensorRankConfig) ([]tensorRun, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	conf, _ := json.Marshal(cfg)
+	cmd := exec.CommandContext(ctx, exe, "tensor-rank", "--config", string(conf))
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, err
+	}
+	var runs []tensorRun
+	if err := json.Unmarshal(stdout.Bytes(), &runs); err != nil {
+		return nil, fmt.Errorf("reading its figures: %w", err)
+	}
+	return runs, nil
+}
+
+// freeAddrs picks n free loopback TCP addresses.
+func freeAddrs(n int) ([]string, error) {
+	out := make([]string, n)
+	for i := range out {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		out[i] = l.Addr().String()
+		l.Close()
+	}
+	return out, nil
+}
+
+// generateTensor is generate --tensor T: the ranks of one split stage in
+// this process (model.LocalReducers), each loading only its slices; every
+// rank generates, and rank 0's ids are returned once all agree.
+func generateTensor(ctx context.Context, mf *modelFlags, n, T int) ([]int32, error) {
+	ids, err := parseTokenIDs(mf.ids)
+	if err != nil {
+		return nil, err
+	}
+	dt, err := model.ParseCacheDType(mf.cache)
+	if err != nil {
+		return nil, fmt.Errorf("--cache-dtype: %w", err)
+	}
+	red := model.LocalReducers(T)
+	out := make([][]int32, T)
+	errs := make([]error, T)
+	var wg sync.WaitGroup
+	for r := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				if errs[r] != nil {
+					red[r].Close()
+				}
+			}()
+			m, err := model.Load(mf.dir, cpu.New(max(mf.threads, 1)), model.LoadOptions{Embed: true, Head: true, LatentNormEps: mf.latentEps, Shard: model.Shard{Rank: r, Ranks: T}})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer m.Close()
+			m.State.LatentDType, m.Reduce = dt, red[r]
+			out[r], errs[r] = m.Generate(ctx, ids, n)
+		}()
+	}
+	wg.Wait()
+	for r := range out {
+		if errs[r] != nil {
+			return nil, fmt.Errorf("tensor rank %d: %w", r, errs[r])
+		}
+		if !slices.Equal(out[r], out[0]) {
+			return nil, fmt.Errorf("tensor rank %d generated %v, rank 0 %v", r, out[r], out[0])
+		}
+	}
+	return out[0], nil
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/model"
+)
+
+// TestTensorStageMatchesOneRank: generate --tensor 2 (ranks in process,
+// each loading its slices) and a measured stage of 2 ranks over loopback
+// TCP (the collective's kvtransfer channels) generate the ids of one rank.
+func TestTensorStageMatchesOneRank(t *testing.T) {
+	ctx := context.Background()
+	dir := testmodel.Dir(t, "tiny", 1, 1)
+	m, err := model.Load(dir, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	want, err := m.Generate(ctx, []int32{5, 17, 200}, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf := &modelFlags{dir: dir, ids: "5,17,200", threads: 1, cache: "bf16"}
+	got, err := generateTensor(ctx, mf, 6, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("generate --tensor 2: %v, one rank %v", got, want)
+	}
+	tb := tensorBench{mf: mf, tensor: 2, seqs: []int{1, 3}, prompt: 4, tokens: 4}
+	one, err := tb.stage(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := tb.stage(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range one {
+		if !slices.Equal(one[i].IDs, two[i].IDs) || two[i].Reductions == 0 {
+			t.Fatalf("%d sequences: tensor 2 %v (%.0f reductions a step), one rank %v", one[i].Sequences, two[i].IDs, two[i].Reductions, one[i].IDs)
+		}
+	}
+}
