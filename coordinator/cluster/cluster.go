@@ -28,8 +28,11 @@ import (
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
 	"github.com/tandem-inference/tandem/internal/prefixkey"
 	"github.com/tandem-inference/tandem/kernels"
+	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/model"
+	"github.com/tandem-inference/tandem/model/imagejob"
+	"github.com/tandem-inference/tandem/model/vision"
 	prefillcp "github.com/tandem-inference/tandem/prefill-worker/cpadapter"
 	"github.com/tandem-inference/tandem/prefill-worker/prefixstore"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
@@ -107,6 +110,11 @@ type Cluster struct {
 	Group     *group.Group
 	modelCfg  *model.Config
 	log       *zap.Logger
+	// tower is the checkpoint's vision tower (nil: it has none), which
+	// rank 0 runs for the images of the jobs the group prefills itself;
+	// images is its encoder.
+	tower  *vision.Tower
+	images *imagejob.Encoder
 
 	mu          sync.Mutex
 	coord       *member
@@ -170,6 +178,14 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 			return nil, err
 		}
 	}
+	c.tower, err = vision.Load(ctx, cpu.New(opt.Threads), opt.ModelDir)
+	switch {
+	case errors.Is(err, vision.ErrNoVisionTower):
+		c.tower, err = nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("cluster: vision tower: %w", err)
+	}
+	c.images = imagejob.NewEncoder(mc, c.tower, "decode group "+cmp.Or(opt.Group, "local"))
 	if c.URL == "" {
 		sc := opt.Server
 		if sc.Logger == nil {
@@ -464,7 +480,7 @@ func (c *Cluster) StartRank(ctx context.Context, r int) error {
 	cfg := decodecp.Config{Conn: nc, Registry: reg, WorkerID: id, Worker: c.Group.Worker(r), Layout: c.Group.Layout, Rank: r,
 		Model: c.modelCfg, ModelID: c.Model.ID, Heartbeat: c.opt.Heartbeat, Log: c.log.Named("decode")}
 	if r == 0 {
-		cfg.Tokenizer = c.Tokenizer
+		cfg.Tokenizer, cfg.Images = c.Tokenizer, c.images
 	}
 	a, err := decodecp.Start(ctx, cfg)
 	if err != nil {
@@ -573,6 +589,9 @@ func (c *Cluster) Close() error {
 	}
 	if c.Group != nil {
 		errs = append(errs, c.Group.Close())
+	}
+	if c.tower != nil {
+		c.tower.Close()
 	}
 	errs = append(errs, c.StopCoordinator())
 	if c.Server != nil {

@@ -372,6 +372,9 @@ func (r *response) finish(res *client.Result, err error, reason string) {
 	u := &usage{PromptTokens: len(r.pl.prompt), CompletionTokens: len(r.tokens)}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	info := r.info(res)
+	if info.Timing != nil && info.Timing.CachedTokens > 0 {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: info.Timing.CachedTokens}
+	}
 	if r.pl.stream {
 		r.commit()
 		if r.pl.includeUsage {
@@ -392,6 +395,10 @@ func (r *response) finish(res *client.Result, err error, reason string) {
 		for name, v := range map[string]float64{"Queue": t.QueueMs, "Pass-Wait": t.PassWaitMs, "Prefill": t.PrefillMs,
 			"Transfer-Tail": t.TransferTailMs, "Decode": t.DecodeMs, "Total": t.TotalMs} {
 			h.Set("X-Tandem-"+name+"-Ms", strconv.FormatFloat(v, 'f', 3, 64))
+		}
+		if t.CachedTokens > 0 {
+			h.Set("X-Tandem-Cached-Tokens", strconv.Itoa(t.CachedTokens))
+			h.Set("X-Tandem-Cached-On", t.CachedOn)
 		}
 		if t.DecodeSteps > 0 {
 			h.Set("X-Tandem-Decode-Steps", strconv.Itoa(t.DecodeSteps))
@@ -449,7 +456,7 @@ func (r *response) info(res *client.Result) *tandemInfo {
 		in.TTFTMs = msf(t.FirstToken)
 		in.Timing = &timingInfo{QueueMs: msf(t.Queue), PassWaitMs: msf(t.PassWait), PrefillMs: msf(t.Prefill),
 			TransferTailMs: msf(t.TransferTail), FirstTokenMs: msf(t.FirstToken), DecodeMs: msf(t.Decode), TotalMs: msf(t.Total),
-			DecodeTokPerS: t.DecodeTokensPerSec}
+			DecodeTokPerS: t.DecodeTokensPerSec, CachedTokens: t.CachedTokens, CachedOn: t.CachedOn}
 		if sp := t.Speculation; sp != nil && sp.Steps > 0 {
 			ti := in.Timing
 			ti.DecodeSteps, ti.DraftedTokens, ti.AcceptedTokens = sp.Steps, sp.Drafted, sp.Accepted

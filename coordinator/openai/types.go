@@ -181,6 +181,13 @@ type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails, OpenAI's: the prompt tokens a prefix cache
+	// held (not prefilled again).
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // tandemInfo is tandem's own account of the job, in a field strict
@@ -207,6 +214,10 @@ type timingInfo struct {
 	DecodeMs       float64 `json:"decode_ms"`
 	TotalMs        float64 `json:"total_ms"`
 	DecodeTokPerS  float64 `json:"decode_tok_s"`
+	// CachedTokens of the prompt came from the prefix cache of worker
+	// CachedOn instead of being prefilled.
+	CachedTokens int    `json:"cached_tokens,omitempty"`
+	CachedOn     string `json:"cached_on,omitempty"`
 	// Speculative decoding: the decode steps that emitted the tokens, the
 	// tokens drafted and accepted, and the accepted ones per step.
 	DecodeSteps     int     `json:"decode_steps,omitempty"`
