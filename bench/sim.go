@@ -73,7 +73,10 @@ type simOutput struct {
 	// Speculative is one stream's decode on the decode group with drafts,
 	// by per-token acceptance rate (see speculate).
 	Speculative []simSpec `json:"speculative_decode"`
-	Out         string    `json:"out,omitempty"`
+	// Tensor is decode by pipeline x tensor layout of the group's Macs,
+	// one stream and 16 (see tensorDecode).
+	Tensor []simTensor `json:"tensor_decode"`
+	Out    string      `json:"out,omitempty"`
 }
 
 // simBreakdown splits an idle job's TTFT (seconds).
@@ -176,6 +179,9 @@ func runSim(ctx context.Context, f simConfig) error {
 	}
 	r.agentTurns()
 	r.speculate()
+	if err := r.tensorDecode(); err != nil {
+		return err
+	}
 	if err := r.comparePolicies(ctx); err != nil {
 		return err
 	}
@@ -360,7 +366,7 @@ func (r *simRun) write() error {
 	f := r.cfg
 	tables := simTables(&r.out, r.order, r.lengths, r.setups, r.policies)
 	tables = append(tables, agentTable(r.m.Name, f.agentHistory, f.agentNew, r.agentOrder(), r.out.Agent),
-		specTable(r.m.Name, r.macs.Name, r.out.Speculative))
+		specTable(r.m.Name, r.macs.Name, r.out.Speculative), tensorTable(r.m.Name, r.macs.Name, r.out.Tensor))
 	for _, t := range tables {
 		if err := t.Write(os.Stdout); err != nil {
 			return err

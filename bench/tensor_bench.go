@@ -15,6 +15,9 @@ import (
 	"sync"
 
 	"github.com/tandem-inference/tandem/kernels/cpu"
+	"github.com/tandem-inference/tandem/kvtransfer"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma"
+	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
 	"github.com/tandem-inference/tandem/model"
 )
 
@@ -28,11 +31,20 @@ type tensorBench struct {
 	prompt    int
 	tokens    int
 	json      bool
+	// transport is "tcp" (or empty) or "rdma-fake": the collective on the
+	// RDMA link over the in-process fake verbs wire.
+	transport string
 }
 
 // run measures tensor 1 then tensor T on the same sequences, checks that
 // both generate the same ids, and prints the table and the ratios.
 func (tb *tensorBench) run(ctx context.Context) error {
+	switch {
+	case tb.transport != "" && tb.transport != "tcp" && tb.transport != "rdma-fake":
+		return fmt.Errorf("--transport %q: want tcp or rdma-fake", tb.transport)
+	case tb.transport == "rdma-fake" && tb.processes:
+		return fmt.Errorf("--transport rdma-fake runs the ranks in this process (the fake wire is in memory); leave out --processes")
+	}
 	c, err := model.LoadConfig(filepath.Join(tb.mf.dir, "config.json"))
 	if err != nil {
 		return err
@@ -98,6 +110,17 @@ func (tb *tensorBench) stage(ctx context.Context, T int) ([]tensorRun, error) {
 	for r := range cfgs {
 		cfgs[r] = tensorRankConfig{Model: tb.mf.dir, Cache: tb.mf.cache, Rank: r, Ranks: T, Addrs: addrs, Secret: hex.EncodeToString(secret),
 			Seqs: tb.seqs, Prompt: tb.prompt, Tokens: tb.tokens, Threads: max(tb.mf.threads, 1), Core: -1}
+	}
+	if tb.transport == "rdma-fake" {
+		fab := fakeverbs.NewFabric(fakeverbs.Faults{}, 1)
+		for r := range cfgs {
+			t, err := rdma.New(rdma.Config{Provider: fab.Host(fmt.Sprintf("rank%d", r), benchGID)})
+			if err != nil {
+				return nil, err
+			}
+			defer t.Close()
+			cfgs[r].transport = kvtransfer.RDMA{T: t}
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"slices"
 	"testing"
 
@@ -11,8 +12,9 @@ import (
 )
 
 // TestTensorStageMatchesOneRank: generate --tensor 2 (ranks in process,
-// each loading its slices) and a measured stage of 2 ranks over loopback
-// TCP (the collective's kvtransfer channels) generate the ids of one rank.
+// each loading its slices) and a measured stage of 2 ranks over the
+// collective's kvtransfer channels, on loopback TCP and on the RDMA link
+// (fake verbs wire), generate the ids of one rank.
 func TestTensorStageMatchesOneRank(t *testing.T) {
 	ctx := context.Background()
 	dir := testmodel.Dir(t, "tiny", 1, 1)
@@ -38,13 +40,20 @@ func TestTensorStageMatchesOneRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	two, err := tb.stage(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
+	trs := []string{"tcp", "rdma-fake"}
+	if testing.Short() && os.Getenv("KVTRANSFER_TRANSPORT") != "rdma-fake" {
+		trs = trs[:1] // as decode-worker/collective's TestChannels
 	}
-	for i := range one {
-		if !slices.Equal(one[i].IDs, two[i].IDs) || two[i].Reductions == 0 {
-			t.Fatalf("%d sequences: tensor 2 %v (%.0f reductions a step), one rank %v", one[i].Sequences, two[i].IDs, two[i].Reductions, one[i].IDs)
+	for _, tr := range trs {
+		tb.transport = tr
+		two, err := tb.stage(ctx, 2)
+		if err != nil {
+			t.Fatalf("%s: %v", tr, err)
+		}
+		for i := range one {
+			if !slices.Equal(one[i].IDs, two[i].IDs) || two[i].Reductions == 0 {
+				t.Fatalf("%s, %d sequences: tensor 2 %v (%.0f reductions a step), one rank %v", tr, one[i].Sequences, two[i].IDs, two[i].Reductions, one[i].IDs)
+			}
 		}
 	}
 }

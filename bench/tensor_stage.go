@@ -41,6 +41,9 @@ type tensorRankConfig struct {
 	Tokens  int      `json:"tokens"`
 	Threads int      `json:"threads"`
 	Core    int      `json:"core"` // pin the process to this CPU (-1: no)
+	// transport carries the rank's channels (nil: TCP); ranks in this
+	// process only (the RDMA link's fake wire is in-process).
+	transport kvtransfer.Transport
 }
 
 // tensorRun is one rank's figures for one number of sequences.
@@ -113,13 +116,13 @@ func runTensorRank(ctx context.Context, cfg tensorRankConfig) ([]tensorRun, erro
 // connectStage opens the rank's kvtransfer server at its address and the
 // collective's channels to the other ranks.
 func connectStage(ctx context.Context, cfg tensorRankConfig) (*collective.Group, error) {
-	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: cfg.Addrs[cfg.Rank]})
+	srv, err := kvtransfer.Listen(kvtransfer.ServerConfig{Addr: cfg.Addrs[cfg.Rank], Transport: cfg.transport})
 	if err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	links, err := collective.Connect(cctx, collective.ConnectConfig{Group: "bench", Rank: cfg.Rank, Ranks: cfg.Ranks, Server: srv, Addrs: cfg.Addrs, Secret: []byte(cfg.Secret)})
+	links, err := collective.Connect(cctx, collective.ConnectConfig{Group: "bench", Rank: cfg.Rank, Ranks: cfg.Ranks, Server: srv, Addrs: cfg.Addrs, Secret: []byte(cfg.Secret), Transport: cfg.transport})
 	if err != nil {
 		srv.Close()
 		return nil, err

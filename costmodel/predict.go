@@ -20,8 +20,11 @@ type Rates struct {
 	LinkRTT       time.Duration
 	// PrefillVision and LocalVision are the vision tower's rates on each
 	// path in GFLOP/s over Vision.Work (0: the path's dense rate stands
-	// in).
-	PrefillVision, LocalVision float64
+	// in). PrefillVisionSerial and LocalVisionSerial say the path runs the
+	// tower in its own loop (a device backend), so the queue in front does
+	// not move while it runs.
+	PrefillVision, LocalVision             float64
+	PrefillVisionSerial, LocalVisionSerial bool
 	// DecodeStep is one decode step of the group (the first token after
 	// either prefill is one step).
 	DecodeStep time.Duration
@@ -118,7 +121,9 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	}
 	from := min(max(l.RemoteCached, 0), tokens)
 	p.Vision = visionTime(m, r.PrefillVision, r.Prefill, l.Images, from)
-	p.QueueWait = max(p.QueueWait-p.Vision, 0)
+	if !r.PrefillVisionSerial {
+		p.QueueWait = max(p.QueueWait-p.Vision, 0)
+	}
 	work := m.Work(from, tokens)
 	for _, q := range l.NextPass {
 		work = work.Add(m.Work(0, q))
@@ -158,7 +163,7 @@ func PredictLocal(m *Model, r Rates, l Load, prompt int) Prediction {
 	// fixed costs are this prompt's own.
 	p.QueueWait = r.Local.Time(ahead, 0)
 	p.Vision = visionTime(m, r.LocalVision, r.Local, l.Images, from)
-	if p.QueueWait < Unknown {
+	if p.QueueWait < Unknown && !r.LocalVisionSerial {
 		p.QueueWait = max(p.QueueWait-p.Vision, 0)
 	}
 	p.Prefill = localPrefill(m, r.Local, l, from, tokens)

@@ -44,7 +44,8 @@ func TestVisionWork(t *testing.T) {
 
 // TestPredictionsPriceTheTower: a prompt with an image pays the tower's
 // time at the path's vision rate before its prefill; a queue in front of
-// it moves meanwhile (a pass longer than the tower hides it); a cached
+// it moves meanwhile (a pass longer than the tower hides it), unless the
+// path runs the tower in its own loop (a device backend); a cached
 // prefix that covers the image runs no tower; an unmeasured vision rate
 // takes the path's dense rate. The router's choice follows: a slow tower
 // on the prefill worker sends the prompt local.
@@ -69,6 +70,11 @@ func TestPredictionsPriceTheTower(t *testing.T) {
 	busy := func(l Load) Load { l.PassRunning, l.PassRemaining = true, 100*time.Second; return l }
 	if a, b := PredictRemote(m, r, busy(text), prompt), PredictRemote(m, r, busy(img), prompt); a.Total != b.Total || b.QueueWait != a.QueueWait-b.Vision {
 		t.Fatalf("a pass of 100 s in front: %v with the image, %v without", b.Total, a.Total)
+	}
+	serial := r
+	serial.PrefillVisionSerial = true
+	if a, b := PredictRemote(m, serial, busy(text), prompt), PredictRemote(m, serial, busy(img), prompt); b.Total != a.Total+b.Vision || b.QueueWait != a.QueueWait {
+		t.Fatalf("a tower run in the pass loop: %v with the image, %v without", b.Total, a.Total)
 	}
 	cached := img
 	cached.LocalCached, cached.RemoteCached = 640, 640

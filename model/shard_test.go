@@ -2,12 +2,16 @@ package model_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"sync"
 	"testing"
 
+	"github.com/tandem-inference/tandem/decode-worker/collective"
+	"github.com/tandem-inference/tandem/internal/testctx"
 	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels"
@@ -368,4 +372,70 @@ func TestShardGreedyGathersCandidates(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// dyingReducer is a rank that dies in its n-th reduction: it closes its
+// links (as a process's end closes its sockets) instead of sending.
+type dyingReducer struct {
+	g    *collective.Group
+	left int
+}
+
+func (d *dyingReducer) AllReduce(ctx context.Context, buf []float32) error {
+	if d.left--; d.left < 0 {
+		d.g.Close()
+		return errors.New("rank died")
+	}
+	return d.g.AllReduce(ctx, buf)
+}
+
+// TestShardRankDiesMidReduction: two ranks of a split stage reduce over
+// the collective on loopback TCP; when rank 1 dies in the middle of a
+// decode step, rank 0's step fails with the collective's error naming the
+// peer, at once, instead of waiting for it.
+func TestShardRankDiesMidReduction(t *testing.T) {
+	m := loadModel(t, "tiny", 1, model.BF16)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialed, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gs [2]*collective.Group
+	for r, c := range []net.Conn{dialed, accepted} {
+		links := make([]collective.Link, 2)
+		links[1-r] = collective.NewStreamLink(c)
+		if gs[r], err = collective.New(collective.Config{Rank: r, Ranks: 2, Links: links}); err != nil {
+			t.Fatal(err)
+		}
+		defer gs[r].Close()
+	}
+	ranks := make(stage, 2)
+	for r, red := range []model.Reducer{gs[0], &dyingReducer{g: gs[1], left: 7}} {
+		if ranks[r], err = m.ShardOf(model.Shard{Rank: r, Ranks: 2}, red); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r, sm := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[r] = sm.Decode(testctx.Context(t), []*model.SeqState{sm.NewState(0, sm.Cfg.NumLayers)}, []int32{7})
+		}()
+	}
+	wg.Wait()
+	var pe *collective.PeerError
+	if !errors.As(errs[0], &pe) || pe.Peer != 1 {
+		t.Fatalf("rank 0: %v, want the collective's error about rank 1", errs[0])
+	}
+	t.Logf("rank 0: %v", errs[0])
 }

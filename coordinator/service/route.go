@@ -1,6 +1,7 @@
 package service
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -123,14 +124,14 @@ func (c *Coordinator) rates(pf *cp.WorkerInfo, g *group) router.Rates {
 		if r.LinkBytesPerS <= 0 {
 			r.LinkBytesPerS = pf.Rates.LinkBytesPerSec
 		}
-		r.PrefillVision = pf.Rates.VisionGFLOPS
+		r.PrefillVision, r.PrefillVisionSerial = pf.Rates.VisionGFLOPS, onDevice(pf.Backend)
 	}
 	if g != nil {
 		h := g.Head()
 		if t := h.Rates.Compute; t != nil && t.Samples > 0 {
 			r.Local = t.Compute()
 		}
-		r.LocalVision = h.Rates.VisionGFLOPS
+		r.LocalVision, r.LocalVisionSerial = h.Rates.VisionGFLOPS, onDevice(h.Backend)
 		if r.DecodeStep <= 0 && h.Rates.DecodeTokensPerSec > 0 {
 			r.DecodeStep = time.Duration(float64(time.Second) / h.Rates.DecodeTokensPerSec)
 		}
@@ -260,3 +261,7 @@ func pricedImages(prompt []int32, images [][]byte, pad int32) []costmodel.Image 
 	}
 	return costmodel.ImagesOf(prompt, pad, patches)
 }
+
+// onDevice tells a worker whose backend is a device's (not the CPU): it
+// runs the vision tower in its own loop, not beside its queue.
+func onDevice(backend string) bool { return backend != "" && !strings.HasPrefix(backend, "cpu") }

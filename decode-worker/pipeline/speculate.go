@@ -39,10 +39,12 @@ type DraftConfig struct {
 	Fixed bool
 }
 
-// Lookup settings: suffixes of 2 to 8 tokens; the session index keeps
-// about 256k tokens of earlier sequences (about 8 MB).
+// Lookup settings: suffixes of 2 to 8 tokens, searched in the last 128k
+// tokens of a sequence (a step's search stays well under a millisecond);
+// the session index keeps about 256k tokens of earlier sequences (about
+// 8 MB).
 var (
-	lookupDrafter = draft.PromptLookup{MinN: 2, MaxN: 8}
+	lookupDrafter = draft.PromptLookup{MinN: 2, MaxN: 8, Window: 1 << 17}
 	sessionConfig = draft.SessionConfig{MinN: 2, MaxN: 8, MaxTokens: 1 << 18, PerKey: 8}
 )
 

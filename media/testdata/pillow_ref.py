@@ -193,6 +193,15 @@ def make_cases(outdir):
     # a palette PNG with per-entry alpha (tRNS).
     add("gif_300x200.gif", content(300, 200, 16).quantize(64), "GIF", small=True, transparency=3)
     add("gif_7400x50.gif", content(7400, 50, 17).quantize(32), "GIF", transparency=5)
+    # A GIF whose palette is the grey ramp: Pillow reads it as "L" (bicubic),
+    # here with a transparent value.
+    add("gif_gray_7400x40.gif", content(7400, 40, 32).convert("L"), "GIF", optimize=False, transparency=7)
+    # Colour keys (tRNS): kept by greyscale ("L" with a transparent value),
+    # ignored by the processor for truecolour ("RGB").
+    g = content(7300, 30, 33).convert("L")
+    add("gray_trns_7300x30.png", g, "PNG", transparency=g.getpixel((5, 5)))
+    c = content(7300, 30, 34)
+    add("rgb_trns_7300x30.png", c, "PNG", transparency=c.getpixel((5, 5)))
     add("p_7300x30.png", content(7300, 30, 31).quantize(16), "PNG")
     p = content(7300, 30, 18).quantize(16)
     add("p_trns_7300x30.png", p, "PNG", transparency=bytes([0, 128, 255, 64] * 4))
