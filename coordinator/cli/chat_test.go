@@ -13,6 +13,7 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/coordinator/cluster"
+	"github.com/tandem-inference/tandem/internal/testimage"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 )
 
@@ -90,6 +91,24 @@ func TestSubmitChatFile(t *testing.T) {
 	}
 	if !strings.Contains(errw, "done (tool_calls)") {
 		t.Errorf("submit does not say the reply called a tool:\n%s", errw)
+	}
+
+	// An image with a plain prompt: one user message, the image first.
+	png := filepath.Join(t.TempDir(), "square.png")
+	if err := os.WriteFile(png, testimage.PNG(t, 56, 56, 4), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errw, err = run(ctx, append([]string{"submit", "--image", png, "--max-tokens", "3", "What is this?"}, nats...)...)
+	if err != nil || !strings.Contains(errw, " done (") {
+		t.Fatalf("submit --image: %v\n%s\n%s", err, out, errw)
+	}
+	notPNG := filepath.Join(t.TempDir(), "notes.png")
+	if err := os.WriteFile(notPNG, []byte("not an image"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(ctx, append([]string{"submit", "--image", notPNG, "What is this?"}, nats...)...); err == nil ||
+		!strings.Contains(err.Error(), "image #1") || !strings.Contains(err.Error(), "unrecognised image format") {
+		t.Errorf("submit --image with a file that is not an image: %v", err)
 	}
 
 	notChat := write("bad.json", map[string]any{"prompt": "x"})
