@@ -121,7 +121,7 @@ func runGenerate(ctx context.Context, args []string) error {
 	n := fs.IntP("n", "n", 8, "number of tokens to generate")
 	ranks := fs.Int("ranks", 1, "decode group ranks: above 1, a pipeline-parallel group of that many ranks (in process, mesh over loopback TCP) prefills and decodes")
 	fs.IntVar(ranks, "pipeline", 1, "pipeline stages (the same as --ranks)")
-	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, one stage split over that many ranks in process (each binding only its slices) prefills and decodes")
+	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, --pipeline stages of that many ranks each in process (each binding only its slices; the stages hand activations on in memory, not through the decode pipeline) prefill and decode")
 	draftMode := fs.String("draft", "off", "speculative decoding: lookup (a decode group of --ranks drafts from the prompt and output; the ids are the same) or off")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -130,8 +130,8 @@ func runGenerate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *tensor > 1 && (*ranks > 1 || draft) {
-		return fmt.Errorf("--pipeline %d x --tensor %d (draft %v): this build runs tensor-parallel stages without the pipeline (pipeline 1, no drafts) only", *ranks, *tensor, draft)
+	if *tensor > 1 && draft {
+		return fmt.Errorf("--tensor %d with --draft: tensor-parallel stages run without drafts in this build", *tensor)
 	}
 	if *n < 1 {
 		return fmt.Errorf("--n must be at least 1, is %d", *n)
@@ -144,7 +144,12 @@ func runGenerate(ctx context.Context, args []string) error {
 		if mf.dir == "" || mf.ids == "" {
 			return errors.New("--model and --ids are required")
 		}
-		if gen, err = generateTensor(ctx, &mf, *n, *tensor); err != nil {
+		if *ranks > 1 {
+			gen, err = generateStages(ctx, &mf, *n, *ranks, *tensor)
+		} else {
+			gen, err = generateTensor(ctx, &mf, *n, *tensor)
+		}
+		if err != nil {
 			return err
 		}
 	} else if *ranks > 1 || draft {

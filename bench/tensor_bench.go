@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/kernels/cpu"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
@@ -230,4 +231,180 @@ func generateTensor(ctx context.Context, mf *modelFlags, n, T int) ([]int32, err
 		}
 	}
 	return out[0], nil
+}
+
+// stageRanks is a pipeline of stages of tensor ranks in this process, the
+// activations handed from stage s rank t to stage s+1 rank t in memory
+// (every rank of a stage holds the same bits after its reductions).
+type stageRanks struct {
+	ms   [][]*model.Model // [stage][t]
+	seqs [][]*model.SeqState
+}
+
+// loadStages loads P stages of T ranks, each binding only its layers'
+// slices, with each stage's LocalReducers.
+func loadStages(mf *modelFlags, P, T int) (*stageRanks, func(), error) {
+	c, err := model.LoadConfig(filepath.Join(mf.dir, "config.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	ranges, err := rank.Split(c.NumLayers, P)
+	if err != nil {
+		return nil, nil, err
+	}
+	dt, err := model.ParseCacheDType(mf.cache)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--cache-dtype: %w", err)
+	}
+	st := &stageRanks{ms: make([][]*model.Model, P)}
+	var loaded []*model.Loaded
+	closeAll := func() {
+		for _, l := range loaded {
+			l.Close()
+		}
+	}
+	for s, lr := range ranges {
+		red := model.LocalReducers(T)
+		for t := range T {
+			l, err := model.Load(mf.dir, cpu.New(max(mf.threads, 1)), model.LoadOptions{Lo: lr[0], Hi: lr[1], Embed: s == 0, Head: s == P-1,
+				LatentNormEps: mf.latentEps, Shard: model.Shard{Rank: t, Ranks: T}})
+			if err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("stage %d rank %d: %w", s, t, err)
+			}
+			loaded = append(loaded, l)
+			l.State.LatentDType, l.Reduce = dt, red[t]
+			st.ms[s] = append(st.ms[s], l.Model)
+		}
+	}
+	return st, closeAll, nil
+}
+
+// step runs one step of one sequence through every stage and, with head,
+// returns the greedy token of each rank of the last stage.
+func (st *stageRanks) step(ctx context.Context, tokens []int32, phase model.Phase, head bool) ([]int32, error) {
+	T := len(st.ms[0])
+	batches := make([]*model.Batch, T)
+	for t, m := range st.ms[0] {
+		b, err := m.NewBatch([]*model.SeqState{st.seqs[0][t]}, [][]int32{tokens})
+		if err != nil {
+			return nil, err
+		}
+		batches[t] = b
+	}
+	var out []int32
+	for s, ranks := range st.ms {
+		if s > 0 {
+			for t := range batches {
+				batches[t] = handOn(batches[t], st.seqs[s][t])
+			}
+		}
+		ids := make([]int32, T)
+		err := eachRank(ranks, func(t int, m *model.Model) error {
+			lo, hi := layerRange(m)
+			if err := m.ForwardLayers(ctx, lo, hi, batches[t], phase); err != nil {
+				return err
+			}
+			batches[t].Advance()
+			if s < len(st.ms)-1 || !head {
+				return nil
+			}
+			g, err := m.Greedy(ctx, batches[t])
+			if err == nil {
+				ids[t] = g[0]
+			}
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("stage %d: %w", s, err)
+		}
+		out = ids
+	}
+	return out, nil
+}
+
+// handOn gives the next stage's rank a batch of the same activations for
+// its own state of the sequence.
+func handOn(b *model.Batch, seq *model.SeqState) *model.Batch {
+	return &model.Batch{Seqs: []*model.SeqState{seq}, Spans: b.Spans, Partial: b.Partial, Stack: b.Stack}
+}
+
+// layerRange is the resident layers of m.
+func layerRange(m *model.Model) (lo, hi int) {
+	lo = -1
+	for L, l := range m.Layers {
+		if l != nil {
+			if lo < 0 {
+				lo = L
+			}
+			hi = L + 1
+		}
+	}
+	return lo, hi
+}
+
+// eachRank runs fn on every rank of a stage at once; a rank that fails
+// leaves its stage's reductions, so that the others do not wait.
+func eachRank(ranks []*model.Model, fn func(t int, m *model.Model) error) error {
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for t, m := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[t] = fn(t, m); errs[t] != nil {
+				m.Reduce.(*model.LocalReducer).Close()
+			}
+		}()
+	}
+	wg.Wait()
+	for t, err := range errs {
+		if err != nil {
+			return fmt.Errorf("tensor rank %d: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// generateStages is generate --pipeline P --tensor T in this process: the
+// prompt but its last token prefilled, then greedy decode steps, as
+// Model.Generate; every rank of the last stage must pick the same ids.
+func generateStages(ctx context.Context, mf *modelFlags, n, P, T int) ([]int32, error) {
+	ids, err := parseTokenIDs(mf.ids)
+	if err != nil {
+		return nil, err
+	}
+	st, closeAll, err := loadStages(mf, P, T)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	st.seqs = make([][]*model.SeqState, P)
+	for s, ranks := range st.ms {
+		for _, m := range ranks {
+			lo, hi := layerRange(m)
+			st.seqs[s] = append(st.seqs[s], m.NewState(lo, hi))
+		}
+	}
+	if len(ids) > 1 {
+		if _, err := st.step(ctx, ids[:len(ids)-1], model.PhasePrefill, false); err != nil {
+			return nil, err
+		}
+	}
+	var out []int32
+	next := ids[len(ids)-1:]
+	for len(out) < n {
+		got, err := st.step(ctx, next, model.PhaseDecode, true)
+		if err != nil {
+			return nil, err
+		}
+		for t, id := range got {
+			if id != got[0] {
+				return nil, fmt.Errorf("last stage rank %d picked %d, rank 0 %d", t, id, got[0])
+			}
+		}
+		out = append(out, got[0])
+		next = got[:1]
+	}
+	return out, nil
 }

@@ -57,3 +57,31 @@ func TestTensorStageMatchesOneRank(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateStagesMatchesOneRank: generate --pipeline P --tensor 2, the
+// stages handing activations on in memory, each rank binding only its
+// layers' slices, generates one rank's ids.
+func TestGenerateStagesMatchesOneRank(t *testing.T) {
+	ctx := context.Background()
+	dir := testmodel.Dir(t, "tiny", 1, 1)
+	m, err := model.Load(dir, cpu.New(1), model.LoadOptions{Embed: true, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	prompt := []int32{5, 17, 200, 9, 44}
+	want, err := m.Generate(ctx, prompt, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf := &modelFlags{dir: dir, ids: "5,17,200,9,44", threads: 1, cache: "bf16"}
+	for _, P := range []int{2, 3} {
+		got, err := generateStages(ctx, mf, 6, P, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("pipeline %d x tensor 2: %v, one rank %v", P, got, want)
+		}
+	}
+}
