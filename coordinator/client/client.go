@@ -173,6 +173,10 @@ func (f *follower) submit(req *cp.SubmitRequest) error {
 			return nil
 		case errors.As(err, &re) && re.Code != cp.CodeUnavailable:
 			return err
+		case errors.Is(err, nats.ErrMaxPayload):
+			// Never sent: no retry would send it either.
+			return fmt.Errorf("job %s: the submission is larger than the NATS server takes in one message (max_payload, %d bytes): send smaller images or a shorter prompt, or raise max_payload: %w",
+				f.id, f.nc.MaxPayload(), err)
 		}
 		// Not stored (no coordinator, no capacity now, the queue did not
 		// answer): what was published of this attempt (a failed event

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/nats-io/nats.go"
+
 	cp "github.com/tandem-inference/tandem/controlplane"
 )
 
@@ -57,6 +59,9 @@ func fromJob(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return newErr(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "messages", "%v", err)
 	}
 	code := cp.ErrorCode("")
 	var re *cp.RemoteError

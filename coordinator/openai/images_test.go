@@ -10,6 +10,7 @@ import (
 	"image"
 	"image/color"
 	"image/png"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -37,6 +38,21 @@ func pngImage(t testing.TB, w, h int) []byte {
 		for x := range w {
 			im.Set(x, y, color.NRGBA{uint8(7 * x), uint8(5 * y), uint8(x ^ y), 255})
 		}
+	}
+	var b bytes.Buffer
+	if err := png.Encode(&b, im); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// noisePNG is a w x h PNG of random pixels, which no PNG compresses.
+func noisePNG(t testing.TB, w, h int) []byte {
+	t.Helper()
+	im := image.NewNRGBA(image.Rect(0, 0, w, h))
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range im.Pix {
+		im.Pix[i] = uint8(r.Uint32())
 	}
 	var b bytes.Buffer
 	if err := png.Encode(&b, im); err != nil {
@@ -88,6 +104,12 @@ func imageChat(text string, urls ...string) map[string]any {
 // its own answer before anything is submitted.
 func frontDoor(t *testing.T, vision bool, mod func(*openai.Config)) (string, <-chan cp.SubmitRequest) {
 	t.Helper()
+	return frontDoorOn(t, natstest.Server(t), vision, mod)
+}
+
+// frontDoorOn is frontDoor on the NATS server at url.
+func frontDoorOn(t *testing.T, url string, vision bool, mod func(*openai.Config)) (string, <-chan cp.SubmitRequest) {
+	t.Helper()
 	dir := testmodel.Dir(t, "demo", 1, 2)
 	info, err := modelinfo.Load(dir)
 	if err != nil {
@@ -98,7 +120,7 @@ func frontDoor(t *testing.T, vision bool, mod func(*openai.Config)) (string, <-c
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(natstest.Server(t))
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +179,8 @@ func TestImageRefusals(t *testing.T) {
 		c.ImageFetch = &cfg
 	})
 	textOnly, _ := frontDoor(t, false, nil)
+	smallPayload, _ := frontDoorOn(t, natstest.Start(t, natstest.Config{Extra: "max_payload: 65536\n"}), true, nil)
+	noise := noisePNG(t, 200, 200) // about 120 KiB: no PNG compresses noise
 	junk := bytes.Repeat([]byte("junk"), 15<<10)
 	truncated := pngImage(t, 64, 64)
 	truncated = truncated[:len(truncated)-40]
@@ -192,6 +216,7 @@ func TestImageRefusals(t *testing.T) {
 		{"metadata address", fetching, imageChat("x", "http://169.254.169.254/latest/meta-data"), 400, "invalid_value", param, "169.254.169.254 is not a public address"},
 		{"allow-listed", allowed, imageChat("x", imgSrv.URL+"/a.png"), 400, "invalid_value", "", "stand-in coordinator saw the job"},
 		{"off the allow list", allowed, imageChat("x", strings.Replace(imgSrv.URL, "127.0.0.1", "localhost", 1)+"/a.png"), 400, "invalid_value", param, `host "localhost" is not in http.images.fetch_allow`},
+		{"over max_payload", smallPayload, imageChat("x", dataURL("image/png", noise)), 413, "request_too_large", "messages", "max_payload, 65536 bytes"},
 		{"no vision tower", textOnly, imageChat("x", good), 400, "invalid_value", param, "has no vision tower"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tandem-inference/tandem/internal/machine"
 	"github.com/tandem-inference/tandem/kernels"
@@ -158,5 +159,37 @@ func BenchmarkRoutedExperts(b *testing.B) {
 				b.ReportMetric(100*gb/mem, "%mem")
 			})
 		}
+	}
+}
+
+// BenchmarkMatMulFewRows: 1 to 5 rows through the same weights (a decode
+// step and a verify step of drafted rows), each row count's time over one
+// row's in the same run.
+func BenchmarkMatMulFewRows(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	for _, f := range []kernels.Format{kernels.BF16, kernels.MXFP4} {
+		const O, I = 2048, 768
+		ws := make([]*kernels.Matrix, 32)
+		for i := range ws {
+			ws[i] = randMatrix(rng, f, O, I, 120, 130)
+		}
+		b.Run(f.String(), func(b *testing.B) {
+			be := New(1)
+			var took [6]time.Duration
+			for i := 0; i < b.N; i++ {
+				for rows := 1; rows <= 5; rows++ {
+					x := &kernels.Tensor{Rows: rows, Cols: I, Data: randX[float32](rng, rows*I)}
+					dst := be.NewTensor(rows, O)
+					t0 := time.Now()
+					for _, w := range ws {
+						be.MatMul(dst, x, w)
+					}
+					took[rows] += time.Since(t0)
+				}
+			}
+			for rows := 2; rows <= 5; rows++ {
+				b.ReportMetric(float64(took[rows])/float64(took[1]), fmt.Sprintf("rows%d/rows1", rows))
+			}
+		})
 	}
 }
