@@ -78,8 +78,8 @@ func (tb *tensorBench) run(ctx context.Context) error {
 	}
 	one, split := res[1], res[tb.tensor]
 	fmt.Printf("\ngreedy ids of tensor %d equal one rank's at every batch size\n", tb.tensor)
-	fmt.Printf("1 sequence: tensor %d step = %.2fx one rank's; collective %.0f%% of its step\n",
-		tb.tensor, split[0].StepMS/one[0].StepMS, 100*split[0].CollectiveMS/split[0].StepMS)
+	fmt.Printf("%d sequences: tensor %d step = %.2fx one rank's; collective %.0f%% of its step\n",
+		one[0].Sequences, tb.tensor, split[0].StepMS/one[0].StepMS, 100*split[0].CollectiveMS/split[0].StepMS)
 	last := len(one) - 1
 	fmt.Printf("%d sequences: tensor %d = %.2fx one rank's tok/s; collective %.0f%% of its step\n",
 		one[last].Sequences, tb.tensor, split[last].TokS/one[last].TokS, 100*split[last].CollectiveMS/split[last].StepMS)
