@@ -76,6 +76,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	pipe := fs.Int("pipeline", 0, "pipeline stages: the same as --ranks with one size")
 	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, one rank against one stage split over this many ranks (pipeline 1, the collective over loopback TCP; --ranks is ignored), the same sequences and ids")
 	transport := fs.String("transport", "tcp", "with --tensor: the collective's links, tcp (loopback) or rdma-fake (the RDMA link on the in-process fake verbs wire; ranks in this process)")
+	computeOnly := fs.Bool("compute-only", false, "with --tensor: time tensor rank 0 alone with its reductions left out (its share of the compute; ids not checked)")
 	processes := fs.Bool("processes", false, "with --tensor: each rank a separate process limited to one core (GOMAXPROCS 1, pinned to CPU r on linux)")
 	forced := fs.Float64("forced-acceptance", -1, "speculative decoding with a forced drafter: it proposes the model's own continuation (from a run without drafts) with each token wrong with probability 1-P; reports tok/s with it and without drafts, measured in the same run on the same group (-1: off)")
 	asJSON := fs.Bool("json", false, "with --forced-acceptance or --tensor: print the results as JSON (--tensor: one object per run with pipeline, tensor, sequences, tok_s, ms_per_step, collective_ms_per_step)")
@@ -103,7 +104,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 		if *pipe > 1 {
 			return fmt.Errorf("--tensor %d: this build measures tensor-parallel stages without the pipeline; give --pipeline 1", *tensor)
 		}
-		tb := tensorBench{mf: &mf, tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen, tokens: *tokens, json: *asJSON, transport: *transport}
+		tb := tensorBench{mf: &mf, tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen, tokens: *tokens, json: *asJSON, transport: *transport, computeOnly: *computeOnly}
 		return tb.run(ctx)
 	}
 	if *forced != -1 {

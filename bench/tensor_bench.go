@@ -35,6 +35,8 @@ type tensorBench struct {
 	// transport is "tcp" (or empty) or "rdma-fake": the collective on the
 	// RDMA link over the in-process fake verbs wire.
 	transport string
+	// computeOnly times tensor rank 0 alone with its reductions left out.
+	computeOnly bool
 }
 
 // run measures tensor 1 then tensor T on the same sequences, checks that
@@ -52,6 +54,9 @@ func (tb *tensorBench) run(ctx context.Context) error {
 	}
 	if err := c.CheckShard(tb.tensor); err != nil {
 		return fmt.Errorf("--tensor: %w", err)
+	}
+	if tb.computeOnly {
+		return tb.runComputeOnly(ctx)
 	}
 	res := map[int][]tensorRun{}
 	if !tb.json {
@@ -78,8 +83,8 @@ func (tb *tensorBench) run(ctx context.Context) error {
 	}
 	one, split := res[1], res[tb.tensor]
 	fmt.Printf("\ngreedy ids of tensor %d equal one rank's at every batch size\n", tb.tensor)
-	fmt.Printf("1 sequence: tensor %d step = %.2fx one rank's; collective %.0f%% of its step\n",
-		tb.tensor, split[0].StepMS/one[0].StepMS, 100*split[0].CollectiveMS/split[0].StepMS)
+	fmt.Printf("%d sequences: tensor %d step = %.2fx one rank's; collective %.0f%% of its step\n",
+		one[0].Sequences, tb.tensor, split[0].StepMS/one[0].StepMS, 100*split[0].CollectiveMS/split[0].StepMS)
 	last := len(one) - 1
 	fmt.Printf("%d sequences: tensor %d = %.2fx one rank's tok/s; collective %.0f%% of its step\n",
 		one[last].Sequences, tb.tensor, split[last].TokS/one[last].TokS, 100*split[last].CollectiveMS/split[last].StepMS)
@@ -407,4 +412,43 @@ func generateStages(ctx context.Context, mf *modelFlags, n, P, T int) ([]int32, 
 		next = got[:1]
 	}
 	return out, nil
+}
+
+// skipReduce is a Reducer that leaves the buffer as it is: a rank timed
+// alone, its outputs wrong, its compute that of its share.
+type skipReduce struct{}
+
+func (skipReduce) AllReduce(context.Context, []float32) error { return nil }
+
+// runComputeOnly times one rank's share of the decode steps alone, for
+// tensor 1 and T, on one thread: what the split saves a rank with no
+// other rank or exchange to wait for (the ids are not checked: without
+// the reductions they are wrong).
+func (tb *tensorBench) runComputeOnly(ctx context.Context) error {
+	fmt.Printf("| tensor | seqs | rank 0 compute ms/step | vs tensor 1 |\n|---:|---:|---:|---:|\n")
+	base := map[int]float64{}
+	for _, T := range []int{1, tb.tensor} {
+		m, err := model.Load(tb.mf.dir, cpu.New(max(tb.mf.threads, 1)), model.LoadOptions{Embed: true, Head: true, Shard: model.Shard{Rank: 0, Ranks: T}})
+		if err != nil {
+			return err
+		}
+		if m.State.LatentDType, err = model.ParseCacheDType(tb.mf.cache); err != nil {
+			m.Close()
+			return err
+		}
+		m.Reduce = skipReduce{}
+		for _, n := range tb.seqs {
+			r, err := decodeStage(ctx, m.Model, nil, n, tb.prompt, tb.tokens)
+			if err != nil {
+				m.Close()
+				return err
+			}
+			if T == 1 {
+				base[n] = r.StepMS
+			}
+			fmt.Printf("| %d | %d | %.1f | %.2fx |\n", T, n, r.StepMS, r.StepMS/base[n])
+		}
+		m.Close()
+	}
+	return nil
 }

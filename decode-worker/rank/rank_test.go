@@ -251,3 +251,37 @@ func TestShardStateBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyShard: a tensor rank's slice of a state (model.ShardSeqState)
+// passes its checks after the wire encoding, and a whole state, which a
+// sender should not ship to a tensor rank, is refused naming the part.
+func TestVerifyShard(t *testing.T) {
+	c := config(t, "small")
+	full := c.NewSeqState(0, c.NumLayers, model.StateOptions{LatentDType: model.BF16})
+	for _, ls := range full.Layers {
+		if p := ls.Part(model.PartLatent); p != nil {
+			p.Data = make([]byte, 3*p.Shape[1]*2)
+			p.Shape[0] = 3
+		}
+	}
+	full.Tokens = 3
+	s := model.Shard{Rank: 1, Ranks: 3}
+	slice, err := c.ShardSeqState(full, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := slice.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got model.SeqState
+	if err := got.UnmarshalBinary(wire); err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyShard(c, &got, 0, c.NumLayers, 3, model.BF16, s); err != nil {
+		t.Fatalf("the rank's slice: %v", err)
+	}
+	if err := VerifyShard(c, full, 0, c.NumLayers, 3, model.BF16, s); err == nil || !strings.Contains(err.Error(), "kda_state") {
+		t.Fatalf("a whole state on a tensor rank: %v", err)
+	}
+}
