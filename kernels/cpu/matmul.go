@@ -45,8 +45,9 @@ func gemm[X, Y float](b *Backend, dst []Y, x []X, T int, w *kernels.Matrix) {
 	defer putScratch(xs)
 	for t0 := 0; t0 < T; t0 += blockT {
 		n := min(blockT, T-t0)
-		xs.xp = packRows(xs.xp, x[t0*I:], n, w)
+		xs.xp = grow(xs.xp, packedLen(n, I))
 		xp := xs.xp
+		packX(xp, x[t0*I:], n, I)
 		out := dst[t0*O : (t0+n)*O]
 		b.parallel(groups, max(1, b.grainFor(groups)), func(lo, hi int) {
 			s := getScratch()
@@ -66,45 +67,18 @@ func gemmSerial[X, Y float](dst []Y, x []X, T int, w *kernels.Matrix, s *gemmScr
 	kn := kernelsInUse
 	for t0 := 0; t0 < T; t0 += blockT {
 		n := min(blockT, T-t0)
-		s.xp = packRows(s.xp, x[t0*I:], n, w)
+		s.xp = grow(s.xp, packedLen(n, I))
+		packX(s.xp, x[t0*I:], n, I)
 		for g := 0; g < groups; g++ {
 			gemmGroup(kn, dst[t0*O:(t0+n)*O], s.xp, n, w, g, s)
 		}
 	}
 }
 
-// fewRows is the most rows of x that go through the one-row kernels, row
-// by row over each block of weight rows while it is in cache, instead of a
-// packed panel: a decode step's few rows (a sequence's drafted tokens) cost
-// the weights' read once and the products per row. Only BF16 and F32
-// weights: the one-row kernels read them as stored, while other formats
-// would be decoded again for every row.
-const fewRows = 8
-
-func rowByRow(n int, w *kernels.Matrix) bool {
-	return n == 1 || n <= fewRows && (w.Format == kernels.BF16 || w.Format == kernels.F32)
-}
-
-// packRows packs n rows of x into xp (grown as needed) for gemmGroup: each
-// row broadcast four-wide on its own where rowByRow, else as tiles.
-func packRows[X float](xp []float64, x []X, n int, w *kernels.Matrix) []float64 {
-	I := w.Cols
-	if !rowByRow(n, w) {
-		xp = grow(xp, packedLen(n, I))
-		packX(xp, x, n, I)
-		return xp
-	}
-	xp = grow(xp, n*packedLen(1, I))
-	for t := range n {
-		packX(xp[t*packedLen(1, I):], x[t*I:], 1, I)
-	}
-	return xp
-}
-
 // gemmGroup computes output columns [32g, 32g+32) of the n packed rows xp.
 func gemmGroup[Y float](kn *kernelSet, dst []Y, xp []float64, n int, w *kernels.Matrix, g int, s *gemmScratch) {
-	if rowByRow(n, w) {
-		gemvGroup(kn, dst, xp, n, w, g, s)
+	if n == 1 {
+		gemvGroup(kn, dst, xp, w, g, s)
 		return
 	}
 	I, O := w.Cols, w.Rows
@@ -130,74 +104,65 @@ func gemmGroup[Y float](kn *kernelSet, dst []Y, xp []float64, n int, w *kernels.
 	}
 }
 
-// gemvGroup is gemmGroup for one row or a few (decode steps, most routed
-// experts): every weight is used once per row, so instead of packing a
-// panel the kernel transposes 16 weight rows in registers and feeds its
-// FMAs directly; xbs holds the n rows, each broadcast four-wide (packRows).
-// Each block of 16 weight rows serves every row before the next is read.
-func gemvGroup[Y float](kn *kernelSet, dst []Y, xbs []float64, n int, w *kernels.Matrix, g int, s *gemmScratch) {
+// gemvGroup is gemmGroup for one row (decode steps, most routed experts):
+// every weight is used once, so instead of packing a panel the kernel
+// transposes 16 weight rows in registers and feeds its FMAs directly;
+// xb is the row broadcast four-wide (packX).
+func gemvGroup[Y float](kn *kernelSet, dst []Y, xb []float64, w *kernels.Matrix, g int, s *gemmScratch) {
 	I, O := w.Cols, w.Rows
 	for r0 := g * groupW; r0 < min(O, (g+1)*groupW); r0 += gemvRows {
-		for t := range n {
-			gemvBlock(kn, dst[t*O:], xbs[t*packedLen(1, I):][:packedLen(1, I)], w, r0, s)
-		}
-	}
-}
-
-// gemvBlock computes outputs [r0, r0+16) of one row, xb broadcast.
-func gemvBlock[Y float](kn *kernelSet, dst []Y, xb []float64, w *kernels.Matrix, r0 int, s *gemmScratch) {
-	I, O := w.Cols, w.Rows
-	nr := min(gemvRows, O-r0)
-	acc := &s.acc
-	*acc = [gemvRows]float64{}
-	if w.Format == kernels.MXFP4 && nr == gemvRows && kn.mxfp4Gemv != nil {
-		sb := I / kernels.MXBlock
-		kn.mxfp4Gemv(acc, xb, w.Data[r0*I/2:], I/2, w.Scales[r0*sb:], sb, sb)
-	} else if w.Format == kernels.BF16 && nr == gemvRows {
-		// Straight from the weight bytes, whole rows at once.
-		rows := u16view(w.Data)[r0*I:]
-		k16 := I &^ 15
-		if k16 > 0 {
-			kn.gemvBF16(acc, &xb[0], &rows[0], I, k16)
-		}
-		for r := range acc {
-			for k := k16; k < I; k++ {
-				acc[r] = math.FMA(xb[4*k], float64(bf16(rows[r*I+k])), acc[r])
+		nr := min(gemvRows, O-r0)
+		acc := &s.acc
+		*acc = [gemvRows]float64{}
+		if w.Format == kernels.MXFP4 && nr == gemvRows && kn.mxfp4Gemv != nil {
+			sb := I / kernels.MXBlock
+			kn.mxfp4Gemv(acc, xb, w.Data[r0*I/2:], I/2, w.Scales[r0*sb:], sb, sb)
+		} else if w.Format == kernels.BF16 && nr == gemvRows {
+			// Straight from the weight bytes, whole rows at once.
+			rows := u16view(w.Data)[r0*I:]
+			k16 := I &^ 15
+			if k16 > 0 {
+				kn.gemvBF16(acc, &xb[0], &rows[0], I, k16)
 			}
-		}
-	} else {
-		for k0 := 0; k0 < I; k0 += gemvK {
-			kc := min(gemvK, I-k0)
-			var rows []float32
-			lds := I
-			if w.Format == kernels.F32 && nr == gemvRows {
-				rows = f32view(w.Data)[r0*I+k0:]
-			} else {
-				lds = gemvK
-				s.rows = grow(s.rows, max(len(s.rows), gemvRows*gemvK))
-				rows = s.rows
-				for r := 0; r < gemvRows; r++ {
-					seg := rows[r*lds:][:kc]
-					if r < nr {
-						decodeSegment(kn, seg, w, r0+r, k0)
-					} else {
-						clear(seg)
+			for r := range acc {
+				for k := k16; k < I; k++ {
+					acc[r] = math.FMA(xb[4*k], float64(bf16(rows[r*I+k])), acc[r])
+				}
+			}
+		} else {
+			for k0 := 0; k0 < I; k0 += gemvK {
+				kc := min(gemvK, I-k0)
+				var rows []float32
+				lds := I
+				if w.Format == kernels.F32 && nr == gemvRows {
+					rows = f32view(w.Data)[r0*I+k0:]
+				} else {
+					lds = gemvK
+					s.rows = grow(s.rows, max(len(s.rows), gemvRows*gemvK))
+					rows = s.rows
+					for r := 0; r < gemvRows; r++ {
+						seg := rows[r*lds:][:kc]
+						if r < nr {
+							decodeSegment(kn, seg, w, r0+r, k0)
+						} else {
+							clear(seg)
+						}
+					}
+				}
+				k8 := kc &^ 7
+				if k8 > 0 {
+					kn.gemvF32(acc, &xb[4*k0], &rows[0], lds, k8)
+				}
+				for r := range acc {
+					for k := k8; k < kc; k++ {
+						acc[r] = math.FMA(xb[4*(k0+k)], float64(rows[r*lds+k]), acc[r])
 					}
 				}
 			}
-			k8 := kc &^ 7
-			if k8 > 0 {
-				kn.gemvF32(acc, &xb[4*k0], &rows[0], lds, k8)
-			}
-			for r := range acc {
-				for k := k8; k < kc; k++ {
-					acc[r] = math.FMA(xb[4*(k0+k)], float64(rows[r*lds+k]), acc[r])
-				}
-			}
 		}
-	}
-	out := dst[r0:][:nr]
-	for r := range out {
-		out[r] = Y(acc[r])
+		out := dst[r0:][:nr]
+		for r := range out {
+			out[r] = Y(acc[r])
+		}
 	}
 }
