@@ -79,7 +79,11 @@ echo "== go test for GOARCH=arm64 under qemu-user (the decode workers' architect
 # (TestPrefixCache*, TestRemoteSuffix: their 60 s contexts ran out emulated
 # on the loaded machine; the cache's own package runs), and a
 # comparison of two timings (TestSlotHoldingPeerDoesNotStarveTransfers and
-# TestSlotHoldingPeerOnTheSendersAddress: 13.9 s emulated).
+# TestSlotHoldingPeerOnTheSendersAddress: 13.9 s emulated), and the
+# tensor-parallel splits' and speculative decoding's model and group tests
+# (TestShard*, TestDraftsKeepGreedyIDs, TestDraftsWithinAGrammar: pure Go
+# on kernels whose bits the cross-architecture tests already pin; several
+# minutes emulated).
 # Measured on this 2-core machine under a load average of 130-170 (no quiet
 # machine was available): the tests 195 s of CPU (user+sys; 21 min of wall
 # time under that load), building the arm64 test binaries from a cold cache
@@ -90,7 +94,7 @@ if [ "$(go env GOARCH)" != arm64 ] && command -v qemu-aarch64-static >/dev/null;
 	arm64_pkgs="$(go list ./internal/expmath ./mxfp ./kernels/cpu ./model/... ./tokenizer/... ./kvtransfer/... ./decode-worker/... |
 		grep -vE '/(kvtransfer/rdma|kvtransfer/rdma/sysverbs|decode-worker)$')"
 	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m \
-		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers|TestSlotHoldingPeerOnTheSendersAddress|TestGrammarToolCalls)$' $arm64_pkgs
+		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers|TestSlotHoldingPeerOnTheSendersAddress|TestGrammarToolCalls|TestShardLayersMatchUnsplit|TestShardModelGreedyEqualsUnsplit|TestShardGreedyGathersCandidates|TestDraftsKeepGreedyIDs|TestDraftsWithinAGrammar)$' $arm64_pkgs
 else
 	echo "skipped: qemu-aarch64-static not found (scripts/setup.sh installs Debian's qemu-user-static)" >&2
 fi
