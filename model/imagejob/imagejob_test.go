@@ -1,15 +1,12 @@
 package imagejob_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"image"
-	"image/color"
-	"image/png"
 	"strings"
 	"testing"
 
+	"github.com/tandem-inference/tandem/internal/testimage"
 	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
@@ -19,22 +16,6 @@ import (
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }
-
-// pngOf is a w x h PNG with a pattern that depends on seed.
-func pngOf(t *testing.T, w, h int, seed uint8) []byte {
-	t.Helper()
-	im := image.NewNRGBA(image.Rect(0, 0, w, h))
-	for y := range h {
-		for x := range w {
-			im.Set(x, y, color.NRGBA{uint8(x*7) + seed, uint8(y * 5), seed, 255})
-		}
-	}
-	var b bytes.Buffer
-	if err := png.Encode(&b, im); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
 
 // prompt is text, a run of pads per image, text.
 func prompt(pad int32, runs ...int) []int32 {
@@ -65,7 +46,7 @@ func TestPrepareAndFeatures(t *testing.T) {
 	}
 	defer tw.Close()
 	e := imagejob.NewEncoder(c, tw, "prefill worker p1")
-	a, b := pngOf(t, 56, 84, 1), pngOf(t, 30, 20, 2) // 2x3 rows; padded to 56x28, 2x1
+	a, b := testimage.PNG(t, 56, 84, 1), testimage.PNG(t, 30, 20, 2) // 2x3 rows; padded to 56x28, 2x1
 	p := prompt(e.Pad, 6, 2)
 	j, err := e.Prepare(p, [][]byte{a, b})
 	if err != nil {

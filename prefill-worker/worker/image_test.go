@@ -1,16 +1,13 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
-	"image"
-	"image/color"
-	"image/png"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tandem-inference/tandem/internal/testimage"
 	"github.com/tandem-inference/tandem/internal/testkit"
 	"github.com/tandem-inference/tandem/internal/testmodel"
 	"github.com/tandem-inference/tandem/kernels/cpu"
@@ -22,22 +19,6 @@ import (
 	"github.com/tandem-inference/tandem/prefill-worker/sink"
 	"github.com/tandem-inference/tandem/prefill-worker/worker"
 )
-
-// pngOf is a w x h PNG whose pattern depends on seed.
-func pngOf(t *testing.T, w, h int, seed uint8) []byte {
-	t.Helper()
-	im := image.NewNRGBA(image.Rect(0, 0, w, h))
-	for y := range h {
-		for x := range w {
-			im.Set(x, y, color.NRGBA{uint8(x*7) + seed, uint8(y * 5), seed, 255})
-		}
-	}
-	var b bytes.Buffer
-	if err := png.Encode(&b, im); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
 
 // imagePrompt is text, rows pads, text.
 func imagePrompt(c *model.Config, before, rows, after int) []int32 {
@@ -69,7 +50,7 @@ func TestImageJobSuperChunked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := pngOf(t, 560, 420, 3) // 20 x 15 merged rows
+	img := testimage.PNG(t, 560, 420, 3) // 20 x 15 merged rows
 	p := imagePrompt(c, 100, 300, 300)
 
 	// The reference: the same tower's features in the model core.
@@ -200,7 +181,7 @@ func TestImageJobOnADevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := pngOf(t, 56, 84, 5) // 6 rows
+	img := testimage.PNG(t, 56, 84, 5) // 6 rows
 	p := imagePrompt(c, 30, 6, 20)
 	tw, err := vision.Load(ctx, cpu.New(2), dir)
 	if err != nil {
