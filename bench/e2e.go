@@ -664,6 +664,7 @@ func (r *e2eBench) startSystem(ctx context.Context) error {
 	// coordinator's identity (a client may not read them).
 	if r.nc, err = d.c.ConnectAs(ctx, cp.PrincipalCoordinator, "e2e-client"); err != nil {
 		d.Close()
+		r.d = nil
 		return err
 	}
 	r.vocab = d.c.Model.VocabSize
@@ -674,9 +675,15 @@ func (r *e2eBench) startSystem(ctx context.Context) error {
 }
 
 // close closes the client's connection, then the system.
+// It may be called again: the edit workload restarts the system.
 func (r *e2eBench) close() {
-	r.nc.Close()
-	r.d.Close()
+	if r.nc != nil {
+		r.nc.Close()
+	}
+	if r.d != nil {
+		r.d.Close()
+	}
+	r.nc, r.d = nil, nil
 }
 
 // warmUp runs the warm-up jobs and counts their page faults.
