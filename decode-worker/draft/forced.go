@@ -21,6 +21,7 @@ type Forced struct {
 	Accept float64 // probability that a drafted token is right
 	Vocab  int32
 	byLen  map[int]map[uint64]forcedEntry
+	lens   []int // byLen's keys, longest first
 }
 
 type forcedEntry struct {
@@ -39,6 +40,8 @@ func (f *Forced) Add(prompt, cont []int32) error {
 	if m == nil {
 		m = map[uint64]forcedEntry{}
 		f.byLen[len(prompt)] = m
+		f.lens = append(f.lens, len(prompt))
+		slices.SortFunc(f.lens, func(a, b int) int { return b - a })
 	}
 	h := hashTokens(prompt)
 	if e, ok := m[h]; ok && !slices.Equal(e.prompt, prompt) {
@@ -69,10 +72,11 @@ func (f *Forced) Draft(tokens []int32, k int) []int32 {
 	return out
 }
 
-// find is the recorded prompt that tokens start with and whose
+// find is the longest recorded prompt that tokens start with and whose
 // continuation they follow so far.
 func (f *Forced) find(tokens []int32) (forcedEntry, bool) {
-	for n, m := range f.byLen {
+	for _, n := range f.lens {
+		m := f.byLen[n]
 		if n > len(tokens) {
 			continue
 		}
