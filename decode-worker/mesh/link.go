@@ -79,6 +79,24 @@ func (l *link) cause() error {
 	return l.err
 }
 
+// errPeerLeft is why a link goes down when its peer said goodbye.
+var errPeerLeft = errors.New("the peer left the ring")
+
+// leave says goodbye after everything queued so far, and waits (within
+// ctx) until the peer closes its end, reading meanwhile. Closing first
+// would lose what is still in flight: a TCP close with unread keep-alives
+// resets the connection, discarding the data not yet delivered, such as a
+// drained last rank's final tokens.
+func (l *link) leave(ctx context.Context) {
+	if l.send(&Header{Kind: kindBye}, nil) != nil {
+		return
+	}
+	select {
+	case <-l.dead:
+	case <-ctx.Done():
+	}
+}
+
 // send queues a message; it fails only if the link is already dead.
 func (l *link) send(h *Header, payload []byte) error {
 	l.mu.Lock()
@@ -111,6 +129,9 @@ func (l *link) writeLoop() {
 			if err := l.write(m); err != nil {
 				l.fail(fmt.Errorf("send %s to %s: %w", m.h.Kind, l.ch.RemoteAddr(), err))
 				return
+			}
+			if m.h.Kind == kindBye {
+				return // nothing more, not even keep-alives: the reader waits for the peer's close
 			}
 			last = time.Now()
 		}
@@ -161,6 +182,7 @@ func (l *link) write(m outMsg) error {
 
 func (l *link) readLoop(deliver func(*Msg) bool) {
 	defer l.wg.Done()
+	closing := false
 	for {
 		m, err := l.read()
 		if err != nil {
@@ -170,12 +192,18 @@ func (l *link) readLoop(deliver func(*Msg) bool) {
 		if m.Kind == KindPing {
 			continue
 		}
+		if m.Kind == kindBye {
+			l.fail(fmt.Errorf("%s: %w", l.ch.RemoteAddr(), errPeerLeft))
+			return
+		}
 		if l.dir == Downstream && m.Kind != KindReset {
 			l.fail(fmt.Errorf("%s message from the next rank %s, which only sends keep-alives and resets", m.Kind, l.ch.RemoteAddr()))
 			return
 		}
-		if !deliver(m) {
-			return
+		// Once the ring is closing nothing is delivered, but the reader
+		// goes on until the peer closes: leave waits for that.
+		if !closing && !deliver(m) {
+			closing = true
 		}
 	}
 }

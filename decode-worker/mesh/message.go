@@ -32,6 +32,12 @@ const (
 	// as it arrives (Config.Early), before the messages queued ahead of it,
 	// and passes it on; the Release follows in order.
 	KindCancel
+
+	// kindBye: the sender is leaving and has written everything it had;
+	// the receiver takes the link down and closes its end first, so that
+	// the leaver's close loses nothing in flight (see link.leave). Never
+	// delivered.
+	kindBye
 )
 
 func (k Kind) String() string {
@@ -58,6 +64,8 @@ func (k Kind) String() string {
 		return "cont"
 	case KindCancel:
 		return "cancel"
+	case kindBye:
+		return "bye"
 	}
 	return "kind?"
 }

@@ -182,16 +182,24 @@ func (r *Ring) DropUpstream(reason error) {
 	}
 }
 
-// Close stops both links and the loops.
+// Close stops both links and the loops. What was sent before is delivered
+// first: each link says goodbye and waits for the peer to close its end.
 func (r *Ring) Close() error {
 	r.cancel()
 	r.wg.Wait() // the loops and watchers return on the canceled context
 	r.mu.Lock()
-	ls := []*link{r.up, r.down}
+	ls := []*link{r.down, r.up}
 	r.up, r.down = nil, nil
 	r.mu.Unlock()
+	// Say goodbye downstream first (where this rank's results go), then
+	// upstream, so that the neighbours see the results before either link
+	// goes down; a peer that does not close within the idle timeout is
+	// closed on anyway.
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Idle)
+	defer cancel()
 	for _, l := range ls {
 		if l != nil {
+			l.leave(ctx)
 			l.close(errors.New("ring closed"))
 		}
 	}

@@ -187,6 +187,32 @@ func TestRingOrderAndSplit(t *testing.T) {
 	}
 }
 
+// TestRingCloseDeliversWhatWasSent: a rank that closes right after sending
+// (a drained last rank after its final step) still delivers every queued
+// message, in order, before its neighbour sees the link go down.
+func TestRingCloseDeliversWhatWasSent(t *testing.T) {
+	tr := newTestRing(t, 2, nil, nil)
+	tr.waitUp(0)
+	tr.waitUp(1)
+	const n = 30
+	p := bytes.Repeat([]byte{7}, 64<<10)
+	for i := 0; i < n; i++ {
+		if err := tr.rings[1].Send(&Header{Kind: KindTokens, Seq: fmt.Sprint(i)}, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr.rings[1].Close()
+	for i := 0; i < n; i++ {
+		ev := tr.next(0, 5*time.Second)
+		if ev.Msg == nil {
+			t.Fatalf("message %d of %d: the link went down first (%v)", i, n, ev.Err)
+		}
+		if ev.Msg.Seq != fmt.Sprint(i) || len(ev.Msg.Payload) != len(p) {
+			t.Fatalf("message %d came as %q with %d bytes", i, ev.Msg.Seq, len(ev.Msg.Payload))
+		}
+	}
+}
+
 // TestRingRestart: a rank that goes away is reported down by both
 // neighbours at once, and up again when it comes back on the same address.
 func TestRingRestart(t *testing.T) {
