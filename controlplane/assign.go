@@ -19,8 +19,14 @@ type LayerPlacement struct {
 	Rank     int        `msgpack:"rank" json:"rank"`
 	WorkerID string     `msgpack:"worker_id" json:"worker_id"`
 	Layers   LayerRange `msgpack:"layers" json:"layers"`
-	Transfer string     `msgpack:"transfer,omitempty" json:"transfer,omitempty"` // kvtransfer endpoint host:port
-	Pipeline string     `msgpack:"pipeline,omitempty" json:"pipeline,omitempty"` // rank-to-rank endpoint host:port
+	// TensorRank of TensorRanks: the rank's place in its pipeline stage,
+	// whose ranks share its layers, each holding (and receiving) its
+	// tensor rank's slice of their state (model.Config.ShardLayerState).
+	// Zero: the rank holds its layers unsplit. Copied from its WorkerInfo.
+	TensorRank  int    `msgpack:"tensor_rank,omitempty" json:"tensor_rank,omitempty"`
+	TensorRanks int    `msgpack:"tensor_ranks,omitempty" json:"tensor_ranks,omitempty"`
+	Transfer    string `msgpack:"transfer,omitempty" json:"transfer,omitempty"` // kvtransfer endpoint host:port
+	Pipeline    string `msgpack:"pipeline,omitempty" json:"pipeline,omitempty"` // rank-to-rank endpoint host:port
 	// SessionID and Secret authenticate the transfer of this rank's state.
 	// Only the two sides of that transfer get the secret (see ForWorker).
 	SessionID string `msgpack:"session_id,omitempty" json:"session_id,omitempty"`
@@ -63,8 +69,9 @@ type Assignment struct {
 	// coordinator never leaves pad ids in a remote job's decode part.
 	Images   [][]byte `msgpack:"images,omitempty" json:"images,omitempty"`
 	Sampling Sampling `msgpack:"sampling" json:"sampling"`
-	// Placement lists the decode group's ranks in order; their layer ranges
-	// tile [0, layers) without gaps.
+	// Placement lists the decode group's ranks in order: pipeline stages
+	// of TensorRanks ranks each (tensor ranks 0..T-1 in order, on the same
+	// layers), the stages' layer ranges tiling [0, layers) without gaps.
 	Placement []LayerPlacement `msgpack:"placement" json:"placement"`
 	GroupID   string           `msgpack:"group_id" json:"group_id"`
 	// Client is the client that submitted the job: the decode group's
@@ -155,11 +162,8 @@ func (a *Assignment) Validate() error {
 		if err := p.Layers.validate(msg, field+".layers"); err != nil {
 			return err
 		}
-		if i == 0 && p.Layers.First != 0 {
-			return fieldErr(msg, field+".layers", "is %v, the first rank starts at layer 0", p.Layers)
-		}
-		if i > 0 && p.Layers.First != a.Placement[i-1].Layers.End {
-			return fieldErr(msg, field+".layers", "is %v but rank %d ends at %d: ranks must tile the layers", p.Layers, i-1, a.Placement[i-1].Layers.End)
+		if err := checkStage(msg, a.Placement, i); err != nil {
+			return err
 		}
 		if err := checkAddr(msg, field+".transfer", p.Transfer); err != nil {
 			return err
@@ -180,8 +184,38 @@ func (a *Assignment) Validate() error {
 			mine = true
 		}
 	}
+	if T := max(a.Placement[0].TensorRanks, 1); len(a.Placement)%T != 0 {
+		return fieldErr(msg, "placement", "has %d ranks, not whole stages of tensor_ranks %d: the last stage lacks tensor rank(s) %d..%d", len(a.Placement), T, len(a.Placement)%T, T-1)
+	}
 	if a.Role == RoleDecode && !mine {
 		return fieldErr(msg, "placement", "does not include worker %q, the addressee", a.WorkerID)
+	}
+	return nil
+}
+
+// checkStage checks placement entry i's place in the group: the same
+// tensor size as entry 0, its tensor rank i mod T, the layers of its
+// stage's first entry, and stages tiling the layers from 0.
+func checkStage(msg string, ps []LayerPlacement, i int) error {
+	p, field := &ps[i], fmt.Sprintf("placement[%d]", i)
+	T := max(ps[0].TensorRanks, 1)
+	if max(p.TensorRanks, 1) != T {
+		return fieldErr(msg, field+".tensor_ranks", "is %d, rank 0's %d: every rank of a group has the same tensor size", p.TensorRanks, ps[0].TensorRanks)
+	}
+	if err := checkTensor(msg, field+".", p.Rank, p.TensorRank, p.TensorRanks); err != nil {
+		return err
+	}
+	if i%T > 0 {
+		if first := ps[i-i%T]; p.Layers != first.Layers {
+			return fieldErr(msg, field+".layers", "is %v, but its stage's tensor rank 0 (rank %d) holds %v: a stage's tensor ranks share its layers", p.Layers, i-i%T, first.Layers)
+		}
+		return nil
+	}
+	if i == 0 && p.Layers.First != 0 {
+		return fieldErr(msg, field+".layers", "is %v, the first rank starts at layer 0", p.Layers)
+	}
+	if i > 0 && p.Layers.First != ps[i-1].Layers.End {
+		return fieldErr(msg, field+".layers", "is %v but rank %d ends at %d: stages must tile the layers", p.Layers, i-1, ps[i-1].Layers.End)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -73,7 +74,22 @@ func sampleMessages() []Message {
 		&SubmitRequest{Messages: []ChatMessage{{Role: "user", Parts: []ContentPart{{Type: PartText, Text: "what is this?"}, {Type: PartImage}}}},
 			Images: [][]byte{[]byte("\x89PNG\r\n\x1a\n...")}},
 		&SubmitRequest{TokenIDs: []int32{7, 9, 9, 9, 8}, Images: [][]byte{{0xff, 0xd8, 0xff}}},
+		&WorkerInfo{ID: "mac-3", Kind: KindDecode, Backend: "metal", Model: "k3", GroupID: "macs", Rank: 3, GroupSize: 4, TensorRank: 1, TensorRanks: 2,
+			Layers: LayerRange{First: 30, End: 61}, Time: when},
+		tensorAssignment(),
 	}
+}
+
+// tensorAssignment is a prefill assignment to a 2x2 group: two stages of
+// two tensor ranks.
+func tensorAssignment() *Assignment {
+	a := &Assignment{JobID: "j-tp", Role: RolePrefill, WorkerID: "gpu-0", GroupID: "macs", Client: "c-1", TokenIDs: []int32{1, 2}, Sampling: Sampling{MaxTokens: 3}}
+	secret := NewSecret()
+	for r, lr := range []LayerRange{{0, 30}, {0, 30}, {30, 61}, {30, 61}} {
+		a.Placement = append(a.Placement, LayerPlacement{Rank: r, WorkerID: fmt.Sprintf("mac-%d", r), Layers: lr, TensorRank: r % 2, TensorRanks: 2,
+			Transfer: fmt.Sprintf("h%d:1", r), SessionID: "s-0", Secret: secret})
+	}
+	return a
 }
 
 func TestRoundTripEveryMessage(t *testing.T) {
@@ -319,6 +335,38 @@ func TestValidateRejects(t *testing.T) {
 			a.Placement[1].Layers.First = 31
 			return &a
 		}(), "tile"},
+		{"tensor rank missing", func() Message {
+			a := tensorAssignment()
+			a.Placement = a.Placement[:3]
+			return a
+		}(), "has 3 ranks, not whole stages of tensor_ranks 2: the last stage lacks tensor rank(s) 1..1"},
+		{"tensor ranks mixed", func() Message {
+			a := tensorAssignment()
+			a.Placement[3].TensorRanks = 4
+			return a
+		}(), "placement[3].tensor_ranks: is 4, rank 0's 2"},
+		{"tensor rank out of order", func() Message {
+			a := tensorAssignment()
+			a.Placement[2].TensorRank = 1
+			return a
+		}(), "placement[2].tensor_rank: is 1 at rank 2 with tensor_ranks 2"},
+		{"tensor rank without size", func() Message {
+			a := tensorAssignment()
+			for i := range a.Placement {
+				a.Placement[i].TensorRanks = 0
+			}
+			return a
+		}(), "placement[1].tensor_rank: is 1 with tensor_ranks 0"},
+		{"stage on other layers", func() Message {
+			a := tensorAssignment()
+			a.Placement[1].Layers = LayerRange{0, 29}
+			return a
+		}(), "its stage's tensor rank 0 (rank 0) holds [0,30)"},
+		{"worker tensor rank past its size", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 2, Rank: 1, TensorRank: 2, TensorRanks: 2,
+			Layers: LayerRange{First: 0, End: 1}, Time: when}, "tensor_rank: is 2 with tensor_ranks 2"},
+		{"worker tensor size not dividing the group", &WorkerInfo{ID: "w", Kind: KindDecode, Backend: "cpu", GroupID: "g", GroupSize: 3, Rank: 1, TensorRank: 1, TensorRanks: 2,
+			Layers: LayerRange{First: 0, End: 1}, Time: when}, "does not divide group_size 3"},
+		{"prefill worker with a tensor rank", &WorkerInfo{ID: "w", Kind: KindPrefill, Backend: "cpu", Time: when, TensorRanks: 2}, "no decode group"},
 		{"prefill without secrets", func() Message {
 			a := ok[15].(*Assignment).ForWorker("mac-0")
 			a.Role, a.WorkerID = RolePrefill, "gpu-0"

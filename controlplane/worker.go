@@ -154,6 +154,24 @@ func (e *Endpoints) validate(msg, field string) error {
 	return nil
 }
 
+// checkTensor checks a decode rank's tensor fields: 0 <= tensor_rank <
+// tensor_ranks (both 0 when unsplit), and rank = stage·tensor_ranks +
+// tensor_rank. prefix names the enclosing field ("" or "placement[i].").
+func checkTensor(msg, prefix string, rank, t, T int) error {
+	switch {
+	case T < 0 || T > MaxTensorRanks:
+		return fieldErr(msg, prefix+"tensor_ranks", "is %d, want 0 (unsplit) to %d", T, MaxTensorRanks)
+	case t < 0 || t >= max(T, 1):
+		return fieldErr(msg, prefix+"tensor_rank", "is %d with tensor_ranks %d, want 0 <= tensor_rank < tensor_ranks", t, T)
+	case rank%max(T, 1) != t:
+		return fieldErr(msg, prefix+"tensor_rank", "is %d at rank %d with tensor_ranks %d: ranks are numbered stage x tensor_ranks + tensor_rank", t, rank, T)
+	}
+	return nil
+}
+
+// MaxTensorRanks bounds a stage's tensor ranks.
+const MaxTensorRanks = 64
+
 func checkAddr(msg, field, addr string) error {
 	if addr == "" {
 		return nil
@@ -186,6 +204,12 @@ type WorkerInfo struct {
 	Rank      int        `msgpack:"rank,omitempty" json:"rank,omitempty"`
 	GroupSize int        `msgpack:"group_size,omitempty" json:"group_size,omitempty"`
 	Layers    LayerRange `msgpack:"layers,omitempty" json:"layers,omitzero"`
+	// TensorRank and TensorRanks place a decode rank in its pipeline
+	// stage: the stage's layers are split over TensorRanks ranks
+	// (rank = stage·TensorRanks + TensorRank), and this one holds its
+	// tensor rank's slice of each. Zero: the layers unsplit.
+	TensorRank  int `msgpack:"tensor_rank,omitempty" json:"tensor_rank,omitempty"`
+	TensorRanks int `msgpack:"tensor_ranks,omitempty" json:"tensor_ranks,omitempty"`
 
 	MemoryTotal uint64 `msgpack:"memory_total" json:"memory_total"` // bytes
 	MemoryFree  uint64 `msgpack:"memory_free" json:"memory_free"`   // bytes
@@ -272,7 +296,7 @@ func (w *WorkerInfo) Validate() error {
 	}
 	switch w.Kind {
 	case KindPrefill:
-		if w.GroupID != "" || w.GroupSize != 0 || w.Rank != 0 {
+		if w.GroupID != "" || w.GroupSize != 0 || w.Rank != 0 || w.TensorRank != 0 || w.TensorRanks != 0 {
 			return fieldErr(msg, "group_id", "a prefill worker belongs to no decode group")
 		}
 	case KindDecode:
@@ -284,6 +308,12 @@ func (w *WorkerInfo) Validate() error {
 		}
 		if err := w.Layers.validate(msg, "layers"); err != nil {
 			return err
+		}
+		if err := checkTensor(msg, "", w.Rank, w.TensorRank, w.TensorRanks); err != nil {
+			return err
+		}
+		if T := max(w.TensorRanks, 1); w.GroupSize%T != 0 {
+			return fieldErr(msg, "tensor_ranks", "is %d, which does not divide group_size %d (the group is pipeline x tensor ranks)", w.TensorRanks, w.GroupSize)
 		}
 	default:
 		return fieldErr(msg, "kind", "is %q, must be prefill or decode", w.Kind)

@@ -36,7 +36,7 @@ var opsSettings = append(health.Settings("127.0.0.1:0"),
 
 var settings = []config.Setting{
 	{Key: "rank", Default: 0, Help: "this worker's rank in the decode group"},
-	{Key: "group_config", Default: "", Help: "the decode group's file: group, secret or secret_file, ranks (endpoint, layers, memory_budget) (required)"},
+	{Key: "group_config", Default: "", Help: "the decode group's file: group, secret or secret_file, tensor, ranks (endpoint, layers, memory_budget) (required)"},
 	{Key: "model", Default: "", Help: "checkpoint directory: config.json + safetensors shards (required)"},
 	{Key: "listen", Default: "", Help: "listen address (default: the rank's endpoint)"},
 	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
@@ -86,17 +86,30 @@ out their tokens.
 
   decode-worker --rank R --group-config FILE --model DIR [--nats-url URL]
   decode-worker rdma-probe [--listen ADDR | --peer ADDR]
+  decode-worker rdma-probe --group-config FILE --rank R [--answer | --measure]
 
 Every rank of a group reads the same group file (group.example.yaml): the
 group's name, its mesh secret (secret, or secret_file relative to the file,
 or $TANDEM_GROUP_SECRET), and its ranks, each with endpoint, and optionally
 layers [lo, hi) (on every rank or none) and memory_budget (a byte size).
 The layout is pipeline stages x tensor ranks per stage (key tensor, default
-1): the ranks are listed stage-major (rank = stage*tensor + t), a stage's
-ranks share its layers and split each of them by heads and experts, and
-tensor must divide the model's attention heads. This build's pipeline runs
-tensor 1 only; bench generate and bench decodegroup run tensor-parallel
-stages in process.
+1): the ranks number pipeline x tensor and are listed stage-major, rank =
+stage*tensor + t (with tensor 2, ranks 0 and 1 are stage 0, ranks 2 and 3
+stage 1). Each stage owns a contiguous range of layers, the same on all of
+its ranks; the first stage's ranks also hold the embedding, the last stage's
+the final norm and the lm_head, and the last stage's first rank samples.
+With tensor > 1 each rank of a stage holds 1/tensor of each of the stage's
+layers: its range of the KDA and MLA heads (and their share of the
+sequence state), of the routed experts (by id), of the shared expert's and
+the dense FFN's width, and of the lm_head's vocabulary; norms, routers and
+the MLA latent cache are whole on every rank. After each attention and MLP
+block a stage's ranks sum their partial outputs (an all-reduce), so besides
+the pipeline ring (rank r to r+1, the last rank back to 0) every rank must
+reach its stage's other ranks (a link between each pair up to 4 ranks, a
+ring among them above). tensor must divide the model's KDA heads and its
+MLA heads (96 and 96 in K3: 2, 3, 4, 6, 8 ...) and be at most its routed
+experts. rdma-probe --group-config FILE --rank R lists the links a rank
+uses and measures them.
 
 ` + config.Help(process)
 
@@ -148,8 +161,8 @@ func command(stdout, stderr io.Writer, run func(*cobra.Command, *workerConfig) e
 	cmd := config.WorkerCommand("decode-worker --rank R --group-config FILE --model DIR [flags]", "one rank of a decode group", help, stdout, stderr, resolveConfig, run,
 		settings, opsSettings, controlplane.ClientSettings, config.LogSettings)
 	cmd.AddCommand(&cobra.Command{
-		Use:                "rdma-probe [--listen ADDR | --peer ADDR]",
-		Short:              "report this machine's RDMA environment and measure an RDMA link to another rank",
+		Use:                "rdma-probe [--listen ADDR | --peer ADDR | --group-config FILE --rank R [--answer | --measure]]",
+		Short:              "report this machine's RDMA environment and measure its RDMA links to other ranks",
 		DisableFlagParsing: true, // rdmaProbe parses its own, --help included
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return rdmaProbe(cmd.Context(), args, stdout)

@@ -32,6 +32,20 @@ then bandwidth with checked frames, at each slot size (the listener and the
 prober must give the same --slot-sizes and --slots; slot size i uses the
 address's port + i).
 
+With --group-config FILE --rank R (the worker's own file and rank, checked
+as the worker checks them) it also lists the links rank R uses: the
+pipeline ring's (ranks R-1 and R+1, the last rank closing the ring to rank
+0) and, with tensor > 1, its stage's collective links (each other rank of
+the stage up to 4 ranks, the stage's ring neighbours above), with the
+--listen and --peer commands that measure each alone. A rank answers
+probes on its endpoint's port + 1, where its worker takes RDMA link
+bootstraps (stop the worker first): --answer answers there until
+interrupted; --measure probes each of rank R's links in turn, every rank
+answering, and reports for each a round trip (p50, us) and rate (GB/s) in
+a hardware profile's terms (configs/hardware: link rtt_us, gb_per_s), and
+the worst of them, the figure one profile for the whole group must take.
+Measure one rank at a time, so that no two measurements share a link.
+
 `
 
 // probeProcess names rdma-probe's environment variables:
@@ -49,6 +63,12 @@ type probeOptions struct {
 	pings           int
 	timeout         time.Duration
 	json            bool
+	// Layout mode: the group file and rank, an optional model to check the
+	// layout against, and what to do with the rank's links.
+	groupConfig, model string
+	rank               int
+	answer, measure    bool
+	slotSizesArg       string
 }
 
 func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
@@ -65,6 +85,11 @@ func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 	fs.IntVar(&o.pings, "pings", 1000, "round trips timed per slot size")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on each slot size's probe")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
+	fs.StringVar(&o.groupConfig, "group-config", "", "the decode group's file: list (and with --answer or --measure, probe) rank --rank's links")
+	fs.IntVar(&o.rank, "rank", 0, "with --group-config: the rank whose links to list")
+	fs.StringVar(&o.model, "model", "", "with --group-config: checkpoint directory to check the layout against (its layers, tensor dividing its heads)")
+	fs.BoolVar(&o.answer, "answer", false, "with --group-config: answer probes on rank --rank's probe address (its endpoint's port + 1) until interrupted")
+	fs.BoolVar(&o.measure, "measure", false, "with --group-config: probe each of rank --rank's links in turn (every rank running --answer)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), probeUsage)
 		fs.PrintDefaults()
@@ -77,9 +102,10 @@ func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("rdma-probe: unexpected argument %q", fs.Arg(0))
 	}
-	if o.listen != "" && o.peer != "" {
-		return nil, errors.New("rdma-probe: --listen and --peer exclude each other")
+	if err := o.checkModes(); err != nil {
+		return nil, err
 	}
+	o.slotSizesArg = *sizes
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := config.ParseBytes(s)
 		if err != nil || n <= 0 || n > 1<<30 {
@@ -102,6 +128,21 @@ func parseProbe(args []string, out io.Writer) (*probeOptions, error) {
 	return o, nil
 }
 
+// checkModes refuses flags that do not go together.
+func (o *probeOptions) checkModes() error {
+	switch {
+	case o.listen != "" && o.peer != "":
+		return errors.New("rdma-probe: --listen and --peer exclude each other")
+	case o.groupConfig != "" && (o.listen != "" || o.peer != ""):
+		return errors.New("rdma-probe: --group-config takes --answer or --measure instead of --listen or --peer")
+	case o.groupConfig == "" && (o.answer || o.measure || o.model != ""):
+		return errors.New("rdma-probe: --answer, --measure and --model need --group-config FILE and --rank R")
+	case o.answer && o.measure:
+		return errors.New("rdma-probe: --answer and --measure exclude each other (run --answer on every rank, then --measure on one)")
+	}
+	return nil
+}
+
 // probeReport is what rdma-probe prints.
 type probeReport struct {
 	OS        string             `json:"os"`
@@ -112,6 +153,11 @@ type probeReport struct {
 	Devices   []rdma.DeviceInfo  `json:"devices"`
 	Listening []string           `json:"listening,omitempty"`
 	Links     []*rdma.LinkReport `json:"links,omitempty"`
+	// Layout mode: the group, the rank's links, and the worst figures of
+	// those measured.
+	Group      *groupInfo   `json:"group,omitempty"`
+	GroupLinks []*probeLink `json:"group_links,omitempty"`
+	Profile    *linkProfile `json:"profile,omitempty"`
 }
 
 // rdmaProbe runs `decode-worker rdma-probe`: the system's verbs library.
@@ -134,9 +180,17 @@ func rdmaProbe(ctx context.Context, args []string, out io.Writer) error {
 	return runProbe(ctx, o, p, lib, out)
 }
 
-// runProbe reports the environment and p's devices, then listens or probes.
+// runProbe reports the environment and p's devices (and with a group, the
+// rank's links), then listens or probes.
 func runProbe(ctx context.Context, o *probeOptions, p verbs.Provider, lib string, out io.Writer) error {
 	rep := &probeReport{OS: runtime.GOOS + "/" + runtime.GOARCH, OSBuild: osBuild(), Library: lib}
+	if o.groupConfig != "" {
+		g, links, err := groupLinks(o)
+		if err != nil {
+			return err
+		}
+		rep.Group, rep.GroupLinks = g, links
+	}
 	if runtime.GOOS == "darwin" {
 		rep.RDMACtl = commandOutput("rdma_ctl", "status")
 		rep.Bridge = commandOutput("ifconfig", "bridge0")
@@ -147,15 +201,19 @@ func runProbe(ctx context.Context, o *probeOptions, p verbs.Provider, lib string
 		printProbe(out, o.json, rep)
 		return fmt.Errorf("rdma-probe: %w", err)
 	}
-	if o.listen == "" && o.peer == "" {
+	listen := o.listen
+	if o.answer {
+		listen = rep.Group.Address
+	}
+	if listen == "" && o.peer == "" && !o.measure {
 		return printProbe(out, o.json, rep)
 	}
 	cfgs := make([]rdma.Config, len(o.slotSizes))
 	for i, s := range o.slotSizes {
 		cfgs[i] = rdma.Config{Provider: p, Device: o.device, SlotSize: s, Slots: o.slots}
 	}
-	if o.listen != "" {
-		addrs, stop, err := listenProbes(cfgs, o.listen)
+	if listen != "" {
+		addrs, stop, err := listenProbes(cfgs, listen)
 		if err != nil {
 			return fmt.Errorf("rdma-probe: %w", err)
 		}
@@ -167,15 +225,36 @@ func runProbe(ctx context.Context, o *probeOptions, p verbs.Provider, lib string
 		<-ctx.Done()
 		return nil
 	}
-	host, port, err := splitPort(o.peer)
-	if err != nil {
+	if o.measure {
+		err = measureLinks(ctx, o, cfgs, rep.GroupLinks)
+		rep.Profile = worstProfile(rep.GroupLinks)
+	} else if _, _, err = splitPort(o.peer); err != nil {
 		return fmt.Errorf("rdma-probe: --peer: %w", err)
+	} else {
+		rep.Links, err = measurePeer(ctx, o, cfgs, o.peer)
 	}
+	if perr := printProbe(out, o.json, rep); perr != nil {
+		return perr
+	}
+	if err != nil {
+		return fmt.Errorf("rdma-probe: %w", err)
+	}
+	return nil
+}
+
+// measurePeer probes the peer answering at addr at each slot size (slot
+// size i on addr's port + i), returning what it measured and the errors.
+func measurePeer(ctx context.Context, o *probeOptions, cfgs []rdma.Config, addr string) ([]*rdma.LinkReport, error) {
+	host, port, err := splitPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	var reps []*rdma.LinkReport
 	var errs []error
 	for i, c := range cfgs {
 		t, err := rdma.New(c)
 		if err != nil {
-			return fmt.Errorf("rdma-probe: %w", err)
+			return reps, errors.Join(append(errs, err)...)
 		}
 		pctx, cancel := context.WithTimeout(ctx, o.timeout)
 		r, err := rdma.ProbeLink(pctx, t, net.JoinHostPort(host, strconv.Itoa(port+i)), o.pings, o.bytes, o.frame)
@@ -187,15 +266,9 @@ func runProbe(ctx context.Context, o *probeOptions, p verbs.Provider, lib string
 				continue
 			}
 		}
-		rep.Links = append(rep.Links, &r)
+		reps = append(reps, &r)
 	}
-	if err := printProbe(out, o.json, rep); err != nil {
-		return err
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("rdma-probe: %w", errors.Join(errs...))
-	}
-	return nil
+	return reps, errors.Join(errs...)
 }
 
 // listenProbes answers probes for slot size i on addr's port + i; with
@@ -333,9 +406,50 @@ func printProbe(out io.Writer, asJSON bool, r *probeReport) error {
 		fmt.Fprintf(out, "answering probes on %s\n", a)
 	}
 	for _, l := range r.Links {
-		fmt.Fprintf(out, "link %s, %d slots of %d KiB: rtt p50 %.1f us, p99 %.1f us; %.3f GB/s over %d checked frames (%d bad); slots sent %d, resent %d, dropped damaged %d, out of order %d\n",
-			l.Peer, l.Slots, l.SlotSize>>10, l.RTTP50us, l.RTTP99us, l.GBps, l.Frames, l.BadFrames,
-			l.Link.SlotsSent, l.Link.Retransmits, l.Link.Corrupt, l.Link.OutOfOrder)
+		printLink(out, "", l)
 	}
+	printGroup(out, r)
 	return nil
+}
+
+func printLink(out io.Writer, indent string, l *rdma.LinkReport) {
+	fmt.Fprintf(out, "%slink %s, %d slots of %d KiB: rtt p50 %.1f us, p99 %.1f us; %.3f GB/s over %d checked frames (%d bad); slots sent %d, resent %d, dropped damaged %d, out of order %d\n",
+		indent, l.Peer, l.Slots, l.SlotSize>>10, l.RTTP50us, l.RTTP99us, l.GBps, l.Frames, l.BadFrames,
+		l.Link.SlotsSent, l.Link.Retransmits, l.Link.Corrupt, l.Link.OutOfOrder)
+}
+
+// printGroup prints the rank's links, what was measured over them, and how
+// to measure them.
+func printGroup(out io.Writer, r *probeReport) {
+	g := r.Group
+	if g == nil {
+		return
+	}
+	fmt.Fprintf(out, "group %s: %d ranks, pipeline %d x tensor %d; rank %d is stage %d, tensor rank %d, answering probes on %s\n",
+		g.Name, g.Ranks, g.Stages, g.Tensor, g.Rank, g.Stage, g.TRank, g.Address)
+	if len(r.GroupLinks) == 0 {
+		fmt.Fprintln(out, "rank", g.Rank, "has no links (a group of one rank)")
+		return
+	}
+	for _, pl := range r.GroupLinks {
+		fmt.Fprintf(out, "link to rank %d (stage %d, tensor rank %d; %s): endpoint %s, probes on %s\n",
+			pl.Peer, pl.Stage, pl.TRank, strings.Join(pl.Roles, ", "), pl.Endpoint, pl.Address)
+		for _, l := range pl.Measured {
+			printLink(out, "  ", l)
+		}
+		if p := pl.Profile; p != nil {
+			fmt.Fprintf(out, "  profile: rtt_us %.1f, gb_per_s %.3f (%d KiB slots)\n", p.RTTUS, p.GBps, p.SlotSize>>10)
+		}
+		if pl.Err != "" {
+			fmt.Fprintf(out, "  failed: %s\n", pl.Err)
+		}
+		if len(pl.Measured) == 0 && pl.Err == "" {
+			fmt.Fprintf(out, "  alone: on rank %d `%s`, then here `%s`\n", pl.Peer, pl.Listen, pl.Probe)
+		}
+	}
+	if p := r.Profile; p != nil {
+		fmt.Fprintf(out, "worst of rank %d's links, for a hardware profile's link: rtt_us %.1f, gb_per_s %.3f\n", g.Rank, p.RTTUS, p.GBps)
+	} else if r.Listening == nil {
+		fmt.Fprintf(out, "to measure them all: on every rank P `%s`, then here `%s`\n", g.Answer, g.Measure)
+	}
 }

@@ -153,6 +153,12 @@ func TestRDMAProbeFlags(t *testing.T) {
 		{"--frame", "1GiB"},
 		{"--slots", "2"},
 		{"extra"},
+		{"--group-config", "g.yaml", "--peer", "b:2"},
+		{"--group-config", "g.yaml", "--listen", "a:1"},
+		{"--answer"},
+		{"--measure"},
+		{"--model", "m"},
+		{"--group-config", "g.yaml", "--answer", "--measure"},
 	} {
 		if _, err := parseProbe(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)

@@ -2,6 +2,7 @@ package kvtransfer
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/tandem-inference/tandem/model"
@@ -93,4 +94,123 @@ func Contiguous(numLayers int, endpoints []string) (LayerMap, error) {
 		}
 	}
 	return m, nil
+}
+
+// Dest is one rank a layer goes to: its endpoint and its tensor shard
+// (zero: the rank holds the layer unsplit).
+type Dest struct {
+	Endpoint string
+	Shard    model.Shard
+}
+
+// Sharded is tensor-parallel placement: each layer goes to every rank of
+// its stage, each getting its shard's slice as model.Config.ShardLayerState
+// cuts it. KDA parts are cut by rows (model.Config.ShardRows), each slice a
+// byte range of the sender's part, so the bytes sent per rank shrink by the
+// tensor size; the MLA latent cache goes whole to every rank (an append's
+// rows too). Build it with NewSharded.
+type Sharded struct {
+	model  *model.Config
+	layers map[int][]Dest
+	eps    []string
+}
+
+// NewSharded builds the placement of layers (layer -> its stage's ranks),
+// checking that each layer's ranks have distinct endpoints and shards that
+// are all unsplit or complete the tensor ranks 0..T-1 of one size T, which
+// divides the model's KDA heads.
+func NewSharded(c *model.Config, layers map[int][]Dest) (*Sharded, error) {
+	p := &Sharded{model: c, layers: map[int][]Dest{}}
+	seen := map[string]bool{}
+	for L, ds := range layers {
+		if L < 0 || L >= c.NumLayers {
+			return nil, fmt.Errorf("placement: layer %d outside the model's 0..%d", L, c.NumLayers-1)
+		}
+		if err := checkDests(c, L, ds); err != nil {
+			return nil, err
+		}
+		p.layers[L] = slices.Clone(ds)
+		for _, d := range ds {
+			if !seen[d.Endpoint] {
+				seen[d.Endpoint] = true
+				p.eps = append(p.eps, d.Endpoint)
+			}
+		}
+	}
+	sort.Strings(p.eps)
+	return p, nil
+}
+
+// checkDests checks one layer's ranks (see NewSharded).
+func checkDests(c *model.Config, L int, ds []Dest) error {
+	if len(ds) == 0 {
+		return fmt.Errorf("placement: layer %d has no rank", L)
+	}
+	T := max(ds[0].Shard.Ranks, 1)
+	if T > 1 && c.KDAHeads%T != 0 {
+		return fmt.Errorf("placement: layer %d: tensor %d does not divide the model's %d KDA heads", L, T, c.KDAHeads)
+	}
+	if len(ds) != T {
+		return fmt.Errorf("placement: layer %d has %d ranks for tensor %d: a stage has one rank per tensor rank", L, len(ds), T)
+	}
+	have := make([]bool, T)
+	for i, d := range ds {
+		switch {
+		case d.Endpoint == "":
+			return fmt.Errorf("placement: layer %d rank %d has no endpoint", L, i)
+		case max(d.Shard.Ranks, 1) != T:
+			return fmt.Errorf("placement: layer %d mixes tensor sizes %d and %d", L, T, max(d.Shard.Ranks, 1))
+		case d.Shard.Rank < 0 || d.Shard.Rank >= T || have[d.Shard.Rank]:
+			return fmt.Errorf("placement: layer %d: tensor rank %d missing, repeated or outside 0..%d", L, d.Shard.Rank, T-1)
+		}
+		have[d.Shard.Rank] = true
+		for _, e := range ds[:i] {
+			if e.Endpoint == d.Endpoint {
+				return fmt.Errorf("placement: layer %d goes to %s twice", L, d.Endpoint)
+			}
+		}
+	}
+	return nil
+}
+
+// Routes sends each rank of layer L's stage its slice of the part.
+func (p *Sharded) Routes(L int, kind model.PartKind, size int, shape []int) ([]Route, error) {
+	ds, ok := p.layers[L]
+	if !ok {
+		return nil, fmt.Errorf("placement has no rank for layer %d", L)
+	}
+	out := make([]Route, 0, len(ds))
+	for _, d := range ds {
+		if !d.Shard.Split() || kind == model.PartLatent {
+			out = append(out, Route{Endpoint: d.Endpoint, Len: size})
+			continue
+		}
+		lo, hi := p.model.ShardRows(kind, d.Shard)
+		if len(shape) == 0 || shape[0] == 0 || hi > shape[0] || size%shape[0] != 0 {
+			return nil, fmt.Errorf("part %s has shape %v; %s needs its rows [%d, %d)", kind, shape, d.Shard, lo, hi)
+		}
+		rb := size / shape[0]
+		out = append(out, Route{Endpoint: d.Endpoint, Off: lo * rb, Len: (hi - lo) * rb,
+			Shape: append([]int{hi - lo}, shape[1:]...)})
+	}
+	return out, nil
+}
+
+// Endpoints lists the distinct endpoints, sorted.
+func (p *Sharded) Endpoints() []string { return slices.Clone(p.eps) }
+
+// Layers returns the layers endpoint ep receives, sorted, and its shard:
+// what that rank's ExpectSpec.Layers and Shard must be.
+func (p *Sharded) Layers(ep string) ([]int, model.Shard) {
+	var out []int
+	var s model.Shard
+	for L, ds := range p.layers {
+		for _, d := range ds {
+			if d.Endpoint == ep {
+				out, s = append(out, L), d.Shard
+			}
+		}
+	}
+	sort.Ints(out)
+	return out, s
 }

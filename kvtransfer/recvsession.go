@@ -19,12 +19,17 @@ type ExpectSpec struct {
 	// Session and Secret authenticate the sender (HMAC-SHA256 proofs).
 	Session string
 	Secret  []byte
-	// Model, Layers, Tokens and LatentDType fix the expected parts:
-	// Model.ExpectedParts(L, Tokens, LatentDType) for each owned layer L.
+	// Model, Layers, Tokens, LatentDType and Shard fix the expected parts:
+	// Model.ExpectedShardParts(L, Tokens, LatentDType, Shard) for each
+	// owned layer L.
 	Model       *model.Config
 	Layers      []int
 	Tokens      int
 	LatentDType model.DType // zero means BF16
+	// Shard is this rank's tensor shard: a split one receives its slice of
+	// each KDA layer (model.Config.ShardLayerState) and refuses the whole
+	// state. Zero: the layers unsplit.
+	Shard model.Shard
 	// LatentCapacity is the number of tokens of room allocated in each MLA
 	// latent buffer (at least Tokens), so that decode appends to the
 	// committed state without copying it. Zero means Tokens.
@@ -167,6 +172,10 @@ func (sp *ExpectSpec) validate() error {
 		return fmt.Errorf("deadline %s has already passed", sp.Deadline.Format(time.RFC3339Nano))
 	case sp.ChunkSize <= 0 || sp.ChunkSize > MaxChunkSize:
 		return fmt.Errorf("chunk size %d outside 1..%d", sp.ChunkSize, MaxChunkSize)
+	case sp.Shard.Ranks < 0 || sp.Shard.Rank < 0 || sp.Shard.Rank >= max(sp.Shard.Ranks, 1):
+		return fmt.Errorf("tensor rank %d of %d: want 0 <= rank < ranks", sp.Shard.Rank, sp.Shard.Ranks)
+	case sp.Shard.Split() && sp.Model.KDAHeads%sp.Shard.Ranks != 0:
+		return fmt.Errorf("tensor %d does not divide the model's %d KDA heads", sp.Shard.Ranks, sp.Model.KDAHeads)
 	}
 	seen := map[int]bool{}
 	for _, L := range sp.Layers {
@@ -193,7 +202,7 @@ func newRSession(srv *Server, sp ExpectSpec) *rsession {
 	// Everything but the buffers: those wait for an authenticated sender.
 	for _, L := range sp.Layers {
 		rl := &rlayer{L: L}
-		for _, p := range sp.Model.ExpectedParts(L, sp.Tokens-sp.Base, sp.LatentDType) {
+		for _, p := range sp.Model.ExpectedShardParts(L, sp.Tokens-sp.Base, sp.LatentDType, sp.Shard) {
 			size := p.Elems() * p.DType.Size()
 			n := chunkCount(size, s.chunk)
 			rl.parts = append(rl.parts, rpart{want: p, size: size, missing: n})
@@ -206,6 +215,14 @@ func newRSession(srv *Server, sp ExpectSpec) *rsession {
 		s.byLayer[L] = rl
 	}
 	return s
+}
+
+// sliceNote says, on a split rank, that a shape names its slice.
+func (s *rsession) sliceNote() string {
+	if !s.spec.Shard.Split() {
+		return ""
+	}
+	return fmt.Sprintf(" (the slice of %s)", s.spec.Shard)
 }
 
 // errorf builds the session's error; called with mu held (it reads peer).
@@ -317,7 +334,7 @@ func (s *rsession) place(h *header, n int) ([]byte, claim, placement, error) {
 	}
 	w := &rp.want
 	if h.DType != w.DType || !slices.Equal(h.Shape, w.Shape) {
-		return nil, claim{}, 0, s.errorf(h.Layer, "%w: part %s is %s %v, expected %s %v", ErrProtocol, h.Part, h.DType, h.Shape, w.DType, w.Shape)
+		return nil, claim{}, 0, s.errorf(h.Layer, "%w: part %s is %s %v, expected %s %v%s", ErrProtocol, h.Part, h.DType, h.Shape, w.DType, w.Shape, s.sliceNote())
 	}
 	if h.Off < 0 || h.Off >= int64(rp.size) || h.Off%int64(s.chunk) != 0 {
 		return nil, claim{}, 0, s.errorf(h.Layer, "%w: part %s offset %d is outside its %d bytes or off the %d-byte chunk grid", ErrProtocol, h.Part, h.Off, rp.size, s.chunk)

@@ -2,11 +2,23 @@ package model
 
 import "fmt"
 
+// ShardRows returns the rows [lo, hi) of a KDA part of kind that tensor
+// rank s holds: head rows of the recurrent state S ([H, D, D]), channel
+// rows of a conv tail ([H·D, K-1]). Both are contiguous, so a rank's
+// slice is one byte range of the unsplit part. It assumes the ranks
+// divide the KDA heads (CheckShard).
+func (c *Config) ShardRows(kind PartKind, s Shard) (lo, hi int) {
+	h0, h1 := s.Range(c.KDAHeads)
+	if kind == PartKDAState {
+		return h0, h1
+	}
+	return h0 * c.KDAHeadDim, h1 * c.KDAHeadDim
+}
+
 // ShardLayerState returns tensor rank s's slice of layer L's unsplit state:
-// for KDA the recurrent state and conv tails of its heads (contiguous rows:
-// S is [H, D, D], a tail [H·D, K-1]), copied; for MLA a copy of the whole
-// latent cache, which every rank of the stage holds. It is what a rank
-// receives of a remotely prefilled sequence.
+// for KDA the recurrent state and conv tails of its heads (ShardRows),
+// copied; for MLA a copy of the whole latent cache, which every rank of the
+// stage holds. It is what a rank receives of a remotely prefilled sequence.
 func (c *Config) ShardLayerState(ls *LayerState, s Shard) (*LayerState, error) {
 	if !s.Split() || ls.Kind != KDA {
 		return ls.Clone(), nil
@@ -14,14 +26,10 @@ func (c *Config) ShardLayerState(ls *LayerState, s Shard) (*LayerState, error) {
 	if c.KDAHeads%s.Ranks != 0 {
 		return nil, fmt.Errorf("state: layer %d: tensor %d does not divide %d KDA heads", ls.Layer, s.Ranks, c.KDAHeads)
 	}
-	h0, h1 := s.Range(c.KDAHeads)
-	D := c.KDAHeadDim
 	out := &LayerState{Layer: ls.Layer, Kind: ls.Kind, Parts: make([]Part, len(ls.Parts))}
 	for i, p := range ls.Parts {
-		rows, lo, hi := p.Shape[0], h0*D, h1*D // conv tails: channel rows
-		if p.Kind == PartKDAState {
-			lo, hi = h0, h1 // S: head rows
-		}
+		rows := p.Shape[0]
+		lo, hi := c.ShardRows(p.Kind, s)
 		if rows == 0 || len(p.Data)%rows != 0 || hi > rows {
 			return nil, fmt.Errorf("state: layer %d part %s has shape %v; cannot take rows [%d, %d)", ls.Layer, p.Kind, p.Shape, lo, hi)
 		}

@@ -108,6 +108,13 @@ func hasVisionConfig(config []byte) bool {
 // [lo, hi): what a decode rank holding those layers reserves for it (bf16
 // MLA rows, fp32 KDA state and conv tails).
 func (m *Info) StateBytes(lo, hi, tokens int) int64 {
+	return m.ShardStateBytes(lo, hi, tokens, 1)
+}
+
+// ShardStateBytes is StateBytes on one of tensor ranks that split the
+// layers: its slice of each KDA state, and the whole MLA rows, which every
+// tensor rank holds.
+func (m *Info) ShardStateBytes(lo, hi, tokens, tensor int) int64 {
 	var mla, kda int64
 	for _, L := range m.MLALayers {
 		if L >= lo && L < hi {
@@ -119,17 +126,22 @@ func (m *Info) StateBytes(lo, hi, tokens int) int64 {
 			kda++
 		}
 	}
-	return mla*m.mlaRow*int64(tokens) + kda*m.kdaFixed
+	return mla*m.mlaRow*int64(tokens) + kda*m.kdaFixed/int64(max(tensor, 1))
 }
 
 // MaxTokens is the longest sequence whose state on layers [lo, hi) fits in
 // budget bytes, at most MaxPositions; a budget of 0 means unlimited.
 func (m *Info) MaxTokens(lo, hi int, budget int64) int {
+	return m.MaxShardTokens(lo, hi, budget, 1)
+}
+
+// MaxShardTokens is MaxTokens on one of tensor ranks (ShardStateBytes).
+func (m *Info) MaxShardTokens(lo, hi int, budget int64, tensor int) int {
 	if budget <= 0 {
 		return m.MaxPositions
 	}
-	fixed := m.StateBytes(lo, hi, 0)
-	per := m.StateBytes(lo, hi, 1) - fixed
+	fixed := m.ShardStateBytes(lo, hi, 0, tensor)
+	per := m.ShardStateBytes(lo, hi, 1, tensor) - fixed
 	switch {
 	case budget < fixed:
 		return 0

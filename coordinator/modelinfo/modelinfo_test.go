@@ -112,11 +112,19 @@ func TestStateBytesMatchesTheDecodeRanks(t *testing.T) {
 				if got, want := info.StateBytes(r[0], r[1], n), rank.StateBytes(mc, r[0], r[1], n, model.BF16); got != want {
 					t.Fatalf("%s layers %v, %d tokens: %d bytes, decode rank reserves %d", preset, r, n, got, want)
 				}
+				// A tensor rank's share: its KDA slices, the MLA rows whole.
+				s := model.Shard{Rank: 1, Ranks: 2}
+				if got, want := info.ShardStateBytes(r[0], r[1], n, 2), rank.ShardStateBytes(mc, r[0], r[1], n, model.BF16, s); got != want {
+					t.Fatalf("%s layers %v, %d tokens, %s: %d bytes, decode rank reserves %d", preset, r, n, s, got, want)
+				}
 			}
 		}
 		budget := info.StateBytes(0, half, 5000) + 10
 		if got := info.MaxTokens(0, half, budget); got != 5000 {
 			t.Fatalf("%s: %d tokens fit, want 5000", preset, got)
+		}
+		if got := info.MaxShardTokens(0, half, info.ShardStateBytes(0, half, 5000, 2)+10, 2); got != 5000 {
+			t.Fatalf("%s: %d tokens fit on a tensor rank, want 5000", preset, got)
 		}
 		if info.MaxTokens(0, half, 0) != info.MaxPositions || info.MaxTokens(0, half, 1) != 0 {
 			t.Fatalf("%s: unlimited or tiny budgets", preset)

@@ -420,7 +420,8 @@ func (r *run) place(exclude []string) jobrun.Event {
 		a.Deadline = now.Add(c.cfg.TransferTimeout)
 	}
 	for _, w := range g.Ranks {
-		p := cp.LayerPlacement{Rank: w.Rank, WorkerID: w.ID, Layers: w.Layers, Transfer: w.Endpoints.Transfer, Pipeline: w.Endpoints.Pipeline}
+		p := cp.LayerPlacement{Rank: w.Rank, WorkerID: w.ID, Layers: w.Layers, TensorRank: w.TensorRank, TensorRanks: w.TensorRanks,
+			Transfer: w.Endpoints.Transfer, Pipeline: w.Endpoints.Pipeline}
 		if remote {
 			p.SessionID, p.Secret = session, secret
 		}

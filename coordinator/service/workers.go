@@ -200,12 +200,15 @@ type group struct {
 // Head is rank 0, the group's front door.
 func (g *group) Head() cp.WorkerInfo { return g.Ranks[0] }
 
-// stages are the ranks' layers in ring order: the pipeline the group's
-// prefill flows through.
+// stages are the pipeline stages' layers in ring order: the pipeline the
+// group's prefill flows through (a stage's tensor ranks run its layers
+// together, so each stage counts once).
 func (g *group) stages() []costmodel.Stage {
-	s := make([]costmodel.Stage, len(g.Ranks))
-	for i, w := range g.Ranks {
-		s[i] = costmodel.Stage{First: w.Layers.First, End: w.Layers.End}
+	var s []costmodel.Stage
+	for _, w := range g.Ranks {
+		if w.TensorRank == 0 {
+			s = append(s, costmodel.Stage{First: w.Layers.First, End: w.Layers.End})
+		}
 	}
 	return s
 }
@@ -244,7 +247,7 @@ func groups(workers map[string]cp.WorkerInfo, m *modelinfo.Info) (usable []group
 		g := group{ID: id, Ranks: ranks, Capacity: m.MaxPositions}
 		free := m.MaxPositions
 		for _, r := range ranks {
-			g.Capacity = min(g.Capacity, m.MaxTokens(r.Layers.First, r.Layers.End, int64(r.MemoryTotal)))
+			g.Capacity = min(g.Capacity, m.MaxShardTokens(r.Layers.First, r.Layers.End, int64(r.MemoryTotal), r.TensorRanks))
 			if r.MemoryTotal > 0 {
 				free = min(free, r.MaxSeqTokens)
 			}
@@ -286,9 +289,24 @@ func checkGroup(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
 	if len(missing) > 0 {
 		return fmt.Sprintf("rank(s) %s of %d not registered", strings.Join(missing, ", "), size)
 	}
+	return checkStages(ranks, m)
+}
+
+// checkStages says why a group's ranks (registered, 0..size-1) do not make
+// pipeline stages of tensor ranks that tile the model's layers, or "".
+func checkStages(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
+	T := max(ranks[0].TensorRanks, 1)
 	end := 0
 	for _, r := range ranks {
-		if r.Layers.First != end {
+		switch {
+		case max(r.TensorRanks, 1) != T:
+			return fmt.Sprintf("ranks disagree on the tensor size (rank 0 %d, rank %d %d)", ranks[0].TensorRanks, r.Rank, r.TensorRanks)
+		case r.TensorRank != r.Rank%T:
+			return fmt.Sprintf("rank %d is tensor rank %d, expected %d (rank = stage x tensor + tensor rank)", r.Rank, r.TensorRank, r.Rank%T)
+		case r.TensorRank > 0 && r.Layers != ranks[r.Rank-r.TensorRank].Layers:
+			return fmt.Sprintf("rank %d holds layers %v, its stage's tensor rank 0 (rank %d) %v: a stage's tensor ranks share its layers",
+				r.Rank, r.Layers, r.Rank-r.TensorRank, ranks[r.Rank-r.TensorRank].Layers)
+		case r.TensorRank == 0 && r.Layers.First != end:
 			return fmt.Sprintf("rank %d holds layers %v, expected to start at %d", r.Rank, r.Layers, end)
 		}
 		end = r.Layers.End

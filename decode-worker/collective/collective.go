@@ -378,3 +378,8 @@ func (g *Group) ring(ctx context.Context, buf []float32) error {
 	}
 	return nil
 }
+
+// Peers returns the ranks that rank of a group of ranks exchanges with:
+// every other rank up to DirectMax ranks, its ring neighbours above (the
+// links Connect opens).
+func Peers(rank, ranks int) []int { return peersOf(rank, ranks) }

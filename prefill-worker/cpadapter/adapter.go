@@ -315,29 +315,35 @@ func (a *Adapter) salt() prefixkey.Hash {
 	return prefixkey.Salt(a.cfg.ModelID, uint8(a.cfg.Worker.LatentDType()))
 }
 
-// placement checks the assignment and maps each layer to its rank's
-// kvtransfer endpoint.
-func (a *Adapter) placement(as *cp.Assignment) (kvtransfer.LayerMap, string, []byte, error) {
-	n := a.cfg.Worker.Model().NumLayers
+// placement checks the assignment and routes each layer to its stage's
+// ranks' kvtransfer endpoints, each rank getting its tensor rank's slice
+// (the whole layer when unsplit).
+func (a *Adapter) placement(as *cp.Assignment) (*kvtransfer.Sharded, string, []byte, error) {
+	c := a.cfg.Worker.Model()
 	switch {
 	case as.WorkerID != a.cfg.WorkerID:
 		return nil, "", nil, fmt.Errorf("the assignment is addressed to %s", as.WorkerID)
 	case as.Role != cp.RolePrefill:
 		return nil, "", nil, fmt.Errorf("role %s: a prefill worker takes the prefill role", as.Role)
-	case as.Placement[len(as.Placement)-1].Layers.End != n:
-		return nil, "", nil, fmt.Errorf("the placement ends at layer %d, the model has %d layers", as.Placement[len(as.Placement)-1].Layers.End, n)
+	case as.Placement[len(as.Placement)-1].Layers.End != c.NumLayers:
+		return nil, "", nil, fmt.Errorf("the placement ends at layer %d, the model has %d layers", as.Placement[len(as.Placement)-1].Layers.End, c.NumLayers)
 	}
 	// kvtransfer sends a job under one session: every rank registers the
 	// same id and secret.
 	first := as.Placement[0]
-	place := kvtransfer.LayerMap{}
+	layers := map[int][]kvtransfer.Dest{}
 	for i, p := range as.Placement {
 		if p.SessionID != first.SessionID || string(p.Secret) != string(first.Secret) {
 			return nil, "", nil, fmt.Errorf("placement rank %d has another transfer session than rank 0: a job has one session for every rank", i)
 		}
+		d := kvtransfer.Dest{Endpoint: p.Transfer, Shard: model.Shard{Rank: p.TensorRank, Ranks: p.TensorRanks}}
 		for L := p.Layers.First; L < p.Layers.End; L++ {
-			place[L] = p.Transfer
+			layers[L] = append(layers[L], d)
 		}
+	}
+	place, err := kvtransfer.NewSharded(c, layers)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("decode group %s: %w", as.GroupID, err)
 	}
 	return place, first.SessionID, first.Secret, nil
 }
