@@ -100,9 +100,6 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	if err := layout.CheckModel(mcfg); err != nil {
 		return fmt.Errorf("group config %s: %w", cfg.GroupConfig, err)
 	}
-	if layout.TensorRanks() > 1 {
-		return fmt.Errorf("group config %s: tensor %d: this build's decode pipeline runs one rank per stage (tensor 1); tensor-parallel stages run in process with bench generate/decodegroup --tensor", cfg.GroupConfig, layout.TensorRanks())
-	}
 	if cfg.Rank > layout.Last() {
 		return fmt.Errorf("--rank %d: group %q has ranks 0..%d", cfg.Rank, layout.Group, layout.Last())
 	}
@@ -232,12 +229,12 @@ func serve(ctx context.Context, cfg *workerConfig, stderr io.Writer) error {
 	return nil
 }
 
-// grammarVocabulary is the vocabulary the last rank draws grammar-constrained
+// grammarVocabulary is the vocabulary the last stage's ranks draw grammar-constrained
 // tokens with: the model directory's tokenizer's, or nil (with a warning
 // when the tokenizer is there but unusable; jobs with a grammar are then
 // refused).
 func grammarVocabulary(cfg *workerConfig, layout *rank.Layout, vocabSize int, log *zap.Logger) *grammar.Vocabulary {
-	if cfg.Rank != layout.Last() {
+	if !layout.HoldsHead(cfg.Rank) {
 		return nil
 	}
 	if _, err := os.Stat(filepath.Join(cfg.Model, tokenizer.ModelFile)); err != nil {

@@ -29,6 +29,9 @@ import (
 type Options struct {
 	ModelDir string
 	Ranks    int
+	// Tensor is the ranks per pipeline stage (rank.Layout; 0 or 1: a
+	// plain pipeline); Ranks must be a multiple of it.
+	Tensor int
 	// Group names it (default "local").
 	Group string
 	// Threads per rank's CPU backend (0: GOMAXPROCS).
@@ -120,7 +123,7 @@ func Start(ctx context.Context, opt Options) (*Group, error) {
 		g.ranks[r] = &member{srv: srv}
 		eps = append(eps, srv.Addr())
 	}
-	if g.Layout, err = rank.Even(opt.Group, cfg.NumLayers, eps); err != nil {
+	if g.Layout, err = rank.EvenTensor(opt.Group, cfg.NumLayers, eps, max(opt.Tensor, 1)); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -166,8 +169,8 @@ func (g *Group) startRank(r int, change func(*pipeline.Config)) error {
 		Timeouts: g.opt.Timeouts, MemoryBudget: g.opt.MemoryBudget, MicroBatches: g.opt.MicroBatches, MaxBatch: g.opt.MaxBatch,
 		PrefillChunk: g.opt.PrefillChunk, Heartbeat: g.opt.Heartbeat, Idle: g.opt.Idle, PrefixCache: g.opt.PrefixCache, Draft: g.opt.Draft, Log: g.opt.Log,
 		Transport: g.transport(r)}
-	if r == g.Layout.Last() {
-		cfg.Vocabulary = g.vocab
+	if g.Layout.HoldsHead(r) {
+		cfg.Vocabulary = g.vocab // every rank of the last stage draws
 	}
 	if change != nil {
 		change(&cfg)

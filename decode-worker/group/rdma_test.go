@@ -15,11 +15,12 @@ import (
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/verbs"
 )
 
-// TestGreedyOverFakeRDMA: a group whose ranks run their mesh over the RDMA
-// link on the fake verbs wire (each rank a host of the fabric, listening
-// with kvtransfer.Shared as decode-worker does) generates the same greedy
-// ids as the same group over TCP and as the monolithic model, on a clean
-// wire and on one that loses messages; the steps went over the wire.
+// TestGreedyOverFakeRDMA: a group whose ranks run their mesh (and, with
+// tensor-parallel stages, their stage's all-reduce) over the RDMA link on
+// the fake verbs wire (each rank a host of the fabric, listening with
+// kvtransfer.Shared as decode-worker does) generates the same greedy ids as
+// the same group over TCP and as the monolithic model, on a clean wire and
+// on one that loses messages; the steps went over the wire.
 func TestGreedyOverFakeRDMA(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
@@ -38,16 +39,22 @@ func TestGreedyOverFakeRDMA(t *testing.T) {
 		g.checkFreed(t)
 		return got
 	}
-	for _, ranks := range []int{2, 3} {
-		overTCP := generate(t, fastOpts(dir, ranks))
+	for _, l := range []struct{ ranks, tensor int }{{2, 1}, {3, 1}, {2, 2}, {4, 2}} {
+		ranks := l.ranks
+		opts := func() Options {
+			opt := fastOpts(dir, ranks)
+			opt.Tensor = l.tensor
+			return opt
+		}
+		overTCP := generate(t, opts())
 		if !slices.Equal(overTCP, want) {
-			t.Fatalf("group of %d over TCP: %v\nmonolithic: %v", ranks, overTCP, want)
+			t.Fatalf("group of %d (tensor %d) over TCP: %v\nmonolithic: %v", ranks, l.tensor, overTCP, want)
 		}
 		for _, wire := range []struct {
 			name string
 			f    fakeverbs.Faults
 		}{{"clean", fakeverbs.Faults{}}, {"lossy", fakeverbs.Faults{LoseNth: []int64{5, 12, 13, 30, 31, 32, 60, 90}, Loss: 0.02}}} {
-			t.Run(fmt.Sprintf("ranks%d/%s", ranks, wire.name), func(t *testing.T) {
+			t.Run(fmt.Sprintf("ranks%d-tensor%d/%s", ranks, l.tensor, wire.name), func(t *testing.T) {
 				fab := fakeverbs.NewFabric(wire.f, uint64(ranks))
 				trs := make([]*rdma.Transport, ranks)
 				for r := range trs {
@@ -59,7 +66,7 @@ func TestGreedyOverFakeRDMA(t *testing.T) {
 					trs[r] = tr
 					t.Cleanup(func() { tr.Close() }) // after the group's (cleanups run last first)
 				}
-				opt := fastOpts(dir, ranks)
+				opt := opts()
 				opt.Transport = func(r int) kvtransfer.Transport { return kvtransfer.Shared{RDMA: trs[r]} }
 				got := generate(t, opt)
 				if !slices.Equal(got, overTCP) {

@@ -81,6 +81,9 @@ type Header struct {
 	// planned prefix-cache entry (on failures they are dropped, since the
 	// ranks may have stepped it unevenly).
 	Keep bool `msgpack:"keep,omitempty"`
+	// Wait, on a Form, says a rank is not ready for the epoch yet (its
+	// tensor stage's links are connecting): the head sends it again.
+	Wait bool `msgpack:"wait,omitempty"`
 
 	Admit  *Admit  `msgpack:"a,omitempty"`
 	Step   *Step   `msgpack:"st,omitempty"`
@@ -194,7 +197,10 @@ type Result struct {
 type Trace struct {
 	Compute []int64 `msgpack:"compute,omitempty"` // ns, by rank
 	Mesh    []int64 `msgpack:"mesh,omitempty"`    // ns, by sending rank
-	SentAt  int64   `msgpack:"sent,omitempty"`    // unix ns the sender handed it to its link
+	// Coll is the part of Compute a tensor-parallel stage spent in its
+	// reductions, ns by the stage's sending rank.
+	Coll   []int64 `msgpack:"coll,omitempty"`
+	SentAt int64   `msgpack:"sent,omitempty"` // unix ns the sender handed it to its link
 	// Attn is a prefill step's time in the MLA attention, ns by sequence,
 	// summed over the ranks it went through.
 	Attn map[string]int64 `msgpack:"attn,omitempty"`

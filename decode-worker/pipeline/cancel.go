@@ -63,7 +63,7 @@ func (w *Worker) early(m *mesh.Msg) {
 		return
 	}
 	w.cancels.add(m.Seq)
-	if !w.last {
+	if !w.ringLast {
 		_ = w.ring.Send(&m.Header, nil)
 	}
 }
@@ -97,7 +97,9 @@ func (w *Worker) runLayers(b *model.Batch, ids []string, phase model.Phase) ([]b
 	for i := range keep {
 		keep[i] = true
 	}
-	if phase != model.PhasePrefill {
+	if phase != model.PhasePrefill || w.split() {
+		// A split stage's ranks cut the same rows in every reduction, so
+		// none drops a sequence inside a step (tensor.go).
 		return keep, w.m.ForwardLayers(w.ctx, w.lo, w.hi, b, phase)
 	}
 	live := make([]int, len(ids)) // the batch's sequences, as indices into ids

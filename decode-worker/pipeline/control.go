@@ -87,6 +87,7 @@ func (w *Worker) reset(err error) {
 		sl.members, sl.inflight = nil, false
 	}
 	clear(w.flights)
+	w.dropCollective() // the next ring's epoch connects the stage again
 	if w.cache != nil {
 		// A rank may have restarted with an empty cache: start again alike.
 		w.cache.Clear()
@@ -134,7 +135,8 @@ func (w *Worker) onTick() {
 }
 
 func (w *Worker) sendForm() {
-	_ = w.ring.Send(&mesh.Header{Kind: mesh.KindForm, Epoch: w.epoch}, nil) // retried on the next tick
+	wait := !w.collReady(w.epoch)
+	_ = w.ring.Send(&mesh.Header{Kind: mesh.KindForm, Epoch: w.epoch, Wait: wait}, nil) // retried on the next tick
 }
 
 // forward passes a message on to the next rank.
@@ -181,7 +183,7 @@ func (w *Worker) onMsg(m *mesh.Msg) {
 		if s := w.seqs[m.Seq]; s != nil {
 			w.retire(s, m.Keep)
 		}
-		if !w.last {
+		if !w.ringLast {
 			w.forward(m)
 		}
 	case mesh.KindReady, mesh.KindFailed:
@@ -237,6 +239,9 @@ func (w *Worker) onForm(m *mesh.Msg) {
 	case formIgnore:
 		return
 	case formRingFormed:
+		if m.Wait {
+			return // a tensor stage is connecting: the next tick's Form tries again
+		}
 		w.setFormed(true)
 		w.log.Info("ring formed", zap.Uint64("epoch", w.epoch), zap.Int("ranks", w.n))
 		return
@@ -245,6 +250,9 @@ func (w *Worker) onForm(m *mesh.Msg) {
 	}
 	w.epoch = m.Epoch
 	w.setFormed(true)
+	if !w.collReady(m.Epoch) {
+		m.Wait = true // the stage's links are connecting for this epoch
+	}
 	w.forward(m)
 }
 

@@ -407,6 +407,9 @@ func (w *Worker) onResults(f *flight, results []mesh.Result, tr mesh.Trace) {
 			c.stepMesh += time.Duration(v)
 			cost += time.Duration(v)
 		}
+		for _, v := range tr.Coll {
+			c.stepColl += time.Duration(v)
+		}
 		rows := 0
 		for _, n := range f.rows {
 			rows += n

@@ -181,10 +181,25 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		media = stepMedia(ss, pos, rows, w.m.Cfg.HiddenSize)
 	}
 	b, err := w.m.NewBatchMedia(states, toks, media)
+	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
+		Cols: w.m.Cfg.HiddenSize, Draft: slices.Concat(drafts...)}
+	if err == nil && w.tees() {
+		// The stage's other ranks take the step's input as it is now.
+		in := *st
+		in.Stack, in.Trace = len(b.Stack), mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
+		payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
+		w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: &in}, payload)
+	}
+	coll0 := w.collTime()
 	var keep []bool
 	if err == nil {
 		timeAttention(b, phase)
 		keep, err = w.runLayers(b, ids(ss), phase)
+	}
+	if err == nil && w.split() && w.last && phase == model.PhaseDecode {
+		// A stage of one both first and last: the head takes part in the
+		// gathering of the logits; the group's last rank draws the tokens.
+		err = w.gatherOnly(b, drafts)
 	}
 	if err != nil {
 		if k >= 0 {
@@ -192,6 +207,10 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		}
 		if w.ctx.Err() != nil {
 			return // closing: shutdown ends the sequences
+		}
+		if w.split() {
+			w.breakStage(fmt.Errorf("decode rank 0: step %d: %w", id, err))
+			return
 		}
 		for _, s := range ss {
 			w.end(s, Result{Reason: ReasonError, Err: fmt.Errorf("decode rank 0: step %d: %w", id, err)})
@@ -229,7 +248,7 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 	f := &flight{seqs: ss, phase: phase, slot: k, launched: t0, rows: rows}
 	tr := mesh.Trace{Compute: make([]int64, w.n), Mesh: make([]int64, w.n)}
 	w.addAttention(&tr, b, ss)
-	if w.last { // a group of one
+	if w.n == 1 { // a group of one
 		results := w.sample(ss, phase, b, drafts)
 		compute := w.now().Sub(t0)
 		tr.Compute[0] = int64(compute)
@@ -238,14 +257,20 @@ func (w *Worker) launch(ss []*seq, rows []int, phase model.Phase, k int) {
 		return
 	}
 	compute := w.now().Sub(t0)
-	tr.Compute[0] = int64(compute)
+	w.traceCompute(&tr, compute, coll0)
 	w.stepDone(id, phase, len(ss), b.Rows(), compute)
+	w.flights[id] = f
+	if !w.sends() {
+		return // the stage's last rank sends the output on
+	}
 	t1 := w.now()
 	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
 	tr.Mesh[0] = int64(w.now().Sub(t1))
-	w.flights[id] = f
-	st := &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
-		Cols: w.m.Cfg.HiddenSize, Stack: len(b.Stack), Draft: slices.Concat(drafts...), Trace: tr}
+	if len(ss) < len(st.Seqs) {
+		st = &mesh.Step{ID: id, Phase: uint8(phase), Seqs: ids(ss), Pos: pos, Rows: int32s(rows),
+			Cols: w.m.Cfg.HiddenSize, Draft: slices.Concat(drafts...)}
+	}
+	st.Stack, st.Trace = len(b.Stack), tr
 	w.send(&mesh.Header{Kind: mesh.KindStep, Epoch: w.epoch, Step: st}, payload)
 }
 

@@ -19,6 +19,9 @@ import (
 // decisions are step.go's; this is the compute and the sends.
 func (w *Worker) onStep(m *mesh.Msg) {
 	st := m.Step
+	if w.tees() {
+		w.teeStep(m) // the stage's next rank runs it with this one
+	}
 	tr := st.Trace
 	if len(tr.Compute) != w.n || len(tr.Mesh) != w.n {
 		tr.Compute, tr.Mesh = make([]int64, w.n), make([]int64, w.n)
@@ -26,6 +29,10 @@ func (w *Worker) onStep(m *mesh.Msg) {
 	fail := func(err error) {
 		if w.ctx.Err() != nil {
 			return // closing: the ring's reset reports it
+		}
+		if w.split() {
+			w.breakStage(fmt.Errorf("decode rank %d: step %d: %w", w.cfg.Rank, st.ID, err))
+			return
 		}
 		h, err := failStep(w.cfg.Rank, w.epoch, st, tr, err)
 		w.log.Warn("step failed", zap.Error(err))
@@ -83,6 +90,7 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		}
 		b = all
 	}
+	coll0 := w.collTime()
 	if len(ss) > 0 {
 		timeAttention(b, phase)
 		keep, err := w.runLayers(b, ids(ss), phase)
@@ -97,7 +105,9 @@ func (w *Worker) onStep(m *mesh.Msg) {
 		// Nothing is left to pass on: the head's step ends here, with no
 		// results (it ended the sequences as cancelled).
 		w.stepDone(st.ID, phase, 0, 0, w.now().Sub(t1))
-		w.send(stepNext(view, w.epoch, st, tr, nil, 0, nil), nil)
+		if w.sends() {
+			w.send(stepNext(view, w.epoch, st, tr, nil, 0, nil), nil)
+		}
 		return
 	}
 	b.Advance()
@@ -111,19 +121,24 @@ func (w *Worker) onStep(m *mesh.Msg) {
 	if w.last {
 		results := w.sample(ss, phase, b, drafts)
 		compute := w.now().Sub(t1)
-		tr.Compute[w.cfg.Rank] = int64(compute)
+		w.traceCompute(&tr, compute, coll0)
 		for _, r := range results {
 			if s := w.seqs[r.Seq]; s != nil && freeOnLast(r, s.pend != nil) {
 				w.free(s)
 			}
 		}
 		w.stepDone(st.ID, phase, len(ss), p.rows, compute)
-		w.send(stepNext(view, w.epoch, st, tr, ids(ss), len(b.Stack), results), nil)
+		if w.sends() {
+			w.send(stepNext(view, w.epoch, st, tr, ids(ss), len(b.Stack), results), nil)
+		}
 		return
 	}
 	compute := w.now().Sub(t1)
-	tr.Compute[w.cfg.Rank] = int64(compute)
+	w.traceCompute(&tr, compute, coll0)
 	w.stepDone(st.ID, phase, len(ss), p.rows, compute)
+	if !w.sends() {
+		return
+	}
 	t2 := w.now()
 	payload := mesh.EncodeTensors(w.m.Backend, nil, append([]*kernels.Tensor{b.Partial}, b.Stack...)...)
 	tr.Mesh[w.cfg.Rank] += int64(w.now().Sub(t2))
@@ -139,7 +154,9 @@ func (w *Worker) view() rankView {
 func (w *Worker) stepSeqs(ids []string) map[string]seqView {
 	out := make(map[string]seqView, len(ids))
 	for _, id := range ids {
-		v := seqView{cancelled: w.cancels.has(id)}
+		// A split stage follows the step alone: its ranks may hear of a
+		// cancel at different moments, and must cut the same rows.
+		v := seqView{cancelled: !w.split() && w.cancels.has(id)}
 		if s := w.seqs[id]; s != nil && s.e.State != nil {
 			v.held, v.tokens, v.pending = true, s.e.State.Tokens, s.e.State.Pending()
 		}

@@ -55,6 +55,13 @@ type Stats struct {
 	DecodeRows                              int64 // sequences in them
 	LargestDecodeStep                       int   // the most sequences in one decode step
 	StepTime, StepComputeTime, StepMeshTime time.Duration
+	// StepCollectiveTime is the part of StepComputeTime the tensor stages
+	// spent in their reductions (0 without tensor parallelism).
+	StepCollectiveTime time.Duration
+	// Reductions and ReductionTime are this rank's all-reduce calls with
+	// its tensor stage and their time (0 without tensor parallelism).
+	Reductions    uint64
+	ReductionTime time.Duration
 	// Speculative decoding: the tokens drafted and accepted, the
 	// sequence steps that verified drafts, and AcceptedRuns[a] those that
 	// accepted a drafts.
@@ -73,6 +80,7 @@ type counters struct {
 	decodeSteps, decodeRows             int64
 	largest                             int
 	stepTime, stepCompute, stepMesh     time.Duration
+	stepColl                            time.Duration
 	prefillAttention                    time.Duration
 	drafted, accepted, verifies         int64
 	acceptedRuns                        []int64
@@ -94,9 +102,11 @@ func (w *Worker) publish() {
 		Admitted: c.admitted, Refused: c.refused, Finished: c.finished, Failed: c.failed,
 		Queued: len(w.queue) + len(w.overflow), InFlight: len(w.flights), Tokens: c.tokens,
 		DecodeSteps: c.decodeSteps, DecodeRows: c.decodeRows, LargestDecodeStep: c.largest,
-		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh,
+		StepTime: c.stepTime, StepComputeTime: c.stepCompute, StepMeshTime: c.stepMesh, StepCollectiveTime: c.stepColl,
 		GrammarDraws: w.grammarDraws.Load(), GrammarTime: time.Duration(w.grammarNanos.Load()),
 		DraftedTokens: c.drafted, AcceptedTokens: c.accepted, VerifiedSteps: c.verifies, AcceptedRuns: slices.Clone(c.acceptedRuns)}
+	cs := w.collectiveStats()
+	s.Reductions, s.ReductionTime = cs.calls, cs.total
 	if w.cache != nil {
 		s.Cache = w.cache.Stats()
 		if w.head && !w.cacheOff {

@@ -26,6 +26,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tandem-inference/tandem/decode-worker/collective"
 	"github.com/tandem-inference/tandem/decode-worker/draft"
 	"github.com/tandem-inference/tandem/decode-worker/mesh"
 	"github.com/tandem-inference/tandem/decode-worker/prefixcache"
@@ -113,13 +114,21 @@ type Worker struct {
 	n        int // ranks
 	lo, hi   int
 	head     bool
-	last     bool
-	maxSteps int
-	log      *zap.Logger
-	now      func() time.Time // the clock: the loop's only one; the step core takes readings
-	ring     *mesh.Ring
-	dtype    model.DType
-	grammars *grammar.Cache // compiled once per distinct spec
+	last     bool // on the last stage: applies the lm_head and samples
+	ringLast bool // the group's last rank: sends the tokens to the head
+	// A tensor-parallel stage (tensor.go): this rank's place in it, and its
+	// all-reduce with the stage's other ranks (nil until connected).
+	tensorRank, tensor int
+	coll               *collective.Group
+	collEpoch          uint64             // the ring epoch coll is (being) connected for
+	connecting         context.CancelFunc // stops a connection under way (nil: none)
+	collTotal          collStats          // the reductions of the closed groups
+	maxSteps           int
+	log                *zap.Logger
+	now                func() time.Time // the clock: the loop's only one; the step core takes readings
+	ring               *mesh.Ring
+	dtype              model.DType
+	grammars           *grammar.Cache // compiled once per distinct spec
 	// grammarDraws and grammarNanos count the draws within grammars and
 	// their time (Stats).
 	grammarDraws, grammarNanos atomic.Int64
@@ -181,9 +190,15 @@ func Start(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("pipeline: rank %d owns layer %d, which is not loaded", cfg.Rank, L)
 		}
 	}
-	head, last := cfg.Rank == 0, cfg.Rank == l.Last()
+	head, last := cfg.Rank == 0, l.HoldsHead(cfg.Rank)
 	if g := cfg.Model.Globals; head && (g == nil || g.Embed == nil) || last && (g == nil || g.LMHead == nil) {
-		return nil, fmt.Errorf("pipeline: rank %d needs the embedding (rank 0) and the lm_head (last rank) loaded", cfg.Rank)
+		return nil, fmt.Errorf("pipeline: rank %d needs the embedding (rank 0) and the lm_head (the last stage) loaded", cfg.Rank)
+	}
+	if want := l.Shard(cfg.Rank); cfg.Model.Shard != want && (want.Split() || cfg.Model.Shard.Split()) {
+		return nil, fmt.Errorf("pipeline: rank %d is %s of its stage, but its model was loaded as %s", cfg.Rank, want, cfg.Model.Shard)
+	}
+	if l.TensorRanks() > 1 && cfg.Server == nil {
+		return nil, fmt.Errorf("pipeline: rank %d of a tensor-parallel stage needs a kvtransfer server for the stage's links", cfg.Rank)
 	}
 	if cfg.MicroBatches <= 0 {
 		cfg.MicroBatches = len(l.Ranks)
@@ -221,11 +236,13 @@ func Start(cfg Config) (*Worker, error) {
 	if dtype == 0 {
 		dtype = model.BF16
 	}
+	_, tensorRank := l.StageOf(cfg.Rank)
 	w := &Worker{cfg: cfg, m: cfg.Model, n: len(l.Ranks), lo: spec.Lo, hi: spec.Hi, head: head, last: last,
+		ringLast: cfg.Rank == l.Last(), tensorRank: tensorRank, tensor: l.TensorRanks(),
 		maxSteps: cfg.MicroBatches, dtype: dtype, now: time.Now,
 		log:   cfg.Log.With(zap.String("group", l.Group), zap.Int("rank", cfg.Rank)),
 		calls: make(chan func()), done: make(chan struct{}), commits: make(chan commit),
-		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype}),
+		table: rank.NewTable(cfg.Model.Cfg, spec.Lo, spec.Hi, budget, model.StateOptions{LatentDType: dtype, Shard: l.Shard(cfg.Rank)}),
 		seqs:  map[string]*seq{}, flights: map[uint64]*flight{}, formedCh: make(chan struct{}),
 		cancelEnded: map[string]struct{}{}, grammars: grammar.NewCache(16)}
 	if v := cfg.Vocabulary; v != nil && v.Size() != cfg.Model.Cfg.VocabSize {
@@ -257,6 +274,13 @@ func Start(cfg Config) (*Worker, error) {
 		w.ring = r
 	} else {
 		w.setFormed(true) // a group of one is its own ring
+	}
+	if w.split() {
+		// The model reduces through the stage's group, which the loop
+		// installs and replaces; no other holder may share this copy.
+		m := *cfg.Model
+		w.m, w.cfg.Model = &m, &m
+		w.m.Reduce = nil
 	}
 	w.publish()
 	go w.run()

@@ -16,8 +16,9 @@ import (
 // the stage's layers between them (model.Shard). Ranks are numbered
 // stage-major: rank = stage·Tensor + t. The first stage's ranks also hold
 // the embedding; the last stage's ranks the final AttnRes mix, norm and
-// their vocabulary range of the lm_head, and the last stage's first rank
-// samples. Tensor 1 (or 0) is the plain pipeline: one rank per stage.
+// their vocabulary range of the lm_head: they gather the logits and draw
+// alike, and the group's last rank sends the tokens to rank 0. Tensor 1
+// (or 0) is the plain pipeline: one rank per stage.
 type Layout struct {
 	// Group names the group (it prefixes the mesh channel ids).
 	Group string
@@ -44,8 +45,6 @@ func (l *Layout) Shard(r int) model.Shard {
 	return model.Shard{Rank: t, Ranks: l.TensorRanks()}
 }
 
-// Sampler is the rank that samples: the last stage's first rank.
-func (l *Layout) Sampler() int { return l.RankOf(l.Stages()-1, 0) }
 
 // HoldsEmbed and HoldsHead report whether rank r holds the embedding (the
 // first stage) and the final mix and lm_head (the last stage).

@@ -203,8 +203,8 @@ func TestLayoutTensor(t *testing.T) {
 	if err := l.Validate(9); err != nil {
 		t.Fatal(err)
 	}
-	if l.Stages() != 2 || l.Ranks[1].Hi != 5 || l.Ranks[2].Lo != 5 || l.Owner(6) != 2 || l.Sampler() != 2 {
-		t.Fatalf("2 x 2 layout: %+v, sampler %d", l.Ranks, l.Sampler())
+	if l.Stages() != 2 || l.Ranks[1].Hi != 5 || l.Ranks[2].Lo != 5 || l.Owner(6) != 2 {
+		t.Fatalf("2 x 2 layout: %+v", l.Ranks)
 	}
 	if s, tr := l.StageOf(3); s != 1 || tr != 1 || l.Shard(3) != (model.Shard{Rank: 1, Ranks: 2}) || !l.HoldsHead(3) || l.HoldsEmbed(3) || !l.HoldsEmbed(1) {
 		t.Fatalf("rank 3: stage %d tensor %d shard %v", s, tr, l.Shard(3))
