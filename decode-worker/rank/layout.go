@@ -45,7 +45,6 @@ func (l *Layout) Shard(r int) model.Shard {
 	return model.Shard{Rank: t, Ranks: l.TensorRanks()}
 }
 
-
 // HoldsEmbed and HoldsHead report whether rank r holds the embedding (the
 // first stage) and the final mix and lm_head (the last stage).
 func (l *Layout) HoldsEmbed(r int) bool { s, _ := l.StageOf(r); return s == 0 }
