@@ -1,8 +1,10 @@
 package group
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
@@ -65,8 +67,9 @@ func TestTensorGroupsMatchMonolithic(t *testing.T) {
 // state or its draws: a prompt resumed from the prefix cache (each rank
 // keeps its own slice of the state), seeded sampling (every rank of the
 // last stage draws alike from the gathered logits), a cancel mid-decode,
-// and speculative decoding with drafts that carry planted errors (every
-// rank of the last stage verifies alike).
+// speculative decoding with drafts that carry planted errors (every rank
+// of the last stage verifies alike), and an image prompt (the head's
+// embedding, the features in place, goes to its stage's other rank).
 func TestTensorGroupPaths(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
@@ -112,6 +115,26 @@ func TestTensorGroupPaths(t *testing.T) {
 		}
 		if got, res, err := c.Wait(ctx, "long"); err != nil || res.Reason != pipeline.ReasonCancelled || !slices.Equal(got[:3], ref.Greedy(t, p2, 3)) {
 			t.Fatalf("cancelled: %v %v %+v", got, err, res)
+		}
+		g.checkFreed(t)
+	})
+	t.Run("images", func(t *testing.T) {
+		seeds := []uint64{1, 2}
+		p, media := testmodel.ImagePrompt(ref.Cfg, []int{30, 20, 5}, []int{40, 24}, seeds)
+		want, err := ref.GenerateMedia(context.Background(), p, media, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := startGroup(t, opt)
+		ctx := testctx.Context(t)
+		var calls atomic.Int32
+		c := NewCollector()
+		if err := g.Head().Submit(ctx, pipeline.Request{ID: "image", Tokens: p, MaxTokens: n, Sink: c,
+			Images: images(media, ref.Cfg.HiddenSize, seeds), Encode: encoder(media, &calls)}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _, err := c.Wait(ctx, "image"); err != nil || !slices.Equal(got, want) {
+			t.Fatalf("image prompt: %v %v\nmonolithic: %v", got, err, want)
 		}
 		g.checkFreed(t)
 	})
