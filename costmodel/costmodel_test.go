@@ -264,6 +264,17 @@ func TestPredictions(t *testing.T) {
 	if sent, all := sp.TransferTail-r.LinkRTT, whole.TransferTail-r.LinkRTT; sent >= all {
 		t.Fatalf("an append's tail %v is not below the whole state's %v", sent, all)
 	}
+	// Two tensor ranks per stage: each gets the latent rows whole, the KDA
+	// states split, so twice the rows cross the link.
+	slow := r
+	slow.LinkBytesPerS = 1e6
+	one, two := PredictRemote(m, slow, Load{PrefillUp: true}, 12001), PredictRemote(m, slow, Load{PrefillUp: true, RemoteCopies: 2}, 12001)
+	sh := m.Shape
+	total := secs((sh.StateBytesFixed + sh.StateBytesPerToken*2*12000) / slow.LinkBytesPerS)
+	last := secs((sh.LastLayerBytesFixed + sh.LastLayerBytesPerToken*2*12000) / slow.LinkBytesPerS)
+	if want := max(last, total-two.Pass) + slow.LinkRTT; two.TransferTail != want || two.TransferTail <= one.TransferTail {
+		t.Fatalf("tensor 2: tail %v, want %v (one rank per stage: %v)", two.TransferTail, want, one.TransferTail)
+	}
 	// A part the store holds whole runs no pass.
 	if st := PredictRemote(m, r, Load{PrefillUp: true, RemoteSplit: 11968, RemoteCached: 11968}, 12001); st.Pass != 0 {
 		t.Fatalf("a stored part: pass %v, want none", st.Pass)

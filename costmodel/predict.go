@@ -78,6 +78,10 @@ type Load struct {
 	// computes only the rest of its part. RemoteAppend is how many the group
 	// holds rows of, so that the transfer carries only the rows after them.
 	RemoteSplit, RemoteCached, RemoteAppend int
+	// RemoteCopies is how many ranks each MLA row is sent to: every tensor
+	// rank of a stage holds the stage's latent rows whole, while the KDA
+	// states are split between them (0 or 1: one rank per stage).
+	RemoteCopies int
 	// Images are the new prompt's images: the path that prefills an image
 	// (past its cached prefix) first runs the vision tower over them.
 	Images []Image
@@ -133,10 +137,10 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	}
 	// Layers stream out while later ones compute; what cannot keep up with
 	// the pass, and the last layer itself, is left after it. Rows the
-	// group holds are not sent.
-	held := float64(min(max(l.RemoteAppend, 0), tokens))
-	total := secs((m.Shape.StateBytes(tokens) - m.Shape.StateBytesPerToken*held) / positive(r.LinkBytesPerS))
-	last := secs((m.Shape.LastLayerBytes(tokens) - m.Shape.LastLayerBytesPerToken*held) / positive(r.LinkBytesPerS))
+	// group holds are not sent; the rows sent go to each tensor rank.
+	rows := float64(tokens-min(max(l.RemoteAppend, 0), tokens)) * float64(max(l.RemoteCopies, 1))
+	total := secs((m.Shape.StateBytesFixed + m.Shape.StateBytesPerToken*rows) / positive(r.LinkBytesPerS))
+	last := secs((m.Shape.LastLayerBytesFixed + m.Shape.LastLayerBytesPerToken*rows) / positive(r.LinkBytesPerS))
 	p.TransferTail = max(last, total-p.Pass) + r.LinkRTT
 	if end > tokens {
 		p.Prefill = r.Local.Time(m.Work(tokens, end), m.Layers)

@@ -85,13 +85,19 @@ func freePorts(t *testing.T, n int) []string {
 // per-rank keys) and starts them.
 func startCluster(t *testing.T, modelDir string, ranks int, rankYAML func(r int) string, extra ...string) *cluster {
 	t.Helper()
+	return startTensorCluster(t, modelDir, ranks, 1, rankYAML, extra...)
+}
+
+// startTensorCluster is startCluster for stages of tensor ranks each.
+func startTensorCluster(t *testing.T, modelDir string, ranks, tensor int, rankYAML func(r int) string, extra ...string) *cluster {
+	t.Helper()
 	cfg, err := model.LoadConfig(filepath.Join(modelDir, "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	eps := freePorts(t, ranks)
 	var y strings.Builder
-	fmt.Fprintf(&y, "group: ptest\nsecret: %s\nranks:\n", groupSecret)
+	fmt.Fprintf(&y, "group: ptest\nsecret: %s\ntensor: %d\nranks:\n", groupSecret, tensor)
 	for r, ep := range eps {
 		fmt.Fprintf(&y, "  - endpoint: %s\n", ep)
 		if rankYAML != nil {

@@ -62,6 +62,9 @@ type Options struct {
 	// by default "local".
 	Ranks int
 	Group string
+	// Tensor is the decode group's ranks per pipeline stage (0 or 1:
+	// unsplit stages); it divides Ranks.
+	Tensor int
 	// NoPrefill starts no prefill worker, and NoCoordinator no coordinator
 	// when one runs elsewhere on NATSURL.
 	NoPrefill, NoCoordinator bool
@@ -207,7 +210,7 @@ func Start(ctx context.Context, opt Options) (c *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c.Group, err = group.Start(ctx, group.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Group: opt.Group,
+	c.Group, err = group.Start(ctx, group.Options{ModelDir: opt.ModelDir, Ranks: opt.Ranks, Group: opt.Group, Tensor: opt.Tensor,
 		Threads: opt.Threads, MemoryBudget: opt.DecodeMemory, Timeouts: opt.Transfer,
 		Heartbeat: opt.MeshHeartbeat, Idle: opt.MeshIdle, PrefixCache: opt.PrefixCache, Draft: opt.Draft, Log: opt.Log.Named("decode")})
 	if err != nil {

@@ -157,6 +157,7 @@ func (c *Coordinator) decide(policy cp.Policy, pf *cp.WorkerInfo, g *group, prom
 	load.LocalCached = cachedPrefix(&h, prompt)
 	load.LocalStops = snapshotStops(&h, load.LocalCached, n)
 	load.RemoteSplit, load.RemoteCached, load.RemoteAppend = remoteCaches(pf, &h, prompt)
+	load.RemoteCopies = h.TensorRanks // a stage's tensor ranks each get the latent rows
 	load.Images = pricedImages(prompt, images, int32(c.cfg.Model.VocabSize-256+modelconfig.MediaPadOffset))
 	d := router.Route(pol, m, r, load, n)
 	if n <= 1 && pf != nil {

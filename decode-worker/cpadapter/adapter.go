@@ -275,6 +275,9 @@ func (a *Adapter) info() cp.WorkerInfo {
 		// A rank whose ring is not formed cannot admit: it takes no jobs.
 		Draining: a.life.Leaving() || !st.Formed,
 	}
+	if sh := a.cfg.Layout.Shard(a.cfg.Rank); sh.Split() {
+		w.TensorRank, w.TensorRanks = sh.Rank, sh.Ranks // absent when unsplit: old coordinators read it alike
+	}
 	if st.BudgetBytes > 0 {
 		w.MemoryTotal = uint64(st.BudgetBytes)
 		w.MemoryFree = uint64(max(st.BudgetBytes-st.ReservedBytes, 0))
@@ -440,6 +443,10 @@ func (a *Adapter) request(as *cp.Assignment) (*pipeline.Request, error) {
 	for i, p := range as.Placement {
 		if r := l.Ranks[i]; p.Layers.First != r.Lo || p.Layers.End != r.Hi {
 			return nil, fmt.Errorf("placement rank %d holds layers %v, the group's rank %d holds [%d,%d)", i, p.Layers, i, r.Lo, r.Hi)
+		}
+		// The prefill worker cuts each rank's state by these fields.
+		if got, want := (model.Shard{Rank: p.TensorRank, Ranks: max(p.TensorRanks, 1)}), l.Shard(i); got != want {
+			return nil, fmt.Errorf("placement rank %d is tensor rank %d of %d, the group's rank %d is %s", i, p.TensorRank, p.TensorRanks, i, want)
 		}
 	}
 	s := as.Sampling

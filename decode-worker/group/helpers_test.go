@@ -59,14 +59,18 @@ func sampled(t *testing.T, m testmodel.Reference, prompt []int32, n int, p sampl
 	return out
 }
 
-// send moves st to the group's ranks with kvtransfer, each layer to its
-// owner, under one session.
+// send moves st to the group's ranks with kvtransfer under one session,
+// each layer to its stage's ranks, each tensor rank its slice.
 func (g *Group) send(ctx context.Context, st *model.SeqState, session string) error {
-	place := kvtransfer.LayerMap{}
+	layers := map[int][]kvtransfer.Dest{}
 	for r, s := range g.Layout.Ranks {
 		for L := s.Lo; L < s.Hi; L++ {
-			place[L] = g.Layout.Ranks[r].Endpoint
+			layers[L] = append(layers[L], kvtransfer.Dest{Endpoint: s.Endpoint, Shard: g.Layout.Shard(r)})
 		}
+	}
+	place, err := kvtransfer.NewSharded(g.Model(0).Cfg, layers)
+	if err != nil {
+		return err
 	}
 	return kvtransfer.SendState(ctx, kvtransfer.SenderConfig{Session: session, Secret: testSecret, Placement: place,
 		Deadline: time.Now().Add(20 * time.Second)}, st)

@@ -426,8 +426,10 @@ func (w *Worker) expect(s *seq) error {
 		layers = append(layers, L)
 	}
 	sess := a.Sessions[w.cfg.Rank]
+	// A tensor rank receives its slice of each layer, and kvtransfer
+	// refuses any other shape.
 	spec := kvtransfer.ExpectSpec{Job: s.id, Session: sess.ID, Secret: sess.Secret,
-		Model: w.m.Cfg, Layers: layers, Tokens: a.Cached, LatentDType: w.dtype,
+		Model: w.m.Cfg, Layers: layers, Tokens: a.Cached, LatentDType: w.dtype, Shard: w.cfg.Layout.Shard(w.cfg.Rank),
 		LatentCapacity: s.e.Capacity, Deadline: time.Unix(0, a.Deadline)}
 	if pre := a.Prefix; pre != nil && pre.Hit != 0 {
 		// An append to the rows restored at admission: only the rest
@@ -480,6 +482,9 @@ func (w *Worker) onCommit(c commit) {
 	}
 	if err != nil {
 		reason := fmt.Sprintf("state for layers [%d, %d) refused: %v", w.lo, w.hi, err)
+		if sh := w.cfg.Layout.Shard(w.cfg.Rank); sh.Split() {
+			reason = fmt.Sprintf("%s's slice of layers [%d, %d) refused: %v", sh, w.lo, w.hi, err)
+		}
 		w.log.Warn("remote state refused", zap.String("seq", s.id), zap.Error(err))
 		if w.head {
 			w.stateFailed(s, 0, reason)

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -141,6 +142,12 @@ func (w *Worker) dropCollective() {
 func (w *Worker) breakStage(err error) {
 	if w.ctx.Err() != nil {
 		return
+	}
+	if pe := (*collective.PeerError)(nil); errors.As(err, &pe) {
+		l := w.cfg.Layout
+		stage, _ := l.StageOf(w.cfg.Rank)
+		peer := l.RankOf(stage, pe.Peer)
+		err = fmt.Errorf("decode rank %d lost its tensor-stage peer, rank %d (%s): %w", w.cfg.Rank, peer, l.Ranks[peer].Endpoint, err)
 	}
 	w.log.Warn("tensor stage: step failed; resetting the group", zap.Error(err))
 	if !w.formed {

@@ -2,6 +2,7 @@ package rank
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -283,5 +284,49 @@ func TestVerifyShard(t *testing.T) {
 	}
 	if err := VerifyShard(c, full, 0, c.NumLayers, 3, model.BF16, s); err == nil || !strings.Contains(err.Error(), "kda_state") {
 		t.Fatalf("a whole state on a tensor rank: %v", err)
+	}
+}
+
+// TestTableInstallsSlices: a tensor rank's table installs its own slice of
+// a remote state and refuses the whole state, naming its shard, the layer
+// and both shapes, and installing nothing.
+func TestTableInstallsSlices(t *testing.T) {
+	c := config(t, "small")
+	s := model.Shard{Rank: 1, Ranks: 2}
+	lo, hi := 0, c.NumLayers/2
+	const T = 5
+	whole := c.NewSeqState(lo, hi, model.StateOptions{LatentDType: model.BF16, LatentCapacity: T})
+	for _, ls := range whole.Layers {
+		if ls == nil {
+			continue
+		}
+		if p := ls.Part(model.PartLatent); p != nil {
+			p.Data = make([]byte, T*p.Shape[1]*2)
+			p.Shape[0] = T
+		}
+	}
+	whole.Tokens = T
+	tb := NewTable(c, lo, hi, 0, model.StateOptions{LatentDType: model.BF16, Shard: s})
+	e, err := tb.Admit("a", T)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tb.Install(e, whole, T)
+	kda := c.KDALayers[0]
+	for _, want := range []string{"tensor rank 1 of 2 of layers [0, ", fmt.Sprintf("layer %d part 0 is kda_state F32 [%d", kda, c.KDAHeads),
+		fmt.Sprintf("expected kda_state F32 [%d", c.KDAHeads/2)} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("a whole state installed on %s: %v (want %q)", s, err, want)
+		}
+	}
+	if e.State != nil {
+		t.Fatal("a refused state was installed")
+	}
+	slice, err := c.ShardSeqState(whole, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.Install(e, slice, T); err != nil || e.State != slice {
+		t.Fatalf("the rank's own slice: %v", err)
 	}
 }

@@ -69,9 +69,13 @@ func (t *Table) Create(e *Entry) {
 }
 
 // Install gives an admitted sequence a committed remote state after
-// checking it (Verify); a state that fails is not installed.
+// checking it (VerifyShard: a tensor rank takes its slice only); a state
+// that fails is not installed.
 func (t *Table) Install(e *Entry, st *model.SeqState, tokens int) error {
-	if err := Verify(t.cfg, st, t.lo, t.hi, tokens, t.opt.LatentDType); err != nil {
+	if err := VerifyShard(t.cfg, st, t.lo, t.hi, tokens, t.opt.LatentDType, t.opt.Shard); err != nil {
+		if t.opt.Shard.Split() {
+			return fmt.Errorf("%s of layers [%d, %d): %w", t.opt.Shard, t.lo, t.hi, err)
+		}
 		return err
 	}
 	e.State = st
