@@ -71,7 +71,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	fs.StringVar(&mf.cache, "cache-dtype", "bf16", "MLA latent cache dtype: bf16 or f32")
 	rankList := fs.String("ranks", "1,2,3", "group sizes to measure")
 	seqList := fs.String("seqs", "1,4,8,16", "concurrent sequences to measure (with --tensor or --processes the default is 1,16)")
-	tokens := fs.Int("tokens", 32, "tokens generated per sequence")
+	tokens := fs.Int("tokens", 32, "tokens generated per sequence (with --tensor or --processes: measured per sequence after 2 warm-up tokens, default 48; the prompts are admitted a step or so apart, and only the steps that decode all of them count)")
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
@@ -94,6 +94,9 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	if *tensor > 1 || *processes {
 		if !fs.Changed("seqs") {
 			*seqList = "1,16"
+		}
+		if !fs.Changed("tokens") {
+			*tokens = 48
 		}
 		ss, err := parseCountList(*seqList)
 		if err != nil {

@@ -173,12 +173,13 @@ func (lb *layoutBench) measure(ctx context.Context, P, T int) ([]layoutRun, erro
 	return out, nil
 }
 
-// window submits n sequences at once and measures them from the moment
-// the head has delivered every sequence's warm-up tokens (its prefill and
-// first steps done) to the moment it has finished them all: tok/s on the
-// wall clock, the step split from the head's counters. Both ends are
-// snapshots polled alike, so their delays cancel out; the tokens' arrival
-// at the client would not do, as the front door may send them in bursts.
+// window submits n sequences at once and measures them while all n
+// decode together: from the moment each has its warm-up tokens (its
+// prefill and first steps done) to the moment the first ends (the prompts
+// are admitted one after another, so they end one after another too): tok/s
+// on the wall clock, the step split from the head's counters. Both ends are
+// the head's snapshots as they come back to the bench, so that their delays
+// (a rank on one busy core answers late) cancel out.
 func (lb *layoutBench) window(ctx context.Context, head *frontdoor.Client, n int) (layoutRun, error) {
 	base, err := head.Stats(ctx)
 	if err != nil {
@@ -191,11 +192,16 @@ func (lb *layoutBench) window(ctx context.Context, head *frontdoor.Client, n int
 			return layoutRun{}, err
 		}
 	}
-	before, start, err := pollStats(ctx, head, func(st frontdoor.Stats) bool { return st.Tokens-base.Tokens >= int64(n*warmTokens) })
+	for _, s := range streams {
+		if _, err := s.WaitTokens(ctx, warmTokens); err != nil {
+			return layoutRun{}, err
+		}
+	}
+	before, start, err := pollStats(ctx, head, func(frontdoor.Stats) bool { return true })
 	if err != nil {
 		return layoutRun{}, err
 	}
-	after, end, err := pollStats(ctx, head, func(st frontdoor.Stats) bool { return st.Finished+st.Failed-base.Finished-base.Failed >= int64(n) })
+	after, end, err := pollStats(ctx, head, func(st frontdoor.Stats) bool { return st.Finished+st.Failed > base.Finished+base.Failed })
 	if err != nil {
 		return layoutRun{}, err
 	}
@@ -241,7 +247,7 @@ func pollStats(ctx context.Context, head *frontdoor.Client, done func(frontdoor.
 func stepSplit(before, after pipeline.Stats, n int, elapsed time.Duration, ids []int32) (layoutRun, error) {
 	steps := after.DecodeSteps - before.DecodeSteps
 	if steps <= 0 {
-		return layoutRun{}, fmt.Errorf("no decode step in the measured window (%d tokens a sequence): give more --tokens", after.Tokens-before.Tokens)
+		return layoutRun{}, fmt.Errorf("no decode step of all %d sequences together was measured (the first ended before the last had its first tokens): give more --tokens", n)
 	}
 	per := func(d time.Duration) float64 { return durMS(d) / float64(steps) }
 	compute, coll := after.StepComputeTime-before.StepComputeTime, after.StepCollectiveTime-before.StepCollectiveTime
