@@ -91,20 +91,21 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	if *tensor < 1 {
 		return fmt.Errorf("--tensor %d: want 1 or more ranks per stage", *tensor)
 	}
-	if *tensor > 1 || *processes {
-		if !fs.Changed("seqs") {
-			*seqList = "1,16"
-		}
-		if !fs.Changed("tokens") {
-			*tokens = 48
-		}
-		ss, err := parseCountList(*seqList)
-		if err != nil {
-			return fmt.Errorf("--seqs: %w", err)
-		}
-		if *tokens < 4 || *promptLen < 1 {
-			return errors.New("--tokens must be at least 4 and --prompt at least 1")
-		}
+	layouts := *tensor > 1 || *processes
+	if layouts && !fs.Changed("seqs") {
+		*seqList = "1,16"
+	}
+	if layouts && !fs.Changed("tokens") {
+		*tokens = 48
+	}
+	ss, err := parseCountList(*seqList)
+	if err != nil {
+		return fmt.Errorf("--seqs: %w", err)
+	}
+	if *tokens < 4 || *promptLen < 1 {
+		return errors.New("--tokens must be at least 4 and --prompt at least 1")
+	}
+	if layouts {
 		lb := layoutBench{mf: &mf, pipeline: max(*pipe, 1), tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen,
 			tokens: *tokens, micro: *micro, json: *asJSON, transport: *transport, worker: *worker}
 		return lb.run(ctx)
@@ -116,34 +117,33 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("--ranks: %w", err)
 	}
-	ss, err := parseCountList(*seqList)
-	if err != nil {
-		return fmt.Errorf("--seqs: %w", err)
-	}
-	if *tokens < 4 || *promptLen < 1 {
-		return errors.New("--tokens must be at least 4 and --prompt at least 1")
-	}
 	if *forced != -1 {
 		if !(*forced >= 0 && *forced <= 1) {
 			return fmt.Errorf("--forced-acceptance %v: want a probability in [0, 1]", *forced)
 		}
 		return runForced(ctx, &mf, rs, ss, *promptLen, *tokens, *micro, *forced, *asJSON)
 	}
+	return ranksTable(ctx, &mf, rs, ss, *promptLen, *tokens, *micro, *minRatio)
+}
+
+// ranksTable is decodegroup --ranks: each group size in this process at
+// each number of sequences, and the aggregate rate's check.
+func ranksTable(ctx context.Context, mf *modelFlags, rs, ss []int, promptLen, tokens, micro int, minRatio float64) error {
 	fmt.Printf("| ranks | seqs | tok/s | ms/step | compute ms/step | mesh ms/step | queued ms/step | seqs/step |\n")
 	fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	rate := map[[2]int]float64{}
 	for _, r := range rs {
-		opt, err := groupOptions(&mf, r, 1)
+		opt, err := groupOptions(mf, r, 1)
 		if err != nil {
 			return err
 		}
-		opt.MicroBatches = *micro
+		opt.MicroBatches = micro
 		g, err := group.Start(ctx, opt)
 		if err != nil {
 			return err
 		}
 		for _, s := range ss {
-			res, err := measureDecode(ctx, g, s, *promptLen, *tokens)
+			res, err := measureDecode(ctx, g, s, promptLen, tokens)
 			if err != nil {
 				g.Close()
 				return fmt.Errorf("%d ranks, %d sequences: %w", r, s, err)
@@ -157,12 +157,12 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	rmax, smax, smin := rs[len(rs)-1], ss[len(ss)-1], ss[0]
 	if base := rate[[2]int{rmax, smin}]; base > 0 {
 		ratio := rate[[2]int{rmax, smax}] / base
-		fmt.Printf("\n%d ranks: %d sequences give %.2fx the tok/s of %d (limit %.2fx)\n", rmax, smax, ratio, smin, *minRatio)
+		fmt.Printf("\n%d ranks: %d sequences give %.2fx the tok/s of %d (limit %.2fx)\n", rmax, smax, ratio, smin, minRatio)
 		if b1 := rate[[2]int{rs[0], smin}]; b1 > 0 {
 			fmt.Printf("%d ranks x %d sequences vs %d rank x %d sequence: %.2fx\n", rmax, smax, rs[0], smin, rate[[2]int{rmax, smax}]/b1)
 		}
-		if *minRatio > 0 && ratio < *minRatio {
-			return fmt.Errorf("aggregate tok/s ratio %.2f is below the limit %.2f", ratio, *minRatio)
+		if minRatio > 0 && ratio < minRatio {
+			return fmt.Errorf("aggregate tok/s ratio %.2f is below the limit %.2f", ratio, minRatio)
 		}
 	}
 	return nil
