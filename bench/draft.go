@@ -100,7 +100,7 @@ func runForced(ctx context.Context, mf *modelFlags, rs, ss []int, promptLen, tok
 		fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	}
 	for _, r := range rs {
-		opt, err := groupOptions(mf, r)
+		opt, err := groupOptions(mf, r, 1)
 		if err != nil {
 			return err
 		}

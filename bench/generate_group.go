@@ -21,9 +21,10 @@ func init() {
 	register(command{name: "decodegroup", short: "decode tok/s of an in-process decode group: sequences x ranks, compute vs mesh time", run: runDecodeGroup})
 }
 
-// groupOptions maps the model tools' flags onto an in-process group.
-func groupOptions(mf *modelFlags, ranks int) (group.Options, error) {
-	opt := group.Options{ModelDir: mf.dir, Ranks: ranks, Threads: mf.threads, LatentNormEps: mf.latentEps}
+// groupOptions maps the model tools' flags onto an in-process group of
+// ranks, tensor of them per pipeline stage.
+func groupOptions(mf *modelFlags, ranks, tensor int) (group.Options, error) {
+	opt := group.Options{ModelDir: mf.dir, Ranks: ranks, Tensor: tensor, Threads: mf.threads, LatentNormEps: mf.latentEps}
 	dt, err := model.ParseCacheDType(mf.cache)
 	if err != nil {
 		return opt, fmt.Errorf("--cache-dtype: %w", err)
@@ -32,11 +33,12 @@ func groupOptions(mf *modelFlags, ranks int) (group.Options, error) {
 	return opt, nil
 }
 
-// generateGroup is generate --ranks N (or --draft lookup): the prompt is
-// prefilled and decoded greedily by a decode group of N ranks in this
-// process (each rank with its own kvtransfer server on loopback, the mesh
-// over TCP), drafting when draft says so.
-func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int, draft bool) ([]int32, error) {
+// generateGroup is generate --pipeline P --tensor T (or --draft lookup):
+// the prompt is prefilled and decoded greedily by a decode group of P
+// stages of T tensor ranks in this process (each rank with its own
+// kvtransfer server on loopback, the mesh and the stages' collectives over
+// TCP), drafting when draft says so.
+func generateGroup(ctx context.Context, mf *modelFlags, n, stages, tensor int, draft bool) ([]int32, error) {
 	if mf.dir == "" || mf.ids == "" {
 		return nil, errors.New("--model and --ids are required")
 	}
@@ -44,7 +46,7 @@ func generateGroup(ctx context.Context, mf *modelFlags, n, ranks int, draft bool
 	if err != nil {
 		return nil, err
 	}
-	opt, err := groupOptions(mf, ranks)
+	opt, err := groupOptions(mf, stages*tensor, tensor)
 	if err != nil {
 		return nil, err
 	}
@@ -68,30 +70,33 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	fs.IntVar(&mf.threads, "threads", 0, "CPU threads per rank (0: all)")
 	fs.StringVar(&mf.cache, "cache-dtype", "bf16", "MLA latent cache dtype: bf16 or f32")
 	rankList := fs.String("ranks", "1,2,3", "group sizes to measure")
-	seqList := fs.String("seqs", "1,4,8,16", "concurrent sequences to measure")
-	tokens := fs.Int("tokens", 32, "tokens generated per sequence")
+	seqList := fs.String("seqs", "1,4,8,16", "concurrent sequences to measure (with --tensor or --processes the default is 1,16)")
+	tokens := fs.Int("tokens", 32, "tokens generated per sequence (with --tensor or --processes: measured per sequence after 2 warm-up tokens, default 48; the prompts are admitted a step or so apart, and only the steps that decode all of them count)")
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
 	pipe := fs.Int("pipeline", 0, "pipeline stages: the same as --ranks with one size")
-	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, one rank against one stage split over this many ranks (pipeline 1, the collective over loopback TCP; --ranks is ignored), the same sequences and ids")
-	transport := fs.String("transport", "tcp", "with --tensor: the collective's links, tcp (loopback) or rdma-fake (the RDMA link on the in-process fake verbs wire; ranks in this process)")
-	computeOnly := fs.Bool("compute-only", false, "with --tensor: time tensor rank 0 alone with its reductions left out (its share of the compute; ids not checked)")
-	processes := fs.Bool("processes", false, "with --tensor: each rank a separate process limited to one core (GOMAXPROCS 1, pinned to CPU r on linux)")
+	tensor := fs.Int("tensor", 1, "tensor ranks per pipeline stage: above 1 (or with --processes), the real decode pipeline of --pipeline stages of this many ranks against one rank (1 x 1) in the same run, on the same sequences, failing unless the first sequence's greedy ids agree; --ranks is ignored")
+	transport := fs.String("transport", "tcp", "with --tensor: every link of the group (mesh and the stages' collectives), tcp (loopback) or rdma-fake (the RDMA link on the in-process fake verbs wire; ranks in this process)")
+	processes := fs.Bool("processes", false, "with --tensor: each rank a decode-worker process with GOMAXPROCS 1 and one compute thread, rank r pinned to CPU r mod the CPUs (linux); without it the ranks run in this process with --threads threads each (at least 1)")
+	worker := fs.String("decode-worker", "", "with --processes: the decode-worker binary (default: beside bench, on $PATH, else built from this module with go build)")
 	forced := fs.Float64("forced-acceptance", -1, "speculative decoding with a forced drafter: it proposes the model's own continuation (from a run without drafts) with each token wrong with probability 1-P; reports tok/s with it and without drafts, measured in the same run on the same group (-1: off)")
-	asJSON := fs.Bool("json", false, "with --forced-acceptance or --tensor: print the results as JSON (--tensor: one object per run with pipeline, tensor, sequences, tok_s, ms_per_step, collective_ms_per_step)")
+	asJSON := fs.Bool("json", false, "with --forced-acceptance or --tensor: print the results as JSON (--tensor: one object per run with pipeline, tensor, sequences, tok_s, ms_per_step, compute_ms_per_step, collective_ms_per_step, queued_ms_per_step, ratio_vs_1x1, ...)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if mf.dir == "" {
 		return errors.New("--model is required")
 	}
-	if *pipe > 0 {
-		*rankList = strconv.Itoa(*pipe)
+	if *tensor < 1 {
+		return fmt.Errorf("--tensor %d: want 1 or more ranks per stage", *tensor)
 	}
-	rs, err := parseCountList(*rankList)
-	if err != nil {
-		return fmt.Errorf("--ranks: %w", err)
+	layouts := *tensor > 1 || *processes
+	if layouts && !fs.Changed("seqs") {
+		*seqList = "1,16"
+	}
+	if layouts && !fs.Changed("tokens") {
+		*tokens = 48
 	}
 	ss, err := parseCountList(*seqList)
 	if err != nil {
@@ -100,12 +105,17 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	if *tokens < 4 || *promptLen < 1 {
 		return errors.New("--tokens must be at least 4 and --prompt at least 1")
 	}
-	if *tensor > 1 {
-		if *pipe > 1 {
-			return fmt.Errorf("--tensor %d: this build measures tensor-parallel stages without the pipeline; give --pipeline 1", *tensor)
-		}
-		tb := tensorBench{mf: &mf, tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen, tokens: *tokens, json: *asJSON, transport: *transport, computeOnly: *computeOnly}
-		return tb.run(ctx)
+	if layouts {
+		lb := layoutBench{mf: &mf, pipeline: max(*pipe, 1), tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen,
+			tokens: *tokens, micro: *micro, json: *asJSON, transport: *transport, worker: *worker}
+		return lb.run(ctx)
+	}
+	if *pipe > 0 {
+		*rankList = strconv.Itoa(*pipe)
+	}
+	rs, err := parseCountList(*rankList)
+	if err != nil {
+		return fmt.Errorf("--ranks: %w", err)
 	}
 	if *forced != -1 {
 		if !(*forced >= 0 && *forced <= 1) {
@@ -113,21 +123,27 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 		}
 		return runForced(ctx, &mf, rs, ss, *promptLen, *tokens, *micro, *forced, *asJSON)
 	}
+	return ranksTable(ctx, &mf, rs, ss, *promptLen, *tokens, *micro, *minRatio)
+}
+
+// ranksTable is decodegroup --ranks: each group size in this process at
+// each number of sequences, and the aggregate rate's check.
+func ranksTable(ctx context.Context, mf *modelFlags, rs, ss []int, promptLen, tokens, micro int, minRatio float64) error {
 	fmt.Printf("| ranks | seqs | tok/s | ms/step | compute ms/step | mesh ms/step | queued ms/step | seqs/step |\n")
 	fmt.Printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	rate := map[[2]int]float64{}
 	for _, r := range rs {
-		opt, err := groupOptions(&mf, r)
+		opt, err := groupOptions(mf, r, 1)
 		if err != nil {
 			return err
 		}
-		opt.MicroBatches = *micro
+		opt.MicroBatches = micro
 		g, err := group.Start(ctx, opt)
 		if err != nil {
 			return err
 		}
 		for _, s := range ss {
-			res, err := measureDecode(ctx, g, s, *promptLen, *tokens)
+			res, err := measureDecode(ctx, g, s, promptLen, tokens)
 			if err != nil {
 				g.Close()
 				return fmt.Errorf("%d ranks, %d sequences: %w", r, s, err)
@@ -141,12 +157,12 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	rmax, smax, smin := rs[len(rs)-1], ss[len(ss)-1], ss[0]
 	if base := rate[[2]int{rmax, smin}]; base > 0 {
 		ratio := rate[[2]int{rmax, smax}] / base
-		fmt.Printf("\n%d ranks: %d sequences give %.2fx the tok/s of %d (limit %.2fx)\n", rmax, smax, ratio, smin, *minRatio)
+		fmt.Printf("\n%d ranks: %d sequences give %.2fx the tok/s of %d (limit %.2fx)\n", rmax, smax, ratio, smin, minRatio)
 		if b1 := rate[[2]int{rs[0], smin}]; b1 > 0 {
 			fmt.Printf("%d ranks x %d sequences vs %d rank x %d sequence: %.2fx\n", rmax, smax, rs[0], smin, rate[[2]int{rmax, smax}]/b1)
 		}
-		if *minRatio > 0 && ratio < *minRatio {
-			return fmt.Errorf("aggregate tok/s ratio %.2f is below the limit %.2f", ratio, *minRatio)
+		if minRatio > 0 && ratio < minRatio {
+			return fmt.Errorf("aggregate tok/s ratio %.2f is below the limit %.2f", ratio, minRatio)
 		}
 	}
 	return nil

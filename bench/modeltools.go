@@ -121,7 +121,7 @@ func runGenerate(ctx context.Context, args []string) error {
 	n := fs.IntP("n", "n", 8, "number of tokens to generate")
 	ranks := fs.Int("ranks", 1, "decode group ranks: above 1, a pipeline-parallel group of that many ranks (in process, mesh over loopback TCP) prefills and decodes")
 	fs.IntVar(ranks, "pipeline", 1, "pipeline stages (the same as --ranks)")
-	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, --pipeline stages of that many ranks each in process (each binding only its slices; the stages hand activations on in memory, not through the decode pipeline) prefill and decode")
+	tensor := fs.Int("tensor", 1, "tensor ranks per stage: above 1, a decode group of --pipeline stages of this many ranks each (in process, each rank binding only its slices, the stages' collectives and the mesh over loopback TCP) prefills and decodes")
 	draftMode := fs.String("draft", "off", "speculative decoding: lookup (a decode group of --ranks drafts from the prompt and output; the ids are the same) or off")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -130,31 +130,15 @@ func runGenerate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *tensor > 1 && draft {
-		return fmt.Errorf("--tensor %d with --draft: tensor-parallel stages run without drafts in this build", *tensor)
-	}
 	if *n < 1 {
 		return fmt.Errorf("--n must be at least 1, is %d", *n)
 	}
-	if *ranks < 1 {
-		return fmt.Errorf("--ranks must be at least 1, is %d", *ranks)
+	if *ranks < 1 || *tensor < 1 {
+		return fmt.Errorf("--ranks (--pipeline) and --tensor must be at least 1, are %d and %d", *ranks, *tensor)
 	}
 	var gen []int32
-	if *tensor > 1 {
-		if mf.dir == "" || mf.ids == "" {
-			return errors.New("--model and --ids are required")
-		}
-		if *ranks > 1 {
-			gen, err = generateStages(ctx, &mf, *n, *ranks, *tensor)
-		} else {
-			gen, err = generateTensor(ctx, &mf, *n, *tensor)
-		}
-		if err != nil {
-			return err
-		}
-	} else if *ranks > 1 || draft {
-		var err error
-		if gen, err = generateGroup(ctx, &mf, *n, *ranks, draft); err != nil {
+	if *ranks > 1 || *tensor > 1 || draft {
+		if gen, err = generateGroup(ctx, &mf, *n, *ranks, *tensor, draft); err != nil {
 			return err
 		}
 	} else {

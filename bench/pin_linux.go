@@ -2,31 +2,28 @@ package main
 
 import (
 	"fmt"
-	"os"
+	"os/exec"
 	"runtime"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
 
-// pinProcess restricts every thread of the process to CPU core (modulo
-// the machine's CPUs); threads started later inherit it from their
-// creators.
-func pinProcess(core int) error {
-	var set unix.CPUSet
-	set.Set(core % runtime.NumCPU())
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return fmt.Errorf("pinning to core %d: %w", core, err)
-	}
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
+// startPinned starts cmd restricted to CPU core (modulo the machine's
+// CPUs). A child inherits the affinity of the thread that forks it, and its
+// threads inherit it in turn; so the fork is made from a thread of its own,
+// pinned first and never returned to the scheduler (the goroutine ends
+// locked to it, which ends the thread).
+func startPinned(cmd *exec.Cmd, core int) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread goes with the goroutine
+		var set unix.CPUSet
+		set.Set(core % runtime.NumCPU())
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			errc <- fmt.Errorf("pinning to core %d: %w", core, err)
+			return
 		}
-		if err := unix.SchedSetaffinity(tid, &set); err != nil {
-			return fmt.Errorf("pinning thread %d to core %d: %w", tid, core, err)
-		}
-	}
-	return nil
+		errc <- cmd.Start()
+	}()
+	return <-errc
 }

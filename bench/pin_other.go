@@ -2,6 +2,8 @@
 
 package main
 
-// pinProcess is not available off linux; the ranks still run with
-// GOMAXPROCS 1.
-func pinProcess(core int) error { return errNoPin }
+import "os/exec"
+
+// startPinned is not available off linux; the caller starts the process
+// unpinned (it still runs with GOMAXPROCS 1).
+func startPinned(cmd *exec.Cmd, core int) error { return errNoPin }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,6 +33,7 @@ type transferConfig struct {
 	model         string
 	tokens        int
 	ranks         int
+	tensor        int
 	conns         int
 	chunk         int
 	window        int
@@ -55,7 +57,9 @@ type transferResult struct {
 	Tokens       int    `json:"tokens"`
 	Layers       int    `json:"layers"`
 	StateBytes   int64  `json:"state_bytes"`
+	WireBytes    int64  `json:"wire_bytes"` // received by the ranks: the state, plus the MLA rows again per extra tensor rank
 	Ranks        int    `json:"ranks"`
+	Tensor       int    `json:"tensor"`
 	ConnsPerRank int    `json:"conns_per_rank"`
 	ChunkBytes   int    `json:"chunk_bytes"`
 	Reps         int    `json:"reps"`
@@ -99,7 +103,8 @@ func parseTransferFlags(args []string) (transferConfig, error) {
 	fs := pflag.NewFlagSet("transfer", pflag.ContinueOnError)
 	fs.StringVar(&f.model, "model", "k3", "state shapes: k3 (the released config), a preset (tiny, small, medium) or a config.json path")
 	fs.IntVar(&f.tokens, "tokens", 4096, "cached tokens T of the sequence (MLA rows per MLA layer)")
-	fs.IntVar(&f.ranks, "ranks", 2, "decode ranks (servers), layers split contiguously")
+	fs.IntVar(&f.ranks, "ranks", 2, "decode ranks (servers), layers split contiguously over ranks/tensor stages")
+	fs.IntVar(&f.tensor, "tensor", 1, "tensor ranks per stage: each gets its slice of the stage's layers (its KDA heads, the MLA rows whole); throughputs count the bytes on the wire")
 	fs.IntVar(&f.conns, "conns", 2, "connections per rank")
 	fs.IntVar(&f.chunk, "chunk", kvtransfer.DefaultChunkSize, "chunk size in bytes")
 	fs.IntVar(&f.window, "window", kvtransfer.DefaultWindow, "credit window (chunks in flight per connection)")
@@ -138,6 +143,12 @@ func (f transferConfig) validate() error {
 	if f.tokens < 0 || f.ranks < 1 || f.conns < 1 || f.reps < 1 || f.limitedLayers < 1 {
 		return fmt.Errorf("--tokens, --ranks, --conns, --reps and --limited-layers must be positive")
 	}
+	if f.tensor < 1 || f.ranks%f.tensor != 0 {
+		return fmt.Errorf("--tensor %d: want a positive divisor of --ranks %d (the ranks are stages x tensor)", f.tensor, f.ranks)
+	}
+	if f.tensor > 1 && f.transport != "tcp" {
+		return fmt.Errorf("--tensor %d: tensor ranks are measured over --transport tcp only", f.tensor)
+	}
 	switch f.transport {
 	case "tcp":
 	case "rdma-fake":
@@ -155,8 +166,11 @@ func runTransfer(ctx context.Context, f transferConfig) error {
 	if err != nil {
 		return err
 	}
-	if f.ranks > cfg.NumLayers {
-		return fmt.Errorf("--ranks %d exceeds the model's %d layers", f.ranks, cfg.NumLayers)
+	if f.ranks/f.tensor > cfg.NumLayers {
+		return fmt.Errorf("--ranks %d make %d stages, more than the model's %d layers", f.ranks, f.ranks/f.tensor, cfg.NumLayers)
+	}
+	if err := cfg.CheckShard(f.tensor); err != nil {
+		return fmt.Errorf("--tensor: %w", err)
 	}
 	src := kvtest.RandomSeq(cfg, kvtest.AllLayers(cfg.NumLayers), f.tokens, model.BF16, f.seed)
 	if f.transport == "rdma-fake" {
@@ -183,15 +197,21 @@ type tcpBench struct {
 func transferTCP(ctx context.Context, f transferConfig, cfg *model.Config, src *model.SeqState) error {
 	b := &tcpBench{f: &f, cfg: cfg, src: src, all: kvtest.AllLayers(cfg.NumLayers)}
 	b.res = transferResult{Model: f.model, Tokens: f.tokens, Layers: cfg.NumLayers, StateBytes: int64(src.Bytes()),
-		Ranks: f.ranks, ConnsPerRank: f.conns, ChunkBytes: f.chunk, Reps: f.reps, CPUs: runtime.NumCPU(), TargetRatio: 0.8}
+		Ranks: f.ranks, Tensor: f.tensor, ConnsPerRank: f.conns, ChunkBytes: f.chunk, Reps: f.reps, CPUs: runtime.NumCPU(), TargetRatio: 0.8}
 	res := &b.res
-	say("state: %s, T=%d, %d layers, %.1f MB; %d ranks x %d connections, %d-byte chunks",
-		f.model, f.tokens, cfg.NumLayers, float64(res.StateBytes)/1e6, f.ranks, f.conns, f.chunk)
 	var err error
 	if b.g, err = startGroup(cfg, f.ranks, f.chunk, f.window); err != nil {
 		return err
 	}
 	defer b.g.close()
+	if err := b.g.split(f.tensor); err != nil {
+		return err
+	}
+	if res.WireBytes, err = b.g.wireBytes(src, b.all); err != nil {
+		return err
+	}
+	say("state: %s, T=%d, %d layers, %.1f MB (%.1f MB on the wire); %d ranks (%d per stage) x %d connections, %d-byte chunks",
+		f.model, f.tokens, cfg.NumLayers, float64(res.StateBytes)/1e6, float64(res.WireBytes)/1e6, f.ranks, f.tensor, f.conns, f.chunk)
 	for _, step := range []func(context.Context) error{b.throughput, b.lastLayer, b.pacedTail} {
 		if err := step(ctx); err != nil {
 			return err
@@ -262,7 +282,7 @@ func (b *tcpBench) throughput(ctx context.Context) error {
 		}
 	}
 	res.RawTCPGbps = gbps(res.StateBytes, rawBest)
-	res.TransferGbps = gbps(res.StateBytes, b.xferBest)
+	res.TransferGbps = gbps(res.WireBytes, b.xferBest)
 	res.TransferRatio = res.TransferGbps / res.RawTCPGbps
 	res.ThroughputOK = res.TransferRatio >= res.TargetRatio
 	say("raw TCP %.2f Gbit/s, transfer %.2f Gbit/s with CRC-32C: %.2f x raw (target >= %.1f)",
@@ -294,7 +314,7 @@ func (b *tcpBench) lastLayer(ctx context.Context) error {
 // measured send time).
 func (b *tcpBench) pacedTail(ctx context.Context) error {
 	f, res := b.f, &b.res
-	perByte := float64(b.xferBest) / float64(res.StateBytes)
+	perByte := float64(b.xferBest) / float64(res.WireBytes)
 	pace := func(L int) time.Duration {
 		if f.prefillMS > 0 {
 			return time.Duration(f.prefillMS * float64(time.Millisecond))
@@ -361,13 +381,77 @@ func loadTransferModel(name string) (*model.Config, error) {
 func gbps(n int64, d time.Duration) float64 { return float64(n) * 8 / d.Seconds() / 1e9 }
 func ms(d time.Duration) float64            { return float64(d.Microseconds()) / 1000 }
 
-// xferGroup is a decode group on loopback: a server per rank.
+// xferGroup is a decode group on loopback: a server per rank, in stages
+// of tensor ranks (one rank per stage until split).
 type xferGroup struct {
 	cfg     *model.Config
 	servers []*kvtransfer.Server
-	place   kvtransfer.LayerMap
+	dests   map[int][]kvtransfer.Dest // layer -> its stage's ranks
+	shards  []model.Shard             // by server
+	slices  map[int]*model.SeqState   // a tensor rank's slice of sliced
+	sliced  *model.SeqState
 	n       int
 	client  kvtransfer.Transport // the sender's (nil: TCP)
+}
+
+// split arranges the servers in stages of tensor ranks, the layers split
+// over the stages contiguously.
+func (g *xferGroup) split(tensor int) error {
+	var firsts []string
+	for i := 0; i < len(g.servers); i += tensor {
+		firsts = append(firsts, g.servers[i].Addr())
+	}
+	stages, err := kvtransfer.Contiguous(g.cfg.NumLayers, firsts)
+	if err != nil {
+		return err
+	}
+	g.dests, g.shards = map[int][]kvtransfer.Dest{}, make([]model.Shard, len(g.servers))
+	for L, first := range stages {
+		s := slices.Index(firsts, first)
+		for t := range tensor {
+			sh := model.Shard{Rank: t, Ranks: tensor}
+			if tensor == 1 {
+				sh = model.Shard{}
+			}
+			g.shards[s*tensor+t] = sh
+			g.dests[L] = append(g.dests[L], kvtransfer.Dest{Endpoint: g.servers[s*tensor+t].Addr(), Shard: sh})
+		}
+	}
+	return nil
+}
+
+// want is what server i commits of src: its tensor rank's slice.
+func (g *xferGroup) want(src *model.SeqState, i int) (*model.SeqState, error) {
+	s := g.shards[i]
+	if !s.Split() {
+		return src, nil
+	}
+	if g.sliced != src {
+		g.sliced, g.slices = src, map[int]*model.SeqState{}
+	}
+	if st := g.slices[s.Rank]; st != nil {
+		return st, nil
+	}
+	st, err := g.cfg.ShardSeqState(src, s)
+	g.slices[s.Rank] = st
+	return st, err
+}
+
+// wireBytes are the bytes of the layers of src the ranks receive.
+func (g *xferGroup) wireBytes(src *model.SeqState, layers []int) (int64, error) {
+	var n int64
+	for i, srv := range g.servers {
+		st, err := g.want(src, i)
+		if err != nil {
+			return 0, err
+		}
+		for _, L := range layers {
+			if slices.ContainsFunc(g.dests[L], func(d kvtransfer.Dest) bool { return d.Endpoint == srv.Addr() }) {
+				n += int64(st.Layers[L].Bytes())
+			}
+		}
+	}
+	return n, nil
 }
 
 func startGroup(cfg *model.Config, ranks, chunk, window int) (*xferGroup, error) {
@@ -392,8 +476,7 @@ func startGroupOn(cfg *model.Config, ranks, chunk, window int, server func(int) 
 		g.servers = append(g.servers, srv)
 		eps = append(eps, srv.Addr())
 	}
-	var err error
-	if g.place, err = kvtransfer.Contiguous(cfg.NumLayers, eps); err != nil {
+	if err := g.split(1); err != nil {
 		g.close()
 		return nil, err
 	}
@@ -483,8 +566,12 @@ func (g *xferGroup) run(ctx context.Context, src *model.SeqState, layers []int, 
 	// Verify after the clock stopped, so that checking one rank does not
 	// slow another still receiving.
 	out := xferTiming{total: w.lastEnd.Sub(start), tail: w.lastEnd.Sub(lastPut), cpu: cpu}
-	for i, r := range ranks {
-		n, bad := compareChunks(src, w.states[i], r.layers)
+	for _, r := range ranks {
+		want, err := g.want(src, r.server)
+		if err != nil {
+			return xferTiming{}, err
+		}
+		n, bad := compareChunks(want, w.states[r.index], r.layers)
 		out.chunks += n
 		out.corrupt += bad
 	}
@@ -498,40 +585,54 @@ func freeHeap() {
 	debug.FreeOSMemory()
 }
 
-// xferRank is a rank expecting its share of a run's layers.
+// xferRank is a rank expecting its share of a run's layers: server
+// index server, index-th of the run's ranks.
 type xferRank struct {
-	in     *kvtransfer.Incoming
-	layers []int
+	in            *kvtransfer.Incoming
+	layers        []int
+	server, index int
 }
 
-// expect has each rank owning some of layers expect them, and returns the
-// ranks and the layers' placement (through via when set). On error it
-// cancels what it started.
-func (g *xferGroup) expect(sid string, secret []byte, src *model.SeqState, layers []int, via map[string]string, deadline time.Time) ([]xferRank, kvtransfer.LayerMap, error) {
-	place := kvtransfer.LayerMap{}
+// expect has each rank owning some of layers expect them (its slice), and
+// returns the ranks and the layers' placement (through via when set). On
+// error it cancels what it started.
+func (g *xferGroup) expect(sid string, secret []byte, src *model.SeqState, layers []int, via map[string]string, deadline time.Time) ([]xferRank, kvtransfer.Placement, error) {
+	dests := map[int][]kvtransfer.Dest{}
 	var ranks []xferRank
-	for _, s := range g.servers {
+	cancel := func() {
+		for _, r := range ranks {
+			r.in.Cancel()
+		}
+	}
+	for i, s := range g.servers {
 		var own []int
 		for _, L := range layers {
-			if g.place[L] == s.Addr() {
-				own = append(own, L)
-				place[L] = s.Addr()
-				if via != nil {
-					place[L] = via[s.Addr()]
+			for _, d := range g.dests[L] {
+				if d.Endpoint != s.Addr() {
+					continue
 				}
+				own = append(own, L)
+				if via != nil {
+					d.Endpoint = via[d.Endpoint]
+				}
+				dests[L] = append(dests[L], d)
 			}
 		}
 		if len(own) == 0 {
 			continue
 		}
-		in, err := s.Expect(kvtransfer.ExpectSpec{Session: sid, Secret: secret, Model: g.cfg, Layers: own, Tokens: src.Tokens, Deadline: deadline})
+		in, err := s.Expect(kvtransfer.ExpectSpec{Session: sid, Secret: secret, Model: g.cfg, Layers: own, Tokens: src.Tokens,
+			Shard: g.shards[i], Deadline: deadline})
 		if err != nil {
-			for _, r := range ranks {
-				r.in.Cancel()
-			}
+			cancel()
 			return nil, nil, err
 		}
-		ranks = append(ranks, xferRank{in, own})
+		ranks = append(ranks, xferRank{in: in, layers: own, server: i, index: len(ranks)})
+	}
+	place, err := kvtransfer.NewSharded(g.cfg, dests)
+	if err != nil {
+		cancel()
+		return nil, nil, err
 	}
 	return ranks, place, nil
 }

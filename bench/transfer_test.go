@@ -26,6 +26,10 @@ func TestTransferConfigValidate(t *testing.T) {
 		{"rdma-fake all lost", func(c *transferConfig) { c.transport, c.loss = "rdma-fake", 1 }, "--loss"},
 		{"rdma-fake negative loss", func(c *transferConfig) { c.transport, c.loss = "rdma-fake", -0.1 }, "--loss"},
 		{"tcp ignores loss", func(c *transferConfig) { c.loss = 2 }, ""},
+		{"tensor ranks", func(c *transferConfig) { c.ranks, c.tensor = 4, 2 }, ""},
+		{"tensor not dividing the ranks", func(c *transferConfig) { c.ranks, c.tensor = 3, 2 }, "--tensor 2"},
+		{"no tensor", func(c *transferConfig) { c.tensor = 0 }, "--tensor 0"},
+		{"tensor over rdma-fake", func(c *transferConfig) { c.transport, c.tensor = "rdma-fake", 2 }, "--transport tcp only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := def

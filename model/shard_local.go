@@ -8,7 +8,7 @@ import (
 )
 
 // LocalReducers returns the Reducers of n tensor ranks that run in one
-// process (tests, bench generate --tensor): each call waits for all n ranks
+// process (tests): each call waits for all n ranks
 // and sums their buffers in rank order in float64, rounded once, the sum
 // collective.Group computes over links. A rank whose ctx ends while it
 // waits breaks the group, and so does Close: every waiting and later call

@@ -173,9 +173,8 @@ func ShardGlobals(c *Config, g *Globals, s Shard) *Globals {
 // ShardOf returns rank s of a stage split from m, a holder of unsplit
 // weights: its layers and lm_head are views and copies of m's, its new
 // states hold its KDA heads, and r sums its partial outputs with the other
-// ranks'. The ranks of a stage run in one process this way (tests, bench
-// generate --tensor); a decode rank binds only its slices (Load with
-// LoadOptions.Shard).
+// ranks'. The ranks of a stage run in one process this way (tests); a
+// decode rank binds only its slices (Load with LoadOptions.Shard).
 func (m *Model) ShardOf(s Shard, r Reducer) (*Model, error) {
 	if err := m.Cfg.CheckShard(max(s.Ranks, 1)); err != nil {
 		return nil, err

@@ -20,10 +20,18 @@ import (
 // appends the state to the rows it holds; with the store emptied the group
 // still appends (a from-scratch prefill); with the group's cache emptied
 // the store still serves (the whole state is sent).
-func TestRemoteSuffixThroughTheSystem(t *testing.T) {
+func TestRemoteSuffixThroughTheSystem(t *testing.T) { remoteSuffixTurns(t, 1) }
+
+// TestRemoteSuffixOnTensorRanks is the same session on a stage of two
+// tensor ranks: each gets its slice of every transfer, an append's rows
+// whole.
+func TestRemoteSuffixOnTensorRanks(t *testing.T) { remoteSuffixTurns(t, 2) }
+
+func remoteSuffixTurns(t *testing.T, tensor int) {
 	opt := testOptions(t)
 	opt.Metrics = metrics.New()
 	opt.PrefixStore.Dir = t.TempDir()
+	opt.Tensor = tensor
 	c := startCluster(t, opt)
 	ref := testmodel.LoadReference(t, opt.ModelDir, 1)
 	nc := connect(t, c)
