@@ -73,7 +73,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	seqList := fs.String("seqs", "1,4,8,16", "concurrent sequences to measure (with --tensor or --processes the default is 1,16)")
 	tokens := fs.Int("tokens", 32, "tokens generated per sequence (with --tensor or --processes: measured per sequence after 2 warm-up tokens, default 48; the prompts are admitted a step or so apart, and only the steps that decode all of them count)")
 	promptLen := fs.Int("prompt", 8, "prompt length of each sequence")
-	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of ranks)")
+	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of pipeline stages)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
 	pipe := fs.Int("pipeline", 0, "pipeline stages: the same as --ranks with one size")
 	tensor := fs.Int("tensor", 1, "tensor ranks per pipeline stage: above 1 (or with --processes), the real decode pipeline of --pipeline stages of this many ranks against one rank (1 x 1) in the same run, on the same sequences, failing unless the first sequence's greedy ids agree; --ranks is ignored")

@@ -42,7 +42,7 @@ var settings = []config.Setting{
 	{Key: "threads", Default: 0, Help: "CPU threads for compute (0: every core)"},
 	{Key: "backend", Default: "cpu", Help: "compute backend: cpu, metal (the Mac's GPU; not yet run on a Mac, see kernels/metal) or auto (metal on Apple Silicon when it opens, else cpu)"},
 	{Key: "memory_budget", Bytes: true, Default: "0", Help: "sequence state memory budget, a byte size: 64GiB (0: the group file's, else unlimited)"},
-	{Key: "micro_batches", Default: 0, Help: "steps in flight (0: the number of ranks)"},
+	{Key: "micro_batches", Default: 0, Help: "steps in flight (0: the number of pipeline stages)"},
 	{Key: "max_batch", Default: 64, Help: "sequences per decode step"},
 	{Key: "prefill_chunk", Default: 512, Help: "prompt rows per prefill step, a multiple of 64 (negative: whole prompts)"},
 	{Key: "cache_dtype", Default: "bf16", Help: "MLA latent cache dtype: bf16 (the state contract) or f32"},

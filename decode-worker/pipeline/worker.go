@@ -55,7 +55,7 @@ type Config struct {
 	// MemoryBudget bounds the rank's sequence state in bytes (0: the layout's
 	// value for the rank, and if that is 0 too, unlimited).
 	MemoryBudget int64
-	// MicroBatches is the number of steps in flight (default: the ranks).
+	// MicroBatches is the number of steps in flight (default: the stages).
 	MicroBatches int
 	// MaxBatch bounds the sequences of one decode step (default 64).
 	MaxBatch int
@@ -201,7 +201,9 @@ func Start(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("pipeline: rank %d of a tensor-parallel stage needs a kvtransfer server for the stage's links", cfg.Rank)
 	}
 	if cfg.MicroBatches <= 0 {
-		cfg.MicroBatches = len(l.Ranks)
+		// One step in flight per stage: a tensor stage's ranks run a step
+		// together, so more would queue behind it.
+		cfg.MicroBatches = l.Stages()
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 64
