@@ -97,7 +97,8 @@ The layout is pipeline stages x tensor ranks per stage (key tensor, default
 stage*tensor + t (with tensor 2, ranks 0 and 1 are stage 0, ranks 2 and 3
 stage 1). Each stage owns a contiguous range of layers, the same on all of
 its ranks; the first stage's ranks also hold the embedding, the last stage's
-the final norm and the lm_head, and the last stage's first rank samples.
+the final norm and the lm_head (every one of them draws the tokens alike;
+the group's last rank sends them to rank 0).
 With tensor > 1 each rank of a stage holds 1/tensor of each of the stage's
 layers: its range of the KDA and MLA heads (and their share of the
 sequence state), of the routed experts (by id), of the shared expert's and
