@@ -94,7 +94,7 @@ if [ "$(go env GOARCH)" != arm64 ] && command -v qemu-aarch64-static >/dev/null;
 	arm64_pkgs="$(go list ./internal/expmath ./mxfp ./kernels/cpu ./model/... ./tokenizer/... ./kvtransfer/... ./decode-worker/... |
 		grep -vE '/(kvtransfer/rdma|kvtransfer/rdma/sysverbs|decode-worker)$')"
 	GOARCH=arm64 CGO_ENABLED=0 go test -short -exec qemu-aarch64-static -timeout 10m \
-		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers|TestSlotHoldingPeerOnTheSendersAddress|TestGrammarToolCalls|TestShardLayersMatchUnsplit|TestShardModelGreedyEqualsUnsplit|TestShardGreedyGathersCandidates|TestDraftsKeepGreedyIDs|TestDraftsWithinAGrammar)$' $arm64_pkgs
+		-skip '^(TestK3SparseIsTheRelease|TestBatchedSequences|TestRoundTrip|TestAppend|TestPrefixCache.*|TestRemoteSuffix|TestSlotHoldingPeerDoesNotStarveTransfers|TestSlotHoldingPeerOnTheSendersAddress|TestGrammarToolCalls|TestShardLayersMatchUnsplit|TestShardModelGreedyEqualsUnsplit|TestShardGreedyGathersCandidates|TestDraftsKeepGreedyIDs|TestDraftsWithinAGrammar|TestTensor.*)$' $arm64_pkgs
 else
 	echo "skipped: qemu-aarch64-static not found (scripts/setup.sh installs Debian's qemu-user-static)" >&2
 fi
