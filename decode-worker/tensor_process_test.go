@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,14 +21,15 @@ import (
 // its peer. SIGKILL of one tensor rank mid-decode ends every sequence with
 // an error naming the lost link within seconds, no rank hangs in a
 // reduction, and once the rank is back the stage connects again and the
-// group serves the same ids.
+// group serves the same ids. A tensor rank that stalls instead holds its
+// peer for at most the step timeout.
 func TestProcessTensorGroup(t *testing.T) {
 	dir := testmodel.Dir(t, "tiny", 1, 2)
 	ref := testmodel.LoadReference(t, dir, 0)
 	p := testkit.Prompt(9, ref.Cfg.VocabSize, 4)
 	const n = 24
 	want := ref.Greedy(t, p, n)
-	c := startTensorCluster(t, dir, 4, 2, nil)
+	c := startTensorCluster(t, dir, 4, 2, nil, "--step-timeout", "2s")
 	ctx := testctx.Context(t)
 	head := c.client(ctx, 0)
 	waitFormed(ctx, t, head)
@@ -97,5 +99,43 @@ func TestProcessTensorGroup(t *testing.T) {
 	waitFormed(ctx, t, head)
 	if got := generate("after"); !slices.Equal(got, want) {
 		t.Fatalf("after the restart: %v\nmonolithic: %v", got, want)
+	}
+
+	// A stage peer that stalls (SIGSTOP: its links stay open) holds its
+	// partner's reduction for at most the step timeout: the partner's
+	// loop fails the step and leaves the ring; once the peer resumes,
+	// the group serves again.
+	s, err := head.Submit(ctx, frontdoor.Request{ID: "stalled", Tokens: p, MaxTokens: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WaitTokens(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	stopped := c.procs[3].cmd.Process
+	if err := stopped.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopped.Signal(syscall.SIGCONT) })
+	if _, res, err := s.Wait(ctx); err != nil || res.Reason != pipeline.ReasonError {
+		t.Fatalf("with rank 3 stopped: %v %+v", err, res)
+	}
+	partner := c.client(ctx, 2)
+	for st, err := partner.Stats(ctx); err != nil || st.Formed; st, err = partner.Stats(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("rank 2 is still in its ring with its stage peer stopped: its reduction waits forever")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err := stopped.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFormed(ctx, t, head)
+	if got := generate("resumed"); !slices.Equal(got, want) {
+		t.Fatalf("after the stall: %v\nmonolithic: %v", got, want)
 	}
 }

@@ -109,8 +109,26 @@ func (w *Worker) installCollective(g *collective.Group, epoch uint64) {
 	}
 	w.connecting()
 	w.connecting = nil
-	w.coll, w.m.Reduce = g, g
+	w.coll, w.m.Reduce = g, stageReducer{g: g, base: w.ctx, timeout: w.cfg.StepTimeout}
 	w.log.Debug("tensor stage: connected", zap.Uint64("epoch", epoch), zap.Int("tensor_rank", w.tensorRank), zap.Int("tensor", w.tensor))
+}
+
+// stageReducer bounds each reduction of the stage by the rank's life and
+// the step timeout, besides the caller's ctx (the model gathers the logits
+// without one): a peer that stalls without closing its links (stopped, not
+// dead) then fails the step, and the group resets, instead of holding this
+// rank's loop until the peer comes back.
+type stageReducer struct {
+	g       *collective.Group
+	base    context.Context
+	timeout time.Duration
+}
+
+func (r stageReducer) AllReduce(ctx context.Context, buf []float32) error {
+	c, cancel := context.WithTimeout(r.base, r.timeout)
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
+	return r.g.AllReduce(c, buf)
 }
 
 // connectFailed lets the next Form of the epoch try again.
