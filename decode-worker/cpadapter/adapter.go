@@ -334,11 +334,18 @@ func cacheInfo(st *pipeline.Stats) *cp.PrefixCacheInfo {
 	return ci
 }
 
+// stateBytes is what a sequence of n tokens reserves on this rank: its
+// tensor rank's slice of the KDA state and the whole MLA cache, as the
+// rank's table reserves it.
+func (a *Adapter) stateBytes(n int) int64 {
+	return rank.ShardStateBytes(a.cfg.Model, a.lo, a.hi, n, a.cfg.LatentDType, a.cfg.Layout.Shard(a.cfg.Rank))
+}
+
 // maxTokens is the longest sequence whose state on this rank's layers fits
 // in free bytes (the state grows linearly with the tokens).
 func (a *Adapter) maxTokens(free int64) int {
-	fixed := rank.StateBytes(a.cfg.Model, a.lo, a.hi, 0, a.cfg.LatentDType)
-	per := rank.StateBytes(a.cfg.Model, a.lo, a.hi, 1, a.cfg.LatentDType) - fixed
+	fixed := a.stateBytes(0)
+	per := a.stateBytes(1) - fixed
 	switch {
 	case free < fixed:
 		return 0
@@ -409,7 +416,7 @@ func (a *Adapter) assign(ctx context.Context, as *cp.Assignment) (*cp.AssignRepl
 	if rm := req.Remote; rm != nil {
 		rep.AppendTokens = *rm.Appended // what the prefill worker is to send after
 	}
-	rep.ReservedBytes = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, len(req.Tokens)+as.CachedTokens+req.MaxTokens, a.cfg.LatentDType))
+	rep.ReservedBytes = uint64(a.stateBytes(len(req.Tokens) + as.CachedTokens + req.MaxTokens))
 	a.log.Info("job admitted", zap.String("job", as.JobID), zap.Int("tokens", len(req.Tokens)),
 		zap.Int("cached", as.CachedTokens), zap.Int("append_to", rep.AppendTokens), zap.Int("max_tokens", req.MaxTokens))
 	return rep, nil

@@ -10,7 +10,6 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/decode-worker/pipeline"
-	"github.com/tandem-inference/tandem/decode-worker/rank"
 	"github.com/tandem-inference/tandem/tokenizer"
 )
 
@@ -73,7 +72,7 @@ func (a *Adapter) newStream(as *cp.Assignment, req *pipeline.Request) *stream {
 		stopIDs: map[int32]bool{}, text: tokenizer.StopText{Stops: as.Sampling.Stop.Texts}, wake: make(chan struct{}, 1),
 		log: a.log.With(zap.String("job", as.JobID))}
 	s.latest = cp.Progress{JobID: as.JobID, WorkerID: a.cfg.WorkerID, Stage: cp.StatePrefilling, Time: time.Now()}
-	s.reserved = uint64(rank.StateBytes(a.cfg.Model, a.lo, a.hi, s.prompt+req.MaxTokens, a.cfg.LatentDType))
+	s.reserved = uint64(a.stateBytes(s.prompt + req.MaxTokens))
 	for _, id := range req.Stop {
 		s.stopIDs[id] = true
 	}

@@ -2,6 +2,7 @@ package cpadapter
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,6 +10,8 @@ import (
 
 	cp "github.com/tandem-inference/tandem/controlplane"
 	"github.com/tandem-inference/tandem/decode-worker/rank"
+	"github.com/tandem-inference/tandem/internal/testmodel"
+	"github.com/tandem-inference/tandem/model"
 )
 
 // TestRequestChecksTensorRanks: the group's head takes an assignment only
@@ -54,5 +57,37 @@ func TestRequestChecksTensorRanks(t *testing.T) {
 		if _, err := a.request(as); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestTensorRankRoom: a tensor rank sizes the sequences it has room for as
+// its table reserves them, its slice of the KDA state and the whole MLA
+// cache: more tokens fit in a budget than on an unsplit rank of the same
+// layers, and exactly as many as the table admits.
+func TestTensorRankRoom(t *testing.T) {
+	c, err := model.LoadConfig(filepath.Join(testmodel.Dir(t, "tiny", 1, 2), "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := func(tensor int) (int, *rank.Table) {
+		l, err := rank.EvenTensor("g", c.NumLayers, []string{"h:1", "h:2"}[:tensor], tensor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &Adapter{cfg: Config{Layout: l, Model: c, LatentDType: model.BF16}, lo: 0, hi: c.NumLayers, maxSeq: 1 << 20, log: zap.NewNop()}
+		const budget = 4 << 20
+		return a.maxTokens(budget), rank.NewTable(c, 0, c.NumLayers, budget, model.StateOptions{LatentDType: model.BF16, Shard: l.Shard(0)})
+	}
+	whole, _ := room(1)
+	n, table := room(2)
+	if n <= whole {
+		t.Fatalf("a tensor rank has room for %d tokens, an unsplit one %d", n, whole)
+	}
+	if _, err := table.Admit("fits", n); err != nil {
+		t.Fatalf("the advertised %d tokens do not fit the rank's table: %v", n, err)
+	}
+	table.Free("fits")
+	if _, err := table.Admit("over", n+1); err == nil {
+		t.Fatalf("the table takes %d tokens, more than the advertised room", n+1)
 	}
 }
