@@ -399,8 +399,8 @@ func (s *rsession) end(h *header) error {
 		return s.errorf(-1, "%w: sender appends to a prefix of %d tokens (key %016x); this rank holds %d tokens (key %016x) for it",
 			ErrProtocol, h.Base, h.BaseKey, s.spec.Base, s.spec.BaseKey)
 	case h.Tokens != s.spec.Tokens || h.Layers != len(s.layers) || h.Parts != s.nParts || h.Bytes != s.wantBytes:
-		return s.errorf(-1, "%w: sender finished with %d layers, %d parts, %d bytes for %d tokens; this rank expects %d layers, %d parts, %d bytes for %d tokens",
-			ErrProtocol, h.Layers, h.Parts, h.Bytes, h.Tokens, len(s.layers), s.nParts, s.wantBytes, s.spec.Tokens)
+		return s.errorf(-1, "%w: sender finished with %d layers, %d parts, %d bytes for %d tokens; this rank expects %d layers, %d parts, %d bytes for %d tokens%s",
+			ErrProtocol, h.Layers, h.Parts, h.Bytes, h.Tokens, len(s.layers), s.nParts, s.wantBytes, s.spec.Tokens, s.sliceNote())
 	}
 	s.ended = true
 	if s.missing == 0 {
