@@ -147,8 +147,8 @@ func checkDests(c *model.Config, L int, ds []Dest) error {
 		return fmt.Errorf("placement: layer %d has no rank", L)
 	}
 	T := max(ds[0].Shard.Ranks, 1)
-	if T > 1 && c.KDAHeads%T != 0 {
-		return fmt.Errorf("placement: layer %d: tensor %d does not divide the model's %d KDA heads", L, T, c.KDAHeads)
+	if err := c.CheckShard(T); err != nil {
+		return fmt.Errorf("placement: layer %d: %w", L, err)
 	}
 	if len(ds) != T {
 		return fmt.Errorf("placement: layer %d has %d ranks for tensor %d: a stage has one rank per tensor rank", L, len(ds), T)

@@ -174,8 +174,9 @@ func (sp *ExpectSpec) validate() error {
 		return fmt.Errorf("chunk size %d outside 1..%d", sp.ChunkSize, MaxChunkSize)
 	case sp.Shard.Ranks < 0 || sp.Shard.Rank < 0 || sp.Shard.Rank >= max(sp.Shard.Ranks, 1):
 		return fmt.Errorf("tensor rank %d of %d: want 0 <= rank < ranks", sp.Shard.Rank, sp.Shard.Ranks)
-	case sp.Shard.Split() && sp.Model.KDAHeads%sp.Shard.Ranks != 0:
-		return fmt.Errorf("tensor %d does not divide the model's %d KDA heads", sp.Shard.Ranks, sp.Model.KDAHeads)
+	}
+	if err := sp.Model.CheckShard(max(sp.Shard.Ranks, 1)); err != nil {
+		return err
 	}
 	seen := map[int]bool{}
 	for _, L := range sp.Layers {
