@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register(command{name: "decodegroup", short: "decode tok/s of an in-process decode group: sequences x ranks, compute vs mesh time", run: runDecodeGroup})
+	register(command{name: "decodegroup", short: "decode tok/s of a decode group, in process or as decode-worker processes: sequences x layouts, compute vs collective vs mesh time", run: runDecodeGroup})
 }
 
 // groupOptions maps the model tools' flags onto an in-process group of
@@ -67,7 +67,7 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("decodegroup", pflag.ContinueOnError)
 	var mf modelFlags
 	fs.StringVar(&mf.dir, "model", "", "checkpoint directory (required)")
-	fs.IntVar(&mf.threads, "threads", 0, "CPU threads per rank (0: all)")
+	fs.IntVar(&mf.threads, "threads", 0, "CPU threads per rank (0: all; with --tensor or --processes, 0 is 1)")
 	fs.StringVar(&mf.cache, "cache-dtype", "bf16", "MLA latent cache dtype: bf16 or f32")
 	rankList := fs.String("ranks", "1,2,3", "group sizes to measure")
 	seqList := fs.String("seqs", "1,4,8,16", "concurrent sequences to measure (with --tensor or --processes the default is 1,16)")
@@ -76,10 +76,10 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	micro := fs.Int("micro-batches", 0, "steps in flight (0: the number of pipeline stages)")
 	minRatio := fs.Float64("min-ratio", 2, "fail unless the largest group's tok/s at the most sequences is at least this multiple of its single-sequence tok/s (0: no check)")
 	pipe := fs.Int("pipeline", 0, "pipeline stages: the same as --ranks with one size")
-	tensor := fs.Int("tensor", 1, "tensor ranks per pipeline stage: above 1 (or with --processes), the real decode pipeline of --pipeline stages of this many ranks against one rank (1 x 1) in the same run, on the same sequences, failing unless the first sequence's greedy ids agree; --ranks is ignored")
+	tensor := fs.Int("tensor", 1, "tensor ranks per pipeline stage: above 1 (or with --processes), the real decode pipeline of --pipeline stages of this many ranks against one rank (1 x 1) in the same run, on the same sequences, failing unless the first sequence's greedy ids agree")
 	transport := fs.String("transport", "tcp", "with --tensor: every link of the group (mesh and the stages' collectives), tcp (loopback) or rdma-fake (the RDMA link on the in-process fake verbs wire; ranks in this process)")
 	processes := fs.Bool("processes", false, "with --tensor: each rank a decode-worker process with GOMAXPROCS 1 and one compute thread, rank r pinned to CPU r mod the CPUs (linux); without it the ranks run in this process with --threads threads each (at least 1)")
-	worker := fs.String("decode-worker", "", "with --processes: the decode-worker binary (default: beside bench, on $PATH, else built from this module with go build)")
+	worker := fs.String("decode-worker", "", "with --processes: the decode-worker binary (default: beside bench, else built from the module in the working directory, else on $PATH)")
 	forced := fs.Float64("forced-acceptance", -1, "speculative decoding with a forced drafter: it proposes the model's own continuation (from a run without drafts) with each token wrong with probability 1-P; reports tok/s with it and without drafts, measured in the same run on the same group (-1: off)")
 	asJSON := fs.Bool("json", false, "with --forced-acceptance or --tensor: print the results as JSON (--tensor: one object per run with pipeline, tensor, sequences, tok_s, ms_per_step, compute_ms_per_step, collective_ms_per_step, queued_ms_per_step, ratio_vs_1x1, ...)")
 	if err := parseFlags(fs, args); err != nil {
@@ -104,6 +104,9 @@ func runDecodeGroup(ctx context.Context, args []string) error {
 	}
 	if *tokens < 4 || *promptLen < 1 {
 		return errors.New("--tokens must be at least 4 and --prompt at least 1")
+	}
+	if layouts && (fs.Changed("forced-acceptance") || fs.Changed("min-ratio") || fs.Changed("ranks")) {
+		return errors.New("--forced-acceptance, --min-ratio and --ranks measure plain pipelines: leave them out with --tensor or --processes")
 	}
 	if layouts {
 		lb := layoutBench{mf: &mf, pipeline: max(*pipe, 1), tensor: *tensor, processes: *processes, seqs: ss, prompt: *promptLen,
@@ -195,10 +198,7 @@ func measureDecodeKeep(ctx context.Context, g *group.Group, seqs, promptLen, tok
 	start := time.Now()
 	errs := make(chan error, seqs)
 	for i := 0; i < seqs; i++ {
-		p := make([]int32, promptLen)
-		for j := range p {
-			p[j] = int32((i*7919 + j*104729 + 13) % vocab)
-		}
+		p := benchPrompt(i, promptLen, vocab)
 		id := fmt.Sprintf("bench-%d-%d", start.UnixNano(), i)
 		prompts[id] = p
 		go func() {

@@ -197,10 +197,16 @@ func (lb *layoutBench) window(ctx context.Context, head *frontdoor.Client, n int
 			return layoutRun{}, err
 		}
 	}
-	before, start, err := pollStats(ctx, head, func(frontdoor.Stats) bool { return true })
+	before, err := head.Stats(ctx)
+	start := time.Now()
 	if err != nil {
 		return layoutRun{}, err
 	}
+	if err := firstDone(ctx, streams); err != nil {
+		return layoutRun{}, err
+	}
+	// The stream's end can come a moment before the head's snapshot
+	// counts it.
 	after, end, err := pollStats(ctx, head, func(st frontdoor.Stats) bool { return st.Finished+st.Failed > base.Finished+base.Failed })
 	if err != nil {
 		return layoutRun{}, err
@@ -221,8 +227,29 @@ func (lb *layoutBench) window(ctx context.Context, head *frontdoor.Client, n int
 	return stepSplit(before.Stats, after.Stats, n, end.Sub(start), ids)
 }
 
-// statsPoll is how often window reads the head's counters: often enough
-// for a window of tens of steps, seldom enough not to load the head.
+// firstDone waits until one of the streams ends.
+func firstDone(ctx context.Context, streams []*frontdoor.Stream) error {
+	done := make(chan struct{}, len(streams))
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, s := range streams {
+		go func() {
+			select {
+			case <-s.Done():
+				done <- struct{}{}
+			case <-wctx.Done():
+			}
+		}()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// statsPoll is how often pollStats reads the head's counters.
 const statsPoll = 2 * time.Millisecond
 
 // pollStats reads the head's snapshot until done says so, and returns it
@@ -264,7 +291,7 @@ func stepSplit(before, after pipeline.Stats, n int, elapsed time.Duration, ids [
 	}, nil
 }
 
-// benchPrompt is sequence i's prompt, as measureDecode's.
+// benchPrompt is sequence i's prompt of n tokens.
 func benchPrompt(i, n, vocab int) []int32 {
 	p := make([]int32, n)
 	for j := range p {

@@ -128,6 +128,8 @@ func TestDecodeGroupLayoutFlags(t *testing.T) {
 		{[]string{"--tensor", "2", "--transport", "udp"}, `--transport "udp"`},
 		{[]string{"--tensor", "0"}, "--tensor 0"},
 		{[]string{"--tensor", "2", "--pipeline", "99"}, "--pipeline 99"},
+		{[]string{"--tensor", "2", "--forced-acceptance", "0.5"}, "leave them out with --tensor"},
+		{[]string{"--processes", "--ranks", "2"}, "leave them out with --tensor"},
 	} {
 		err := commands["decodegroup"].run(ctx, append([]string{"--model", dir}, tc.args...))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

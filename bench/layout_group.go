@@ -12,12 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/tandem-inference/tandem/decode-worker/frontdoor"
 	"github.com/tandem-inference/tandem/decode-worker/group"
+	"github.com/tandem-inference/tandem/internal/syncbuf"
 	"github.com/tandem-inference/tandem/kvtransfer"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma"
 	"github.com/tandem-inference/tandem/kvtransfer/rdma/fakeverbs"
@@ -83,7 +83,7 @@ func (lb *layoutBench) startInProcess(ctx context.Context, P, T int) (*frontdoor
 // rankProc is one decode-worker process and its output.
 type rankProc struct {
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *syncbuf.Buffer
 	done chan error
 }
 
@@ -144,7 +144,7 @@ func (lb *layoutBench) startRank(bin, file string, r int) (*rankProc, error) {
 		"--cache-dtype", lb.mf.cache, "--draft-mode", "off", "--prefix-cache-enabled=false",
 		"--micro-batches", fmt.Sprint(lb.micro), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	p := &rankProc{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
+	p := &rankProc{cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := startPinned(cmd, r); errors.Is(err, errNoPin) {
 		fmt.Fprintf(os.Stderr, "bench decodegroup: rank %d: %v; running with GOMAXPROCS 1 unpinned\n", r, err)
@@ -225,9 +225,10 @@ func stopRanks(procs []*rankProc) {
 }
 
 // decodeWorkerBinary is the decode-worker to run: path when given, else
-// one beside this executable or on $PATH, else one built from the module
-// this bench runs in (go run ./bench, go test) into a temporary directory,
-// which cleanup removes.
+// one beside this executable, else one built from the module this bench
+// runs in (go run ./bench, go test: the worker of the same source) into a
+// temporary directory, which cleanup removes, else one on $PATH. It says
+// which.
 func decodeWorkerBinary(ctx context.Context, path string) (bin string, cleanup func(), err error) {
 	cleanup = func() {}
 	if path != "" {
@@ -238,15 +239,17 @@ func decodeWorkerBinary(ctx context.Context, path string) (bin string, cleanup f
 	}
 	if exe, err := os.Executable(); err == nil {
 		if p := filepath.Join(filepath.Dir(exe), "decode-worker"); isFile(p) {
+			fmt.Fprintf(os.Stderr, "bench decodegroup: running %s\n", p)
 			return p, cleanup, nil
 		}
-	}
-	if p, err := exec.LookPath("decode-worker"); err == nil {
-		return p, cleanup, nil
 	}
 	hint := "--processes needs the decode-worker binary: give --decode-worker PATH, or put it on $PATH or beside bench (go build -o DIR ./decode-worker)"
 	mod, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/tandem-inference/tandem").Output()
 	if err != nil {
+		if p, perr := exec.LookPath("decode-worker"); perr == nil {
+			fmt.Fprintf(os.Stderr, "bench decodegroup: running %s (from $PATH)\n", p)
+			return p, cleanup, nil
+		}
 		return "", cleanup, fmt.Errorf("%s; building it here: %v", hint, err)
 	}
 	dir, err := os.MkdirTemp("", "bench-decode-worker-")
@@ -286,24 +289,6 @@ func freeAddrs(n int) ([]string, error) {
 	return out, nil
 }
 
-// lockedBuffer is a process's output, written and read concurrently.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // tail is the last n bytes of s.
 func tail(s string, n int) string {
 	if len(s) > n {
@@ -312,5 +297,6 @@ func tail(s string, n int) string {
 	return s
 }
 
-// errNoPin is returned where a process cannot be pinned to a core.
-var errNoPin = errors.New("pinning a process to a core needs linux")
+// errNoPin is returned where a process cannot be pinned to a core; the
+// rank then runs unpinned.
+var errNoPin = errors.New("no core to pin to")
