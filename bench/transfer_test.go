@@ -1,6 +1,11 @@
 package main
 
-import "testing"
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
 
 // TestTransferConfigValidate: validate accepts the defaults and names the
 // flag at fault.
@@ -36,5 +41,25 @@ func TestTransferConfigValidate(t *testing.T) {
 			tc.edit(&c)
 			checkValidate(t, c.validate(), tc.want)
 		})
+	}
+}
+
+// TestTransferTensorRanks: bench transfer --tensor 2 moves each tensor
+// rank its slice of a tiny state through real kvtransfer, faults
+// included: nothing corrupt is committed, and the wire carries more than
+// the state (the MLA rows go to both ranks of a stage).
+func TestTransferTensorRanks(t *testing.T) {
+	f, err := parseTransferFlags([]string{"--model", "tiny", "--ranks", "4", "--tensor", "2", "--tokens", "128", "--reps", "1", "--rate", "0", "--json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := captureStdout(t, func() error { return runTransfer(context.Background(), f) })
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var res transferResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("the last line %q: %v", lines[len(lines)-1], err)
+	}
+	if res.CorruptChunksCommitted != 0 || res.WireBytes <= res.StateBytes || res.StateBytes == 0 {
+		t.Fatalf("tensor 2 transfer: %d corrupt chunks committed, %d wire bytes for a %d-byte state", res.CorruptChunksCommitted, res.WireBytes, res.StateBytes)
 	}
 }
