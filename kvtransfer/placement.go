@@ -181,17 +181,11 @@ func (p *Sharded) Routes(L int, kind model.PartKind, size int, shape []int) ([]R
 	}
 	out := make([]Route, 0, len(ds))
 	for _, d := range ds {
-		if !d.Shard.Split() || kind == model.PartLatent {
-			out = append(out, Route{Endpoint: d.Endpoint, Len: size})
-			continue
+		off, n, sub, err := p.model.ShardSpan(kind, shape, size, d.Shard)
+		if err != nil {
+			return nil, err
 		}
-		lo, hi := p.model.ShardRows(kind, d.Shard)
-		if len(shape) == 0 || shape[0] == 0 || hi > shape[0] || size%shape[0] != 0 {
-			return nil, fmt.Errorf("part %s has shape %v; %s needs its rows [%d, %d)", kind, shape, d.Shard, lo, hi)
-		}
-		rb := size / shape[0]
-		out = append(out, Route{Endpoint: d.Endpoint, Off: lo * rb, Len: (hi - lo) * rb,
-			Shape: append([]int{hi - lo}, shape[1:]...)})
+		out = append(out, Route{Endpoint: d.Endpoint, Off: off, Len: n, Shape: sub})
 	}
 	return out, nil
 }

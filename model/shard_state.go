@@ -1,6 +1,9 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // ShardRows returns the rows [lo, hi) of a KDA part of kind that tensor
 // rank s holds: head rows of the recurrent state S ([H, D, D]), channel
@@ -15,27 +18,37 @@ func (c *Config) ShardRows(kind PartKind, s Shard) (lo, hi int) {
 	return h0 * c.KDAHeadDim, h1 * c.KDAHeadDim
 }
 
-// ShardLayerState returns tensor rank s's slice of layer L's unsplit state:
-// for KDA the recurrent state and conv tails of its heads (ShardRows),
-// copied; for MLA a copy of the whole latent cache, which every rank of the
-// stage holds. It is what a rank receives of a remotely prefilled sequence.
-func (c *Config) ShardLayerState(ls *LayerState, s Shard) (*LayerState, error) {
-	if !s.Split() || ls.Kind != KDA {
-		return ls.Clone(), nil
+// ShardSpan is tensor rank s's share of a part of kind with the given
+// shape and size in bytes: the byte range [off, off+n) of the unsplit part
+// and the shape of that range. A KDA part is cut to its rows (ShardRows);
+// the MLA cache, which every rank of the stage holds, is whole, and so is
+// every part when s is not split.
+func (c *Config) ShardSpan(kind PartKind, shape []int, size int, s Shard) (off, n int, sub []int, err error) {
+	if !s.Split() || kind == PartLatent {
+		return 0, size, shape, nil
 	}
-	if c.KDAHeads%s.Ranks != 0 {
+	lo, hi := c.ShardRows(kind, s)
+	if len(shape) == 0 || shape[0] == 0 || size%shape[0] != 0 || hi > shape[0] {
+		return 0, 0, nil, fmt.Errorf("part %s has shape %v; %s needs its rows [%d, %d)", kind, shape, s, lo, hi)
+	}
+	rb := size / shape[0]
+	return lo * rb, (hi - lo) * rb, append([]int{hi - lo}, shape[1:]...), nil
+}
+
+// ShardLayerState returns tensor rank s's slice of layer L's unsplit state
+// (ShardSpan of each part), copied. It is what a rank receives of a
+// remotely prefilled sequence.
+func (c *Config) ShardLayerState(ls *LayerState, s Shard) (*LayerState, error) {
+	if s.Split() && c.KDAHeads%s.Ranks != 0 {
 		return nil, fmt.Errorf("state: layer %d: tensor %d does not divide %d KDA heads", ls.Layer, s.Ranks, c.KDAHeads)
 	}
 	out := &LayerState{Layer: ls.Layer, Kind: ls.Kind, Parts: make([]Part, len(ls.Parts))}
 	for i, p := range ls.Parts {
-		rows := p.Shape[0]
-		lo, hi := c.ShardRows(p.Kind, s)
-		if rows == 0 || len(p.Data)%rows != 0 || hi > rows {
-			return nil, fmt.Errorf("state: layer %d part %s has shape %v; cannot take rows [%d, %d)", ls.Layer, p.Kind, p.Shape, lo, hi)
+		off, n, shape, err := c.ShardSpan(p.Kind, p.Shape, len(p.Data), s)
+		if err != nil {
+			return nil, fmt.Errorf("state: layer %d: %w", ls.Layer, err)
 		}
-		rb := len(p.Data) / rows
-		shape := append([]int{hi - lo}, p.Shape[1:]...)
-		out.Parts[i] = Part{Kind: p.Kind, DType: p.DType, Shape: shape, Data: append([]byte(nil), p.Data[lo*rb:hi*rb]...)}
+		out.Parts[i] = Part{Kind: p.Kind, DType: p.DType, Shape: slices.Clone(shape), Data: append([]byte(nil), p.Data[off:off+n]...)}
 	}
 	return out, nil
 }
