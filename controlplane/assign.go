@@ -193,6 +193,20 @@ func (a *Assignment) Validate() error {
 	return nil
 }
 
+// CheckStages checks that a group's ranks, listed in rank order, make
+// pipeline stages of tensor ranks: one tensor size, each rank's tensor
+// rank its rank mod that size, a stage's ranks on the same layers, and the
+// stages tiling the layers from 0. A coordinator checks registered ranks
+// with it before it places a job on them; msg names what is checked.
+func CheckStages(msg string, ps []LayerPlacement) error {
+	for i := range ps {
+		if err := checkStage(msg, ps, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkStage checks placement entry i's place in the group: the same
 // tensor size as entry 0, its tensor rank i mod T, the layers of its
 // stage's first entry, and stages tiling the layers from 0.

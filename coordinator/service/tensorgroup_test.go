@@ -59,11 +59,11 @@ func TestTensorGroups(t *testing.T) {
 		want string
 	}{
 		{"mixed tensor sizes", func(ws map[string]cp.WorkerInfo) { w := ws["r3"]; w.TensorRanks = 4; ws["r3"] = w },
-			"ranks disagree on the tensor size (rank 0 2, rank 3 4)"},
+			"decode group.placement[3].tensor_ranks: is 4, rank 0's 2"},
 		{"tensor rank out of place", func(ws map[string]cp.WorkerInfo) { w := ws["r2"]; w.TensorRank = 1; ws["r2"] = w },
-			"rank 2 is tensor rank 1, expected 0"},
+			"decode group.placement[2].tensor_rank: is 1 at rank 2 with tensor_ranks 2"},
 		{"stage layers differ", func(ws map[string]cp.WorkerInfo) { w := ws["r1"]; w.Layers.End--; ws["r1"] = w },
-			"rank 1 holds layers"},
+			"decode group.placement[1].layers: is"},
 		{"tensor rank missing", func(ws map[string]cp.WorkerInfo) { delete(ws, "r3") },
 			"rank(s) 3 of 4 not registered"},
 	} {

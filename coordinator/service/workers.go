@@ -295,23 +295,14 @@ func checkGroup(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
 // checkStages says why a group's ranks (registered, 0..size-1) do not make
 // pipeline stages of tensor ranks that tile the model's layers, or "".
 func checkStages(ranks []cp.WorkerInfo, m *modelinfo.Info) string {
-	T := max(ranks[0].TensorRanks, 1)
-	end := 0
-	for _, r := range ranks {
-		switch {
-		case max(r.TensorRanks, 1) != T:
-			return fmt.Sprintf("ranks disagree on the tensor size (rank 0 %d, rank %d %d)", ranks[0].TensorRanks, r.Rank, r.TensorRanks)
-		case r.TensorRank != r.Rank%T:
-			return fmt.Sprintf("rank %d is tensor rank %d, expected %d (rank = stage x tensor + tensor rank)", r.Rank, r.TensorRank, r.Rank%T)
-		case r.TensorRank > 0 && r.Layers != ranks[r.Rank-r.TensorRank].Layers:
-			return fmt.Sprintf("rank %d holds layers %v, its stage's tensor rank 0 (rank %d) %v: a stage's tensor ranks share its layers",
-				r.Rank, r.Layers, r.Rank-r.TensorRank, ranks[r.Rank-r.TensorRank].Layers)
-		case r.TensorRank == 0 && r.Layers.First != end:
-			return fmt.Sprintf("rank %d holds layers %v, expected to start at %d", r.Rank, r.Layers, end)
-		}
-		end = r.Layers.End
+	ps := make([]cp.LayerPlacement, len(ranks))
+	for i, r := range ranks {
+		ps[i] = cp.LayerPlacement{Rank: r.Rank, Layers: r.Layers, TensorRank: r.TensorRank, TensorRanks: r.TensorRanks}
 	}
-	if end != m.NumLayers {
+	if err := cp.CheckStages("decode group", ps); err != nil {
+		return err.Error()
+	}
+	if end := ranks[len(ranks)-1].Layers.End; end != m.NumLayers {
 		return fmt.Sprintf("the ranks hold layers [0,%d), the model has %d", end, m.NumLayers)
 	}
 	return ""
