@@ -138,9 +138,9 @@ func PredictRemote(m *Model, r Rates, l Load, prompt int) Prediction {
 	// Layers stream out while later ones compute; what cannot keep up with
 	// the pass, and the last layer itself, is left after it. Rows the
 	// group holds are not sent; the rows sent go to each tensor rank.
-	rows := float64(tokens-min(max(l.RemoteAppend, 0), tokens)) * float64(max(l.RemoteCopies, 1))
-	total := secs((m.Shape.StateBytesFixed + m.Shape.StateBytesPerToken*rows) / positive(r.LinkBytesPerS))
-	last := secs((m.Shape.LastLayerBytesFixed + m.Shape.LastLayerBytesPerToken*rows) / positive(r.LinkBytesPerS))
+	rows := (tokens - min(max(l.RemoteAppend, 0), tokens)) * max(l.RemoteCopies, 1)
+	total := secs(m.Shape.StateBytes(rows) / positive(r.LinkBytesPerS))
+	last := secs(m.Shape.LastLayerBytes(rows) / positive(r.LinkBytesPerS))
 	p.TransferTail = max(last, total-p.Pass) + r.LinkRTT
 	if end > tokens {
 		p.Prefill = r.Local.Time(m.Work(tokens, end), m.Layers)
